@@ -1,0 +1,52 @@
+# The README's two commands, `make demo` and `make test`, and their helpers.
+# Both install missing Debian packages first, then configure and build in build/.
+BUILD    ?= build
+PYTHON   ?= /usr/bin/python3
+JOBS     ?= $(shell nproc)
+WERROR   ?= OFF
+CUDA     ?= AUTO
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test test-cpp test-python demo figures data bench clean format
+
+all: build
+
+deps:
+	@scripts/install-deps.sh all
+
+$(BUILD)/build.ninja:
+	@scripts/install-deps.sh build
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DATTNSCOPE_WERROR=$(WERROR) -DATTNSCOPE_CUDA=$(CUDA) $(CMAKE_FLAGS)
+
+configure: $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: deps build
+	@$(MAKE) --no-print-directory test-cpp test-python
+
+test-cpp:
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-python:
+	ATTNSCOPE=$(abspath $(BUILD))/apps/attnscope $(PYTHON) -m pytest -q python/tests
+
+demo: deps build
+	@PYTHON=$(PYTHON) BUILD=$(BUILD) scripts/demo.sh
+
+figures: deps build
+	@PYTHON=$(PYTHON) BUILD=$(BUILD) scripts/figures.sh
+
+data: deps build
+	@PYTHON=$(PYTHON) BUILD=$(BUILD) scripts/make-data.sh
+
+bench: deps build
+	@PYTHON=$(PYTHON) BUILD=$(BUILD) bench/run_comparison.sh
+
+format:
+	clang-format -i $$(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh')
+
+clean:
+	rm -rf $(BUILD)

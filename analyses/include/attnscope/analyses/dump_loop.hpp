@@ -1,0 +1,42 @@
+// Streaming over a dump: images are read on one thread (HDF5 is not thread-safe), heads are
+// computed in parallel with OpenMP. Memory is bounded by a few images, whatever the dump's size.
+#pragma once
+
+#include "attnscope/dump.hpp"
+#include "attnscope/query_transform.hpp"
+
+#include <functional>
+#include <vector>
+
+namespace attnscope::analyses {
+
+/// Which part of a dump an analysis reads.
+struct Selection {
+  std::vector<int> images;  ///< empty: all images
+  std::vector<int> layers;  ///< empty: all layers
+  std::vector<int> heads;   ///< empty: all heads
+  QueryTransform transform;  ///< applied to every Q before any family (default: none)
+};
+
+/// One (image, layer, head) work item. q already has the selection's transform applied.
+struct HeadView {
+  int image = 0;
+  int layer = 0;  ///< the dump's layer index
+  int head = 0;
+  const MatF& q;
+  const MatF& k;
+  const MatF& v;
+};
+
+/// Resolves the selection against the dump (empty lists become everything) and validates the
+/// indices (UsageError naming the bad one).
+Selection resolve(const DumpSchema& schema, Selection sel);
+
+/// Calls fn for every selected (image, layer, head), heads of an image in parallel (fn must be
+/// thread-safe), images in order. The next image is read while the current one is computed.
+/// on_image(image) runs on the calling thread after each image is done (progress, flushing).
+void for_each_head(DumpReader& reader, const Selection& resolved,
+                   const std::function<void(const HeadView&)>& fn,
+                   const std::function<void(int image)>& on_image = {});
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,106 @@
+// What every subcommand shares: the common flags (spelled the same everywhere), error handling
+// (one line on stderr, non-zero exit), result files written atomically, run metadata as JSON, and
+// a progress bar on stderr when it is a terminal.
+#pragma once
+
+#include "attnscope/variant.hpp"
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace attnscope::app {
+
+namespace po = boost::program_options;
+
+/// Exit codes: 0 ok, 1 input/numerical error, 2 usage error, 3 a check failed (verify).
+inline constexpr int kExitInput = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitCheckFailed = 3;
+
+/// The shared flags. Each subcommand adds the ones it uses, so the spelling is one place.
+struct CommonOptions {
+  std::string dump;                 ///< --dump FILE
+  std::string out;                  ///< --out DIR (results folder, created if missing)
+  std::string variant;              ///< --variant SPEC[,SPEC...] (empty: the dump's own)
+  int threads = 0;                  ///< --threads N (0: OpenMP default)
+  std::uint64_t seed = 0;           ///< --seed N
+};
+void add_dump_option(po::options_description& d, CommonOptions& o);
+void add_out_option(po::options_description& d, CommonOptions& o, const std::string& default_dir);
+void add_variant_option(po::options_description& d, CommonOptions& o);
+void add_threads_option(po::options_description& d, CommonOptions& o);
+void add_seed_option(po::options_description& d, CommonOptions& o);
+
+/// Parses args against `desc` (and positional names, if any). Prints help and returns false on
+/// --help (the caller returns 0). Throws UsageError on unknown or malformed flags.
+bool parse_args(const std::string& command, const std::string& synopsis,
+                const po::options_description& desc, const std::vector<std::string>& args,
+                po::variables_map& vm, const po::positional_options_description* pos = nullptr);
+
+/// Applies --threads (omp_set_num_threads) when > 0; returns the thread count in effect.
+int apply_threads(int threads);
+
+/// Runs a subcommand body, turning attnscope::UsageError into exit 2, InputError/NumericalError
+/// and other std::exceptions into exit 1, each as one line "attnscope <command>: <what>" on stderr.
+int run_guarded(const std::string& command, const std::function<int()>& body);
+
+/// A file written under a temporary name and renamed into place by commit(); destroyed without
+/// commit() it removes the temporary file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  std::ofstream& stream() { return os_; }
+  const std::filesystem::path& temp_path() const { return tmp_; }
+  void commit();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  std::ofstream os_;
+  bool committed_ = false;
+};
+
+/// Creates the results folder (and parents); throws InputError if it cannot.
+std::filesystem::path ensure_out_dir(const std::string& dir);
+
+/// Run metadata written as <out>/<command>.json: command, attnscope version, inputs, parameters,
+/// start time, elapsed seconds, threads, and anything added under "results".
+class RunMetadata {
+ public:
+  explicit RunMetadata(std::string command);
+  nlohmann::json& params() { return j_["parameters"]; }
+  nlohmann::json& inputs() { return j_["inputs"]; }
+  nlohmann::json& results() { return j_["results"]; }
+  /// Stamps elapsed time and writes atomically to <dir>/<command>.json; returns the path.
+  std::filesystem::path write(const std::filesystem::path& dir);
+
+ private:
+  nlohmann::json j_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Progress bar with ETA on stderr, drawn only when stderr is a terminal and the work has run
+/// for more than a second. Thread-safe tick().
+class Progress {
+ public:
+  Progress(std::string label, std::size_t total);
+  ~Progress();
+  void tick(std::size_t n = 1);
+  void finish();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace attnscope::app

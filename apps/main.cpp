@@ -1,0 +1,51 @@
+// attnscope: one command, a subcommand per analysis (see apps/command.hpp).
+#include "command.hpp"
+#include "common.hpp"
+
+#include <iostream>
+
+namespace attnscope::app {
+
+std::map<std::string, Command>& command_table() {
+  static std::map<std::string, Command> table;
+  return table;
+}
+
+namespace {
+
+void print_usage(std::ostream& os) {
+  os << "attnscope " << ATTNSCOPE_VERSION
+     << " - take apart softmax, linear, InLine and MALA attention on Q/K/V dumps\n\n"
+        "usage: attnscope <command> [options]     attnscope <command> --help\n\ncommands:\n";
+  for (const auto& [name, cmd] : command_table()) {
+    os << "  " << name << std::string(name.size() < 12 ? 12 - name.size() : 1, ' ') << cmd.summary
+       << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace attnscope::app
+
+int main(int argc, char** argv) {
+  using namespace attnscope::app;
+  if (argc < 2) {
+    print_usage(std::cerr);
+    return 2;
+  }
+  const std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    print_usage(std::cout);
+    return 0;
+  }
+  if (name == "--version") {
+    std::cout << "attnscope " << ATTNSCOPE_VERSION << "\n";
+    return 0;
+  }
+  auto it = command_table().find(name);
+  if (it == command_table().end()) {
+    std::cerr << "attnscope: unknown command '" << name << "' (see attnscope --help)\n";
+    return 2;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  return run_guarded(it->second.name, [&] { return it->second.run(args); });
+}

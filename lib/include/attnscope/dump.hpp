@@ -1,0 +1,120 @@
+// HDF5 dump format v1 (docs/dump-format.md): a streaming reader and a writer.
+//
+// HDF5 (Debian's serial build) is not thread-safe: one DumpReader/DumpWriter is used by one thread
+// at a time. Analyses read images on one thread and compute on many.
+#pragma once
+
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace attnscope {
+
+enum class DType { F16, F32 };
+
+/// File attributes of a v1 dump (names as in docs/dump-format.md).
+struct DumpAttributes {
+  int format_version = 1;
+  std::string model_name;
+  std::string attention_family = "softmax";  ///< softmax | linear | inline | mala
+  std::string convention = "paper";          ///< paper | code | code+rope
+  std::string feature_map = "none";          ///< feature_map spec, "none" for softmax
+  double scale = 0.125;
+  int num_layers = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  int num_tokens = 0;
+  TokenGrid grid;  ///< grid_height, grid_width, prefix_tokens
+
+  /// The model's own variant (family, map, convention) as a registry object.
+  [[nodiscard]] Variant variant(std::uint64_t seed = 0) const;
+};
+
+/// What a file holds, learned and validated when it is opened.
+struct DumpSchema {
+  std::string path;
+  DumpAttributes attrs;
+  int num_images = 0;
+  DType dtype = DType::F32;
+  bool has_labels = false, has_logits = false, has_images = false;
+  std::vector<bool> layer_has_attn;  ///< per layer: /layers/L/attn present
+  std::vector<bool> layer_has_out;   ///< per layer: /layers/L/out present
+};
+
+/// One image: for each requested layer and each head, Q, K, V as N x head_dim float matrices.
+struct ImageQKV {
+  int image = -1;
+  std::vector<int> layers;  ///< the dump layer index of each slot
+  int heads = 0;
+  std::vector<MatF> q, k, v;  ///< index slot * heads + head
+
+  [[nodiscard]] const MatF& Q(int slot, int head) const { return q[slot * heads + head]; }
+  [[nodiscard]] const MatF& K(int slot, int head) const { return k[slot * heads + head]; }
+  [[nodiscard]] const MatF& V(int slot, int head) const { return v[slot * heads + head]; }
+};
+
+class DumpReader {
+ public:
+  /// Opens and validates the file's schema. Throws InputError (file, object, expected, found).
+  explicit DumpReader(const std::string& path);
+  ~DumpReader();
+  DumpReader(const DumpReader&) = delete;
+  DumpReader& operator=(const DumpReader&) = delete;
+
+  [[nodiscard]] const DumpSchema& schema() const;
+  /// Reads one image of the given layers (empty = all). Reads chunk by chunk: memory is bounded by
+  /// one image of one layer beyond the result. Throws InputError on NaN/Inf, naming
+  /// dataset, image, head, token and dim of the first one.
+  [[nodiscard]] ImageQKV read_image(int image, const std::vector<int>& layers = {});
+  /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent).
+  [[nodiscard]] std::optional<MatF> read_attn(int image, int layer, int head);  ///< N x N
+  [[nodiscard]] std::optional<MatF> read_out(int image, int layer, int head);   ///< N x head_dim
+  [[nodiscard]] std::vector<std::int64_t> read_labels();
+  [[nodiscard]] MatF read_logits();  ///< images x classes
+  /// Input images as images x (C*H*W) with their shape in `shape` (C, H, W).
+  [[nodiscard]] MatF read_images(std::vector<int>* shape);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct DumpWriterOptions {
+  DType dtype = DType::F32;
+  int compression = 1;  ///< gzip level 0-9 (0 = none); shuffle filter on when > 0
+  bool with_attn = false;
+  bool with_out = false;
+};
+
+/// Writes to "<path>.tmp-<pid>" and renames to `path` in close(); a writer destroyed without
+/// close() (an exception, a crash) removes its temporary file, so no half-written file is left
+/// looking complete.
+class DumpWriter {
+ public:
+  DumpWriter(const std::string& path, const DumpAttributes& attrs, const DumpWriterOptions& opts);
+  ~DumpWriter();
+  DumpWriter(const DumpWriter&) = delete;
+  DumpWriter& operator=(const DumpWriter&) = delete;
+
+  /// Appends one image (all layers, in order). attn/out, when the options ask for them, are
+  /// indexed like ImageQKV::q (layer * heads + head).
+  void append(const ImageQKV& img, const std::vector<MatF>* attn = nullptr,
+              const std::vector<MatF>* out = nullptr);
+  void set_labels(const std::vector<std::int64_t>& labels);
+  void set_logits(const MatF& logits);
+  /// images x (C*H*W) plus shape (C, H, W).
+  void set_images(const MatF& images, const std::vector<int>& shape);
+  /// Flushes, closes and renames into place.
+  void close();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace attnscope
