@@ -4,7 +4,7 @@ BUILD    ?= build
 PYTHON   ?= /usr/bin/python3
 JOBS     ?= $(shell nproc)
 WERROR   ?= OFF
-CUDA     ?= AUTO
+CUDA     ?= OFF
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build test test-cpp test-python demo figures data bench clean format

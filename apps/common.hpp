@@ -83,6 +83,8 @@ class RunMetadata {
   nlohmann::json& results() { return j_["results"]; }
   /// Stamps elapsed time and writes atomically to <dir>/<command>.json; returns the path.
   std::filesystem::path write(const std::filesystem::path& dir);
+  /// Same, to an explicit file (e.g. `synth` writes FILE.h5.json next to its dump).
+  std::filesystem::path write_to(const std::filesystem::path& file);
 
  private:
   nlohmann::json j_;

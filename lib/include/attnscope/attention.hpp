@@ -27,6 +27,7 @@ struct Diagnostics {
   /// Queries whose linear-attention denominator phi(q).sum phi(k) is zero or below
   /// `tiny_denominator` relative to |phi(q)| |sum phi(k)| (e.g. ReLU killed the whole query),
   /// or whose mala denominator is zero, or whose mask keeps no key.
+  /// Sorted; each call that is given this struct replaces the list.
   std::vector<int> degenerate_rows;
   [[nodiscard]] bool clean() const { return degenerate_rows.empty(); }
 };

@@ -58,6 +58,15 @@ struct ImageQKV {
   [[nodiscard]] const MatF& V(int slot, int head) const { return v[slot * heads + head]; }
 };
 
+/// How one dataset of a file is stored (for `attnscope info`).
+struct DatasetInfo {
+  std::string name;                   ///< full path, e.g. "/layers/0/q"
+  std::vector<std::uint64_t> shape;
+  std::string dtype;                  ///< "float32", "float16", "int64", ...
+  std::vector<std::uint64_t> chunks;  ///< empty when not chunked
+  std::string filters;                ///< e.g. "shuffle+gzip(1)", "none"
+};
+
 class DumpReader {
  public:
   /// Opens and validates the file's schema. Throws InputError (file, object, expected, found).
@@ -78,6 +87,8 @@ class DumpReader {
   [[nodiscard]] MatF read_logits();  ///< images x classes
   /// Input images as images x (C*H*W) with their shape in `shape` (C, H, W).
   [[nodiscard]] MatF read_images(std::vector<int>* shape);
+  /// Every dataset of the dump in format order (layers, then /labels, /logits, /images).
+  [[nodiscard]] std::vector<DatasetInfo> datasets() const;
 
  private:
   struct Impl;

@@ -40,4 +40,12 @@ struct FeatureMap {
 
 [[nodiscard]] FeatureMap parse_feature_map(std::string_view spec, std::uint64_t seed = 0);
 
+/// Draws the affine parameters of relu_affine (and of the f2 query transform) from `seed`:
+/// A is d x d with entries N(0, 1/d), b has d entries N(0, 1); A row by row, then b. Uses
+/// std::mt19937_64 and a Box-Muller transform of its own, so every platform draws the same numbers.
+void draw_affine_params(std::uint64_t seed, int d, MatD& A, VecD& b);
+
+/// Names accepted by parse_feature_map, for messages and tests.
+[[nodiscard]] std::string known_feature_maps();
+
 }  // namespace attnscope

@@ -6,6 +6,8 @@
 #include "attnscope/query_transform.hpp"
 
 #include <functional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace attnscope::analyses {
@@ -26,6 +28,9 @@ struct HeadView {
   const MatF& q;
   const MatF& k;
   const MatF& v;
+  /// The queries as read from the dump, before the selection's transform (== &q when the
+  /// transform is none). Analyses that ask whether two queries differ use these.
+  const MatF* q_raw = nullptr;
 };
 
 /// Resolves the selection against the dump (empty lists become everything) and validates the
@@ -38,5 +43,9 @@ Selection resolve(const DumpSchema& schema, Selection sel);
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
+
+/// Parses an index list such as "0-9,15,20-22" (ranges inclusive, duplicates removed, order
+/// kept). Throws UsageError naming `flag` on malformed text. An empty spec gives an empty list.
+std::vector<int> parse_index_list(std::string_view spec, const std::string& flag);
 
 }  // namespace attnscope::analyses

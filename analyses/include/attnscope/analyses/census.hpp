@@ -1,0 +1,73 @@
+// Weight census: per layer and head of a dump, how many InLine / MALA weights are negative or
+// zero, the smallest weight, and how many rows fail to sum to 1. The MALA paper states that
+// negative weights never occurred in its models; this makes the claim testable on any dump.
+//
+// Weights are computed in double from the dump's (float) Q and K with the variant's formula and
+// convention. Rows the library reports as degenerate (a zero normaliser) are left out of every
+// count and counted on their own.
+#pragma once
+
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/dump.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace attnscope::analyses {
+
+/// Default tolerance on |sum_j w_ij - 1| (the target sum is 1, so absolute = relative).
+inline constexpr double kDefaultSumTolerance = 1e-6;
+
+struct CensusCell {
+  std::string variant;
+  int layer = 0;
+  int head = 0;
+  long long rows = 0;             ///< rows counted (all images)
+  long long weights = 0;          ///< weights counted = rows x N
+  long long negative = 0;         ///< w < 0
+  long long zero = 0;             ///< w == 0 exactly
+  /// The smallest weight seen (positive when none is negative; +inf before any row).
+  double most_negative = std::numeric_limits<double>::infinity();
+  long long rows_not_summing_to_one = 0;  ///< |sum_j w_ij - 1| > tolerance
+  double max_row_sum_error = 0.0;         ///< max |sum_j w_ij - 1|
+  long long degenerate_rows = 0;          ///< left out of the counts above
+
+  /// Folds another cell of the same variant, layer and head.
+  void merge(const CensusCell& other);
+};
+
+/// The census of one head's weight matrix w (rows = queries). `degenerate` lists rows to skip.
+[[nodiscard]] CensusCell census_of(const MatD& w, const std::vector<int>& degenerate,
+                                   double sum_tolerance);
+
+/// The families counted by default: inline and mala; where the dump's own model is of one of
+/// them, its own variant (map and convention); otherwise the family's default map under the dump's
+/// convention. Throws UsageError when a variant cannot be computed (code+rope), saying why.
+[[nodiscard]] std::vector<Variant> default_census_variants(const DumpAttributes& attrs);
+
+/// Collects the census of every (variant, layer, head) of a selection as heads arrive.
+/// add_head() is thread-safe.
+class CensusCollector {
+ public:
+  CensusCollector(std::vector<Variant> variants, const Selection& resolved, double scale,
+                  double sum_tolerance);
+  void add_head(const HeadView& head);
+  /// Cells ordered by variant, then layer, then head.
+  [[nodiscard]] std::vector<CensusCell> cells() const;
+
+ private:
+  [[nodiscard]] std::size_t slot(std::size_t variant, int layer, int head) const;
+
+  std::vector<Variant> variants_;
+  std::vector<int> layers_, heads_;
+  double scale_;
+  double tolerance_;
+  std::vector<CensusCell> cells_;
+  mutable std::mutex mutex_;
+};
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,107 @@
+// Confusion (InLine paper, Fig. 2): pairs of queries i < j of one head whose attention rows lie
+// within L2 distance eps although the queries differ.
+//
+// What "within eps" means, exactly: rows are computed in double by ExactRows from the
+// double-converted float inputs, and a pair is confused when squared_distance(row_i, row_j)
+// (a sum of squared differences in index order) is <= eps * eps, and the RAW queries (as read
+// from the dump, before any query transform) satisfy squared_distance > query_eps * query_eps.
+// Degenerate rows (a zero or tiny linear/MALA denominator) take part in no pair and are counted.
+// The fast search and the brute-force reference decide every pair they keep with this same
+// arithmetic, so their counts are equal, not merely close.
+#pragma once
+
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace attnscope::analyses {
+
+/// Attention rows of one head in double precision by plain loops over the formulas of
+/// variant.hpp (phi includes the convention's factor). Row i depends on q_i and all keys only,
+/// so rows can be computed one at a time.
+class ExactRows {
+ public:
+  ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale);
+
+  [[nodiscard]] int tokens() const { return n_; }
+  [[nodiscard]] const Variant& variant() const { return variant_; }
+  /// Writes row i (tokens() entries) to out; a degenerate row is written as zeros.
+  void row(int i, double* out) const;
+  [[nodiscard]] VecD row(int i) const;
+  [[nodiscard]] bool degenerate(int i) const { return degenerate_[static_cast<std::size_t>(i)] != 0; }
+  [[nodiscard]] int degenerate_count() const;
+
+  // Features of the linear families (empty for softmax): phi(q), phi(k) with the convention's
+  // factor, sum_m phi(k_m) and each query's phi(q_i).sum phi(k).
+  [[nodiscard]] const MatD& phi_q() const { return phi_q_; }
+  [[nodiscard]] const MatD& phi_k() const { return phi_k_; }
+  [[nodiscard]] const VecD& phi_k_sum() const { return phi_k_sum_; }
+  [[nodiscard]] double denominator(int i) const { return den_[static_cast<std::size_t>(i)]; }
+
+ private:
+  Variant variant_;
+  int n_ = 0;
+  double scale_ = 0.0;
+  MatD q_, k_;              // softmax only
+  MatD phi_q_, phi_k_;      // linear families only
+  VecD phi_k_sum_;
+  std::vector<double> den_;
+  std::vector<char> degenerate_;
+};
+
+/// Sum of squared differences in index order: the one distance every decision uses.
+double squared_distance(const double* a, const double* b, int n);
+
+struct ConfusionOptions {
+  double eps = 1e-3;        ///< L2 radius on attention rows
+  double query_eps = 1e-6;  ///< raw queries closer than this are the same query, not confusion
+};
+
+struct HeadConfusion {
+  std::int64_t pairs = 0;        ///< confused pairs i < j
+  int degenerate_rows = 0;       ///< rows excluded from pairs
+  std::int64_t candidates = 0;   ///< pairs the search had to look at (search statistics)
+};
+
+/// Fast exact count for one head. q: queries after the selection's transform; q_raw: as read.
+HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
+                              double scale, const ConfusionOptions& opt);
+/// Brute force over every pair with ExactRows (O(N^2) memory and O(N^3) time): tests and bench.
+HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const MatF& q_raw,
+                                        const MatF& k, double scale, const ConfusionOptions& opt);
+
+/// The paper's bins of per-image counts: 0, 1, 2-3, 4-7, 8-15, 16-31, >=32.
+inline constexpr int kConfusionBins = 7;
+[[nodiscard]] int confusion_bin(std::int64_t count);
+[[nodiscard]] const std::array<std::string, kConfusionBins>& confusion_bin_labels();
+
+struct ConfusionHeadTotal {
+  int layer = 0;
+  int head = 0;
+  std::int64_t count = 0;            ///< confused pairs, summed over images
+  std::int64_t degenerate_rows = 0;  ///< summed over images
+};
+
+struct ConfusionResult {
+  std::vector<Variant> variants;
+  std::vector<std::vector<ConfusionHeadTotal>> per_head;                 ///< [variant][slot*heads+h]
+  std::vector<std::array<std::int64_t, kConfusionBins>> histogram;       ///< [variant][bin] images
+  std::int64_t images = 0;
+  std::int64_t candidates = 0;  ///< summed over everything (search statistics)
+};
+
+/// Per-image callback: image index and its total count per variant (same order as variants).
+using ConfusionImageFn = std::function<void(int image, const std::vector<std::int64_t>& counts)>;
+
+/// Streams the selection of a dump. `reference` switches every head to the brute force.
+ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
+                              const std::vector<Variant>& variants, const ConfusionOptions& opt,
+                              bool reference, const ConfusionImageFn& per_image);
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,62 @@
+// Local attention mass (InLine paper, Fig. 3): for each grid query, the attention that falls in
+// its k x k grid window (itself included, clipped at the borders). Prefix tokens are neither
+// queries nor neighbours. Degenerate rows (attention.hpp) are skipped and counted.
+#pragma once
+
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace attnscope::analyses {
+
+/// Count, mean, spread and range of a stream of values (Chan et al.'s merge of partial moments).
+struct RunningStats {
+  std::int64_t count = 0;
+  double mean = 0.0;
+  double m2 = 0.0;  ///< sum of squared deviations from the mean
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+
+  void add(double x);
+  void merge(const RunningStats& other);
+  /// Population standard deviation (0 for fewer than two values).
+  [[nodiscard]] double stddev() const;
+};
+
+/// Mass in each token's window, one entry per token; NaN for prefix tokens and degenerate rows.
+/// `degenerate`, if given, receives the number of degenerate grid rows.
+std::vector<double> local_mass(const Variant& v, const MatF& q, const MatF& k, double scale,
+                               const TokenGrid& grid, int window, int* degenerate = nullptr);
+/// The same from the double rows of ExactRows, summed over a window found by scanning the grid.
+std::vector<double> local_mass_reference(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                         const TokenGrid& grid, int window, int* degenerate = nullptr);
+
+/// What a uniform row puts in the same windows: the mean over grid queries of |window| / N
+/// (9/197 for an interior query of DeiT-T).
+double uniform_baseline(const TokenGrid& grid, int window);
+
+struct LocalityHead {
+  int layer = 0;
+  int head = 0;
+  RunningStats mass;                 ///< over images and grid queries
+  std::int64_t degenerate_rows = 0;  ///< summed over images
+};
+
+struct LocalityResult {
+  std::vector<Variant> variants;
+  std::vector<std::vector<LocalityHead>> per_head;  ///< [variant][slot*heads+h]
+  int window = 3;
+  double uniform_baseline = 0.0;
+  std::int64_t images = 0;
+};
+
+/// Streams the selection of a dump; on_image(image) runs after each image (progress).
+LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
+                            const std::vector<Variant>& variants, int window, bool reference = false,
+                            const std::function<void(int)>& on_image = {});
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,106 @@
+// Weight census of InLine and MALA weights (census.hpp).
+#include "attnscope/analyses/census.hpp"
+
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace attnscope::analyses {
+
+void CensusCell::merge(const CensusCell& o) {
+  rows += o.rows;
+  weights += o.weights;
+  negative += o.negative;
+  zero += o.zero;
+  most_negative = std::min(most_negative, o.most_negative);
+  rows_not_summing_to_one += o.rows_not_summing_to_one;
+  max_row_sum_error = std::max(max_row_sum_error, o.max_row_sum_error);
+  degenerate_rows += o.degenerate_rows;
+}
+
+CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double sum_tolerance) {
+  CensusCell c;
+  std::size_t next_degenerate = 0;  // `degenerate` is sorted
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    if (next_degenerate < degenerate.size() && degenerate[next_degenerate] == i) {
+      ++next_degenerate;
+      ++c.degenerate_rows;
+      continue;
+    }
+    const auto row = w.row(i).array();
+    ++c.rows;
+    c.weights += row.size();
+    c.negative += (row < 0.0).count();
+    c.zero += (row == 0.0).count();
+    c.most_negative = std::min(c.most_negative, row.minCoeff());
+    // NaN cannot reach here (dumps are checked for NaN/Inf), but would count as a failure.
+    const double error = std::abs(row.sum() - 1.0);
+    if (!(error <= sum_tolerance)) ++c.rows_not_summing_to_one;
+    c.max_row_sum_error = std::max(c.max_row_sum_error, error);
+  }
+  return c;
+}
+
+std::vector<Variant> default_census_variants(const DumpAttributes& attrs) {
+  const Convention convention = parse_convention(attrs.convention);
+  std::vector<Variant> out;
+  for (Family family : {Family::InLine, Family::Mala}) {
+    Variant v = to_string(family) == attrs.attention_family
+                    ? attrs.variant()
+                    : parse_variant(to_string(family), convention);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+CensusCollector::CensusCollector(std::vector<Variant> variants, const Selection& resolved,
+                                 double scale, double sum_tolerance)
+    : variants_(std::move(variants)), layers_(resolved.layers), heads_(resolved.heads),
+      scale_(scale), tolerance_(sum_tolerance) {
+  if (!(sum_tolerance >= 0.0)) {
+    throw UsageError("--sum-tol must be >= 0, got " + std::to_string(sum_tolerance));
+  }
+  for (const Variant& v : variants_) {
+    std::string why;
+    if (!v.supports(&why)) {
+      throw UsageError(v.name() + " cannot be counted: " + why +
+                       " (pass --variant with @code to count under the code formula)");
+    }
+  }
+  for (const Variant& v : variants_)
+    for (int layer : layers_)
+      for (int head : heads_) {
+        CensusCell c;
+        c.variant = v.name();
+        c.layer = layer;
+        c.head = head;
+        cells_.push_back(c);
+      }
+}
+
+std::size_t CensusCollector::slot(std::size_t variant, int layer, int head) const {
+  const auto l = std::find(layers_.begin(), layers_.end(), layer) - layers_.begin();
+  const auto h = std::find(heads_.begin(), heads_.end(), head) - heads_.begin();
+  return (variant * layers_.size() + static_cast<std::size_t>(l)) * heads_.size() +
+         static_cast<std::size_t>(h);
+}
+
+void CensusCollector::add_head(const HeadView& head) {
+  const MatD q = head.q.cast<double>(), k = head.k.cast<double>();
+  for (std::size_t v = 0; v < variants_.size(); ++v) {
+    Diagnostics diag;
+    const MatD w = attention_weights<double>(variants_[v], q, k, scale_, nullptr, &diag);
+    const CensusCell part = census_of(w, diag.degenerate_rows, tolerance_);
+    const std::lock_guard lock(mutex_);
+    cells_[slot(v, head.layer, head.head)].merge(part);
+  }
+}
+
+std::vector<CensusCell> CensusCollector::cells() const {
+  const std::lock_guard lock(mutex_);
+  return cells_;
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,107 @@
+// ExactRows: the double-precision attention rows that define every exact count. Plain loops over
+// the formulas of variant.hpp; nothing here is tuned for speed, everything for predictability.
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "attnscope/analyses/confusion.hpp"
+
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace attnscope::analyses {
+
+namespace {
+
+double dot(const double* a, const double* b, Eigen::Index n) {
+  double s = 0.0;
+  for (Eigen::Index t = 0; t < n; ++t) s += a[t] * b[t];
+  return s;
+}
+
+}  // namespace
+
+ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale)
+    : variant_(v), n_(static_cast<int>(k.rows())), scale_(scale) {
+  if (q.rows() != k.rows() || q.cols() != k.cols()) {
+    throw UsageError("confusion: q and k of one head must have the same shape");
+  }
+  std::string why;
+  if (!variant_.supports(&why)) throw UsageError(variant_.name() + ": " + why);
+  den_.assign(static_cast<std::size_t>(n_), 0.0);
+  degenerate_.assign(static_cast<std::size_t>(n_), 0);
+  if (variant_.family == Family::Softmax) {
+    q_ = q.cast<double>();
+    k_ = k.cast<double>();
+    return;
+  }
+  variant_.map.ensure_params(static_cast<int>(q.cols()));
+  const double c = variant_.phi_factor(scale, n_);
+  phi_q_ = variant_.map.apply<double>(MatD(q.cast<double>())) * c;
+  phi_k_ = variant_.map.apply<double>(MatD(k.cast<double>())) * c;
+  phi_k_sum_ = phi_k_.colwise().sum().transpose();
+  const double sum_norm = phi_k_sum_.norm();
+  const bool has_denominator = variant_.family == Family::Linear || variant_.family == Family::Mala;
+  for (int i = 0; i < n_; ++i) {
+    const double d = dot(phi_q_.row(i).data(), phi_k_sum_.data(), phi_q_.cols());
+    den_[static_cast<std::size_t>(i)] = d;
+    // The same zero-or-tiny rule as attention.hpp's Diagnostics.
+    const bool tiny = std::abs(d) <= kTinyDenominator * phi_q_.row(i).norm() * sum_norm;
+    degenerate_[static_cast<std::size_t>(i)] = has_denominator && tiny ? 1 : 0;
+  }
+}
+
+int ExactRows::degenerate_count() const {
+  return static_cast<int>(std::count(degenerate_.begin(), degenerate_.end(), char{1}));
+}
+
+void ExactRows::row(int i, double* out) const {
+  const auto n = static_cast<std::size_t>(n_);
+  if (degenerate(i)) {
+    std::fill(out, out + n, 0.0);
+    return;
+  }
+  if (variant_.family == Family::Softmax) {
+    const Eigen::Index d = q_.cols();
+    double max_logit = -HUGE_VAL;
+    for (int j = 0; j < n_; ++j) {
+      out[j] = scale_ * dot(q_.row(i).data(), k_.row(j).data(), d);
+      max_logit = std::max(max_logit, out[j]);
+    }
+    double sum = 0.0;
+    for (std::size_t j = 0; j < n; ++j) sum += (out[j] = std::exp(out[j] - max_logit));
+    for (std::size_t j = 0; j < n; ++j) out[j] /= sum;
+    return;
+  }
+  const Eigen::Index d = phi_q_.cols();
+  const double den = den_[static_cast<std::size_t>(i)];
+  const double inv_n = 1.0 / n_;
+  const double beta = 1.0 + 1.0 / den, gamma = den * inv_n;
+  for (int j = 0; j < n_; ++j) {
+    const double num = dot(phi_q_.row(i).data(), phi_k_.row(j).data(), d);
+    switch (variant_.family) {
+      case Family::Linear: out[j] = num / den; break;
+      case Family::InLine: out[j] = num - den * inv_n + inv_n; break;
+      case Family::Mala: out[j] = beta * num - gamma; break;
+      case Family::Softmax: break;
+    }
+  }
+}
+
+VecD ExactRows::row(int i) const {
+  VecD r(n_);
+  row(i, r.data());
+  return r;
+}
+
+double squared_distance(const double* a, const double* b, int n) {
+  double s = 0.0;
+  for (int t = 0; t < n; ++t) {
+    const double diff = a[t] - b[t];
+    s += diff * diff;
+  }
+  return s;
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,117 @@
+// Softmax confusion search. Rows are computed in float (one GEMM and one exp per entry); a few
+// pivot rows p give the lower bound |d(i,p) - d(j,p)| <= |W_i - W_j| that discards almost every
+// pair after a sort. Survivors are decided by the exact judge.
+//
+// Margin argument. Let W be the exact (double) rows and W~ the float rows. The logit s q_i.k_j
+// is computed with absolute error <= |s| |q_i| max|k| (d + 6) u (dot product, scaling, the max
+// subtraction; u = 2^-24), which exp turns into a relative error <= expm1(2 delta_i) on each
+// entry; the float sum of N entries, the exp itself (a few ulp) and the division add
+// (N + 16) u relative. As rows are probability vectors (|W_i|_2 <= 1), |W~_i - W_i|_2 <= rho_i
+// with rho_i the sum of the two. Pivot distances are then accumulated in double from W~, so
+// |d~(i,p) - d(i,p)| <= rho_i + rho_p + 1e-12, and a confused pair (|W_i - W_j| <= eps) has
+// |d~(i,p) - d~(j,p)| <= eps + rho_i + rho_j + 2 rho_p + 2e-12 for every pivot. We keep a pair
+// whenever that holds with the rho terms doubled: no confused pair is ever discarded.
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "confusion_search.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace attnscope::analyses::detail {
+
+namespace {
+
+constexpr double kFloatUnit = 5.9604644775390625e-8;  // 2^-24
+constexpr double kSlack = 1e-9;                       // double rounding of distances, generous
+constexpr int kPivots = 4;
+
+/// Each row's error bound rho_i (see the margin argument).
+std::vector<double> row_error_bounds(const MatF& q, const MatF& k, double scale) {
+  const Eigen::Index n = q.rows(), d = q.cols();
+  const double kmax = k.rowwise().norm().maxCoeff();
+  std::vector<double> rho(static_cast<std::size_t>(n));
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double delta = std::abs(scale) * q.row(i).norm() * kmax * static_cast<double>(d + 6) * kFloatUnit;
+    rho[static_cast<std::size_t>(i)] = std::expm1(2.0 * delta) + static_cast<double>(n + 16) * kFloatUnit;
+  }
+  return rho;
+}
+
+/// Distances (in double) from every row to one pivot row.
+VecD pivot_distances(const MatF& w, Eigen::Index p) {
+  const Eigen::RowVectorXd pivot = w.row(p).cast<double>();
+  VecD out(w.rows());
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    out(i) = std::sqrt((w.row(i).cast<double>() - pivot).squaredNorm());
+  }
+  return out;
+}
+
+/// Farthest-first pivots: each new pivot is the row farthest from the pivots chosen so far.
+MatD choose_pivots(const MatF& w, std::vector<Eigen::Index>& pivots) {
+  const Eigen::Index n = w.rows();
+  const int count = static_cast<int>(std::min<Eigen::Index>(kPivots, n));
+  MatD dist(n, count);
+  VecD nearest = VecD::Constant(n, HUGE_VAL);
+  Eigen::Index p = 0;
+  for (int c = 0; c < count; ++c) {
+    pivots.push_back(p);
+    dist.col(c) = pivot_distances(w, p);
+    nearest = nearest.cwiseMin(dist.col(c));
+    nearest.maxCoeff(&p);
+  }
+  return dist;
+}
+
+}  // namespace
+
+MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
+  MatF w(q.rows(), k.rows());
+  w.noalias() = q * k.transpose();
+  w *= static_cast<float>(scale);
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    auto r = w.row(i).array();
+    r = (r - r.maxCoeff()).exp();
+    r /= r.sum();
+  }
+  return w;
+}
+
+HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge) {
+  HeadConfusion out;
+  const Eigen::Index n = q.rows();
+  if (n < 2) return out;
+  const std::vector<double> rho = row_error_bounds(q, k, scale);
+  const MatF w = softmax_rows_float(q, k, scale);
+  std::vector<Eigen::Index> pivots;
+  const MatD dist = choose_pivots(w, pivots);
+  const double rho_max = *std::max_element(rho.begin(), rho.end());
+  const double base = judge.eps() * (1.0 + kSlack) + kSlack;
+
+  std::vector<Eigen::Index> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), Eigen::Index{0});
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return dist(a, 0) < dist(b, 0); });
+  const double window = base + 2.0 * (2.0 * rho_max + 2.0 * rho[static_cast<std::size_t>(pivots[0])]);
+
+  for (std::size_t a = 0; a < order.size(); ++a) {
+    const Eigen::Index i = order[a];
+    for (std::size_t b = a + 1; b < order.size() && dist(order[b], 0) - dist(i, 0) <= window; ++b) {
+      const Eigen::Index j = order[b];
+      bool keep = true;
+      for (std::size_t c = 0; c < pivots.size() && keep; ++c) {
+        const double margin = 2.0 * (rho[static_cast<std::size_t>(i)] + rho[static_cast<std::size_t>(j)] +
+                                     2.0 * rho[static_cast<std::size_t>(pivots[c])]);
+        keep = std::abs(dist(i, static_cast<Eigen::Index>(c)) - dist(j, static_cast<Eigen::Index>(c))) <=
+               base + margin;
+      }
+      if (!keep) continue;
+      ++out.candidates;
+      if (judge.confused(static_cast<int>(std::min(i, j)), static_cast<int>(std::max(i, j)))) ++out.pairs;
+    }
+  }
+  return out;
+}
+
+}  // namespace attnscope::analyses::detail

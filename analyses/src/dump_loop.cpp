@@ -1,0 +1,133 @@
+// Streaming over a dump: the next image is read on a helper thread while OpenMP threads compute
+// the heads of the current one. Only one thread touches the reader at any time.
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "attnscope/analyses/dump_loop.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <numeric>
+#include <set>
+
+namespace attnscope::analyses {
+
+namespace {
+
+void fill_or_check(std::vector<int>& idx, int count, const char* what) {
+  if (idx.empty()) {
+    idx.resize(static_cast<std::size_t>(count));
+    std::iota(idx.begin(), idx.end(), 0);
+    return;
+  }
+  for (int i : idx) {
+    if (i < 0 || i >= count) {
+      throw UsageError(std::string(what) + " index " + std::to_string(i) + " out of range: the dump has " +
+                       std::to_string(count) + " " + what + "s (0-" + std::to_string(count - 1) + ")");
+    }
+  }
+}
+
+int parse_int(std::string_view text, const std::string& flag) {
+  int value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    throw UsageError(flag + ": expected an index or a range like 0-9, found '" + std::string(text) + "'");
+  }
+  return value;
+}
+
+/// Applies the selection's transform to every selected head of an image (serially: the
+/// transform may draw its parameters lazily).
+std::vector<MatF> transform_queries(const ImageQKV& img, const Selection& sel) {
+  std::vector<MatF> out;
+  if (sel.transform.is_identity()) return out;
+  out.reserve(sel.layers.size() * sel.heads.size());
+  for (std::size_t slot = 0; slot < sel.layers.size(); ++slot) {
+    for (int h : sel.heads) {
+      out.push_back(sel.transform.apply<float>(img.Q(static_cast<int>(slot), h)));
+    }
+  }
+  return out;
+}
+
+void compute_image(const ImageQKV& img, const Selection& sel,
+                   const std::function<void(const HeadView&)>& fn) {
+  const std::vector<MatF> transformed = transform_queries(img, sel);
+  const int n_heads = static_cast<int>(sel.heads.size());
+  const int n_items = static_cast<int>(sel.layers.size()) * n_heads;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int item = 0; item < n_items; ++item) {
+    try {
+      const int slot = item / n_heads;
+      const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
+      const MatF& raw = img.Q(slot, head);
+      const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
+      const HeadView view{img.image, img.layers[static_cast<std::size_t>(slot)], head, q,
+                          img.K(slot, head), img.V(slot, head), &raw};
+      fn(view);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+Selection resolve(const DumpSchema& schema, Selection sel) {
+  fill_or_check(sel.images, schema.num_images, "image");
+  fill_or_check(sel.layers, schema.attrs.num_layers, "layer");
+  fill_or_check(sel.heads, schema.attrs.num_heads, "head");
+  return sel;
+}
+
+std::vector<int> parse_index_list(std::string_view spec, const std::string& flag) {
+  std::vector<int> out;
+  std::set<int> seen;
+  std::size_t start = 0;
+  while (start < spec.size()) {
+    std::size_t comma = spec.find(',', start);
+    if (comma == std::string_view::npos) comma = spec.size();
+    const std::string_view item = spec.substr(start, comma - start);
+    const std::size_t dash = item.find('-', 1);
+    const int lo = parse_int(item.substr(0, dash), flag);
+    const int hi = dash == std::string_view::npos ? lo : parse_int(item.substr(dash + 1), flag);
+    if (lo < 0 || hi < lo) {
+      throw UsageError(flag + ": expected a non-negative index or an increasing range, found '" +
+                       std::string(item) + "'");
+    }
+    for (int i = lo; i <= hi; ++i) {
+      if (seen.insert(i).second) out.push_back(i);
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
+void for_each_head(DumpReader& reader, const Selection& resolved,
+                   const std::function<void(const HeadView&)>& fn,
+                   const std::function<void(int image)>& on_image) {
+  if (resolved.images.empty()) return;
+  const std::vector<int> layers = resolved.layers;
+  auto read = [&reader, &layers](int image) { return reader.read_image(image, layers); };
+  std::future<ImageQKV> next = std::async(std::launch::async, read, resolved.images.front());
+  for (std::size_t n = 0; n < resolved.images.size(); ++n) {
+    const ImageQKV img = next.get();
+    if (n + 1 < resolved.images.size()) {
+      next = std::async(std::launch::async, read, resolved.images[n + 1]);
+    }
+    compute_image(img, resolved, fn);
+    if (on_image) on_image(img.image);
+  }
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,114 @@
+// Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry);
+// the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
+// columns over i's window), from the low-rank form W = z M.
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "attnscope/analyses/locality.hpp"
+
+#include "attnscope/analyses/confusion.hpp"
+#include "attnscope/error.hpp"
+#include "confusion_search.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace attnscope::analyses {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
+  if (window < 1 || window % 2 == 0) {
+    throw UsageError("--window must be a positive odd number, found " + std::to_string(window));
+  }
+  if (grid.tokens() != tokens) {
+    throw UsageError("locality: the grid has " + std::to_string(grid.tokens()) + " tokens but the head has " +
+                     std::to_string(tokens));
+  }
+}
+
+std::vector<double> softmax_mass(const MatF& q, const MatF& k, double scale, const TokenGrid& grid,
+                                 int window) {
+  const MatF w = detail::softmax_rows_float(q, k, scale);
+  std::vector<double> mass(static_cast<std::size_t>(grid.tokens()), kNaN);
+  for (int i = grid.prefix; i < grid.tokens(); ++i) {
+    double s = 0.0;
+    for (int j : grid.window(i, window)) s += static_cast<double>(w(i, j));
+    mass[static_cast<std::size_t>(i)] = s;
+  }
+  return mass;
+}
+
+std::vector<double> low_rank_mass(const ExactRows& rows, const TokenGrid& grid, int window) {
+  const detail::LowRank lr = detail::build_low_rank(rows);
+  std::vector<double> mass(static_cast<std::size_t>(grid.tokens()), kNaN);
+  VecD cols(lr.m.rows());
+  for (int i = grid.prefix; i < grid.tokens(); ++i) {
+    if (rows.degenerate(i)) continue;
+    cols.setZero();
+    for (int j : grid.window(i, window)) cols += lr.m.col(j);
+    mass[static_cast<std::size_t>(i)] = lr.z.row(i).dot(cols);
+  }
+  return mass;
+}
+
+int degenerate_grid_rows(const ExactRows& rows, const TokenGrid& grid) {
+  int c = 0;
+  for (int i = grid.prefix; i < grid.tokens(); ++i) c += rows.degenerate(i) ? 1 : 0;
+  return c;
+}
+
+}  // namespace
+
+void RunningStats::add(double x) {
+  ++count;
+  const double delta = x - mean;
+  mean += delta / static_cast<double>(count);
+  m2 += delta * (x - mean);
+  min = std::min(min, x);
+  max = std::max(max, x);
+}
+
+void RunningStats::merge(const RunningStats& o) {
+  if (o.count == 0) return;
+  if (count == 0) {
+    *this = o;
+    return;
+  }
+  const double n = static_cast<double>(count + o.count);
+  const double delta = o.mean - mean;
+  mean += delta * static_cast<double>(o.count) / n;
+  m2 += o.m2 + delta * delta * static_cast<double>(count) * static_cast<double>(o.count) / n;
+  count += o.count;
+  min = std::min(min, o.min);
+  max = std::max(max, o.max);
+}
+
+double RunningStats::stddev() const {
+  return count < 2 ? 0.0 : std::sqrt(m2 / static_cast<double>(count));
+}
+
+std::vector<double> local_mass(const Variant& v, const MatF& q, const MatF& k, double scale,
+                               const TokenGrid& grid, int window, int* degenerate) {
+  check_window(grid, window, k.rows());
+  if (v.family == Family::Softmax) {
+    std::string why;
+    if (!v.supports(&why)) throw UsageError(v.name() + ": " + why);
+    if (degenerate) *degenerate = 0;
+    return softmax_mass(q, k, scale, grid, window);
+  }
+  const ExactRows rows(v, q, k, scale);
+  if (degenerate) *degenerate = degenerate_grid_rows(rows, grid);
+  return low_rank_mass(rows, grid, window);
+}
+
+double uniform_baseline(const TokenGrid& grid, int window) {
+  const int cells = grid.height * grid.width;
+  if (cells == 0) return 0.0;
+  double s = 0.0;
+  for (int i = grid.prefix; i < grid.tokens(); ++i) s += grid.window_size(i, window);
+  return s / cells / grid.tokens();
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,73 @@
+// Attention maps: one row of a head laid out on the patch grid.
+#include "attnscope/analyses/maps.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <charconv>
+
+namespace attnscope::analyses {
+
+namespace {
+
+int parse_number(std::string_view text, std::string_view item) {
+  int value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    throw UsageError("--tokens: expected an index or ROW:COL, found '" + std::string(item) + "'");
+  }
+  return value;
+}
+
+}  // namespace
+
+AttentionMap attention_map(const ExactRows& rows, const TokenGrid& grid, int token) {
+  if (token < 0 || token >= grid.tokens() || rows.tokens() != grid.tokens()) {
+    throw UsageError("attention map: token " + std::to_string(token) + " is not one of the " +
+                     std::to_string(grid.tokens()) + " tokens");
+  }
+  const VecD w = rows.row(token);
+  AttentionMap m;
+  m.token = token;
+  if (grid.on_grid(token)) {
+    m.query_row = grid.row(token);
+    m.query_col = grid.col(token);
+  }
+  m.grid.resize(grid.height, grid.width);
+  for (int r = 0; r < grid.height; ++r) {
+    for (int c = 0; c < grid.width; ++c) m.grid(r, c) = w(grid.token(r, c));
+  }
+  m.prefix.assign(w.data(), w.data() + grid.prefix);
+  return m;
+}
+
+std::vector<int> parse_tokens(std::string_view spec, const TokenGrid& grid) {
+  std::vector<int> out;
+  std::size_t start = 0;
+  while (start <= spec.size()) {
+    std::size_t comma = spec.find(',', start);
+    if (comma == std::string_view::npos) comma = spec.size();
+    const std::string_view item = spec.substr(start, comma - start);
+    const std::size_t colon = item.find(':');
+    int token = 0;
+    if (colon == std::string_view::npos) {
+      token = parse_number(item, item);
+    } else {
+      const int r = parse_number(item.substr(0, colon), item), c = parse_number(item.substr(colon + 1), item);
+      if (r < 0 || r >= grid.height || c < 0 || c >= grid.width) {
+        throw UsageError("--tokens: cell " + std::string(item) + " is outside the " + std::to_string(grid.height) +
+                         "x" + std::to_string(grid.width) + " grid");
+      }
+      token = grid.token(r, c);
+    }
+    if (token < 0 || token >= grid.tokens()) {
+      throw UsageError("--tokens: token " + std::to_string(token) + " out of range (0-" +
+                       std::to_string(grid.tokens() - 1) + ")");
+    }
+    out.push_back(token);
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace attnscope::analyses

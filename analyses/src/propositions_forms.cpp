@@ -1,0 +1,172 @@
+// Linear-time forms against explicit weights: equality (InLine eq. 5, MALA eq. 13) and measured
+// cost; and the whole verification run in report order.
+#include "attnscope/analyses/propositions.hpp"
+
+#include "attnscope/attention.hpp"
+#include "propositions_support.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace attnscope::analyses {
+
+using detail::Draws;
+using Sense = CheckRow::Sense;
+
+void CheckRow::decide() {
+  pass = sense == Sense::Above ? margin > threshold : margin <= threshold;  // NaN fails both
+}
+
+CheckRow check_linear_form(const std::string& spec, std::uint64_t seed, int trials) {
+  const Variant v = parse_variant(spec);
+  CheckRow r = detail::start_row(
+      "linear_form." + v.name(),
+      v.name() + ": linear-time outputs vs explicit W V, N = 1, 2, 50, 197, d = 1, 7, 64: max "
+                 "|O_lin - O_exp| / (|W| |V|) entry by entry",
+      kIdentityTolerance, Sense::Below);
+  static constexpr std::array<int, 4> kN{1, 2, 50, 197};
+  static constexpr std::array<int, 3> kD{1, 7, 64};
+  Draws draws(seed);
+  for (int t = 0; t < trials; ++t) {
+    const int n = kN[static_cast<std::size_t>(t) % kN.size()];
+    const int d = kD[static_cast<std::size_t>(t / static_cast<int>(kN.size())) % kD.size()];
+    const double scale = detail::default_scale(d);
+    const MatD q = draws.matrix(n, d), k = draws.matrix(n, d), values = draws.matrix(n, d);
+    const MatD fast = attention_outputs<double>(v, q, k, values, scale);
+    const MatD slow = attention_outputs_explicit<double>(v, q, k, values, scale);
+    const MatD w = attention_weights<double>(v, q, k, scale);
+    const MatD size = w.cwiseAbs() * values.cwiseAbs();
+    const double tiny = std::numeric_limits<double>::min();
+    detail::fold(r, (fast - slow).cwiseAbs().cwiseQuotient(size.cwiseMax(tiny)).maxCoeff());
+    ++r.trials;
+  }
+  r.decide();
+  return r;
+}
+
+PowerLawFit fit_power_law(const std::vector<double>& n, const std::vector<double>& cost) {
+  PowerLawFit fit;
+  const std::size_t m = std::min(n.size(), cost.size());
+  if (m < 2) return fit;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    const double x = std::log(n[i]), y = std::log(cost[i]);
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double dm = static_cast<double>(m);
+  fit.exponent = (dm * sxy - sx * sy) / (dm * sxx - sx * sx);
+  const double intercept = (sy - fit.exponent * sx) / dm;
+  fit.prefactor = std::exp(intercept);
+  double ss_res = 0, ss_tot = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    const double x = std::log(n[i]), y = std::log(cost[i]);
+    ss_res += std::pow(y - (intercept + fit.exponent * x), 2);
+    ss_tot += std::pow(y - sy / dm, 2);
+  }
+  fit.r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
+  return fit;
+}
+
+namespace {
+
+template <typename F>
+double best_seconds(int repeats, F&& f) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
+    best = std::min(best, dt.count());
+  }
+  return best;
+}
+
+}  // namespace
+
+FormTiming time_forms(const std::string& spec, const std::vector<int>& sizes, int dim, int repeats,
+                      std::uint64_t seed) {
+  const Variant v = parse_variant(spec);
+  FormTiming t;
+  t.variant = v.name();
+  t.dim = dim;
+  t.sizes = sizes;
+  Draws draws(seed);
+  const double scale = detail::default_scale(dim);
+  for (int n : sizes) {
+    const MatF q = draws.matrix(n, dim).cast<float>(), k = draws.matrix(n, dim).cast<float>(),
+               values = draws.matrix(n, dim).cast<float>();
+    // The sink keeps the work from being optimised away.
+    volatile float sink = 0.0f;
+    t.linear_s.push_back(best_seconds(repeats, [&] {
+      sink = sink + attention_outputs<float>(v, q, k, values, scale)(0, 0);
+    }));
+    t.explicit_s.push_back(best_seconds(repeats, [&] {
+      sink = sink + attention_outputs_explicit<float>(v, q, k, values, scale)(0, 0);
+    }));
+  }
+  return t;
+}
+
+std::vector<CheckRow> cost_rows(const FormTiming& t) {
+  std::vector<double> n(t.sizes.begin(), t.sizes.end());
+  const auto describe = [&](const char* form, const PowerLawFit& f) {
+    std::ostringstream s;
+    s << t.variant << ": wall-clock of the " << form << " form over N = " << t.sizes.front()
+      << ".." << t.sizes.back() << ", d = " << t.dim << ", fitted exponent of N (r2 = "
+      << std::round(f.r2 * 1000.0) / 1000.0 << ")";
+    return s.str();
+  };
+  const PowerLawFit lin = fit_power_law(n, t.linear_s);
+  const PowerLawFit exp = fit_power_law(n, t.explicit_s);
+  CheckRow a = detail::start_row("cost." + t.variant + ".linear_time", describe("linear-time", lin),
+                                 1.4, Sense::Below);
+  CheckRow b = detail::start_row("cost." + t.variant + ".explicit", describe("explicit", exp), 1.6,
+                                 Sense::Above);
+  a.trials = b.trials = static_cast<long>(t.sizes.size());
+  a.margin = lin.exponent;
+  b.margin = exp.exponent;
+  a.decide();
+  b.decide();
+  return {a, b};
+}
+
+std::vector<CheckRow> verify_all(const VerifyOptions& o) {
+  std::vector<CheckRow> rows;
+  std::uint64_t salt = 0;
+  const auto seed = [&] { return detail::derive_seed(o.seed, salt++); };
+  rows.push_back(check_prop1_random(seed(), o.trials));
+  rows.push_back(check_prop1_adversarial(seed(), o.trials));
+  rows.push_back(check_prop1_hyperplane(seed(), o.trials));
+  rows.push_back(check_prop2_relu_collinear(seed(), o.trials));
+  rows.push_back(check_prop2_identity_negation(seed(), o.trials));
+  rows.push_back(check_prop2_relu_affine(seed(), o.trials));
+  rows.push_back(check_lemma1("leaky_relu", seed(), o.trials));
+  rows.push_back(check_lemma1("elu1", seed(), o.trials));
+  rows.push_back(check_prop3_random(seed(), o.trials));
+  rows.push_back(check_prop3_collinear(seed(), o.trials));
+  rows.push_back(check_prop3_hyperplane(seed(), o.trials));
+  rows.push_back(check_mala_rows_sum(seed(), o.trials));
+  rows.push_back(check_mala_eq11(seed(), o.trials));
+  rows.push_back(check_mala_eq19(seed(), o.trials));
+  rows.push_back(check_mala_eq22(seed(), o.trials));
+  rows.push_back(check_mala_eq22_counterexample(seed(), o.trials));
+  for (const char* spec : {"inline@paper", "inline@code", "mala@paper", "mala@code"}) {
+    rows.push_back(check_linear_form(spec, seed(), o.trials));
+  }
+  if (o.timing) {
+    for (const char* spec : {"inline@code", "mala@code"}) {
+      const FormTiming t = time_forms(spec, o.timing_sizes, o.timing_dim, o.timing_repeats, seed());
+      for (CheckRow& r : cost_rows(t)) rows.push_back(std::move(r));
+    }
+  }
+  return rows;
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,32 @@
+// Brute-force confusion count: every pair of every row, with the arithmetic that defines the count
+// (ExactRows, squared_distance). Quadratic memory, cubic time: for tests and benchmarks.
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "attnscope/analyses/confusion.hpp"
+
+namespace attnscope::analyses {
+
+HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const MatF& q_raw,
+                                        const MatF& k, double scale, const ConfusionOptions& opt) {
+  const ExactRows rows(v, q, k, scale);
+  const int n = rows.tokens();
+  const int d = static_cast<int>(q_raw.cols());
+  MatD w(n, n);
+  for (int i = 0; i < n; ++i) rows.row(i, w.row(i).data());
+  const MatD qr = q_raw.cast<double>();
+  const double eps2 = opt.eps * opt.eps, query_eps2 = opt.query_eps * opt.query_eps;
+  HeadConfusion out;
+  out.degenerate_rows = rows.degenerate_count();
+  for (int i = 0; i < n; ++i) {
+    if (rows.degenerate(i)) continue;
+    for (int j = i + 1; j < n; ++j) {
+      if (rows.degenerate(j)) continue;
+      ++out.candidates;
+      const bool near = squared_distance(w.row(i).data(), w.row(j).data(), n) <= eps2;
+      if (near && squared_distance(qr.row(i).data(), qr.row(j).data(), d) > query_eps2) ++out.pairs;
+    }
+  }
+  return out;
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,141 @@
+// Sweeps over many queries: choosing them in a dump, and collecting their sweeps as heads arrive.
+#include "attnscope/analyses/spikiness.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <tuple>
+
+namespace attnscope::analyses {
+
+namespace {
+
+auto head_key(const QuerySample& s) { return std::tie(s.image, s.layer, s.head); }
+
+bool sample_less(const QuerySample& a, const QuerySample& b) {
+  return std::tie(a.image, a.layer, a.head, a.token) < std::tie(b.image, b.layer, b.head, b.token);
+}
+
+// Uniform integer in [0, bound) without modulo bias (the standard distributions are not portable).
+std::uint64_t uniform_below(std::mt19937_64& gen, std::uint64_t bound) {
+  const std::uint64_t limit = ~std::uint64_t{0} - ~std::uint64_t{0} % bound;
+  std::uint64_t x = gen();
+  while (x >= limit) x = gen();
+  return x % bound;
+}
+
+QuerySample unflatten(const Selection& sel, int num_tokens, std::uint64_t flat) {
+  QuerySample s;
+  const auto tokens = static_cast<std::uint64_t>(num_tokens);
+  const auto heads = static_cast<std::uint64_t>(sel.heads.size());
+  const auto layers = static_cast<std::uint64_t>(sel.layers.size());
+  s.token = static_cast<int>(flat % tokens);
+  flat /= tokens;
+  s.head = sel.heads[static_cast<std::size_t>(flat % heads)];
+  flat /= heads;
+  s.layer = sel.layers[static_cast<std::size_t>(flat % layers)];
+  flat /= layers;
+  s.image = sel.images[static_cast<std::size_t>(flat)];
+  return s;
+}
+
+}  // namespace
+
+std::vector<QuerySample> draw_samples(const Selection& sel, int num_tokens, int count,
+                                      std::uint64_t seed) {
+  if (count < 0) throw UsageError("--samples must be >= 0, got " + std::to_string(count));
+  const std::uint64_t total = static_cast<std::uint64_t>(sel.images.size()) * sel.layers.size() *
+                              sel.heads.size() * static_cast<std::uint64_t>(num_tokens);
+  std::set<std::uint64_t> chosen;
+  if (static_cast<std::uint64_t>(count) >= total) {
+    for (std::uint64_t i = 0; i < total; ++i) chosen.insert(i);
+  } else {
+    // Floyd's algorithm: `count` distinct draws, each one draw from the generator.
+    std::mt19937_64 gen(seed);
+    for (std::uint64_t j = total - static_cast<std::uint64_t>(count); j < total; ++j) {
+      const std::uint64_t t = uniform_below(gen, j + 1);
+      if (!chosen.insert(t).second) chosen.insert(j);
+    }
+  }
+  std::vector<QuerySample> out;
+  for (std::uint64_t flat : chosen) out.push_back(unflatten(sel, num_tokens, flat));
+  std::sort(out.begin(), out.end(), sample_less);
+  return out;
+}
+
+std::vector<QuerySample> grid_samples(const Selection& sel, int num_tokens,
+                                      const std::vector<int>& tokens) {
+  for (int t : tokens) {
+    if (t < 0 || t >= num_tokens) {
+      throw UsageError("--tokens: token " + std::to_string(t) + " is out of range [0, " +
+                       std::to_string(num_tokens) + ")");
+    }
+  }
+  std::vector<QuerySample> out;
+  for (int image : sel.images)
+    for (int layer : sel.layers)
+      for (int head : sel.heads)
+        for (int token : tokens) out.push_back({image, layer, head, token});
+  std::sort(out.begin(), out.end(), sample_less);
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+SpikinessCollector::SpikinessCollector(std::vector<Variant> variants,
+                                       std::vector<QuerySample> samples, double scale,
+                                       SpikinessOptions opts, int keep_weights)
+    : scale_(scale), opts_(std::move(opts)), keep_weights_(keep_weights) {
+  std::sort(samples.begin(), samples.end(), sample_less);
+  result_.variants = std::move(variants);
+  result_.samples = std::move(samples);
+  result_.sweeps.assign(result_.variants.size(),
+                        std::vector<QuerySweep>(result_.samples.size()));
+  done_.assign(result_.samples.size(), 0);
+  laws_.resize(result_.variants.size());
+}
+
+void SpikinessCollector::add_head(const HeadView& h) {
+  const QuerySample key{h.image, h.layer, h.head, 0};
+  const auto [first, last] = std::equal_range(
+      result_.samples.begin(), result_.samples.end(), key,
+      [](const QuerySample& a, const QuerySample& b) { return head_key(a) < head_key(b); });
+  if (first == last) return;
+  const MatD k = h.k.cast<double>();
+  for (std::size_t v = 0; v < result_.variants.size(); ++v) {
+    const HeadSweeper sweeper(result_.variants[v], k, scale_, opts_);
+    std::vector<LawResult> laws = sweeper.laws();
+    for (auto it = first; it != last; ++it) {
+      const auto i = static_cast<std::size_t>(it - result_.samples.begin());
+      const VecD q = h.q.row(it->token).cast<double>().transpose();
+      // Each sample lives in one head only: no other thread writes this slot.
+      result_.sweeps[v][i] = sweeper.sweep(q, static_cast<int>(i) < keep_weights_, &laws);
+      done_[i] = 1;
+    }
+    const std::lock_guard lock(mutex_);
+    if (laws_[v].empty()) {
+      laws_[v] = std::move(laws);
+    } else {
+      for (std::size_t l = 0; l < laws.size(); ++l) laws_[v][l].merge(laws[l]);
+    }
+  }
+}
+
+SpikinessResult SpikinessCollector::finish() {
+  for (std::size_t i = 0; i < done_.size(); ++i) {
+    if (done_[i] == 0) {
+      const QuerySample& s = result_.samples[i];
+      throw Error("spikiness: the head of sample (image " + std::to_string(s.image) + ", layer " +
+                  std::to_string(s.layer) + ", head " + std::to_string(s.head) +
+                  ") was never computed");
+    }
+  }
+  result_.laws.clear();
+  for (auto& laws : laws_) {
+    for (auto& l : laws) result_.laws.push_back(std::move(l));
+  }
+  return std::move(result_);
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,134 @@
+// attnscope census: per layer and head, how many InLine / MALA weights are negative or zero, the
+// smallest weight, and how many rows fail to sum to 1.
+#include "command.hpp"
+#include "common.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/census.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+namespace attnscope::app {
+namespace {
+
+struct CensusFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  double sum_tol = analyses::kDefaultSumTolerance;
+};
+
+po::options_description census_options(CensusFlags& f) {
+  po::options_description d("options");
+  add_dump_option(d, f.common);
+  add_out_option(d, f.common, "results/census");
+  d.add_options()("variant", po::value(&f.common.variant)->value_name("SPEC[,SPEC...]"),
+                  "variants to count (default: inline and mala under the dump's convention, the "
+                  "dump's own map where its model is one of them)");
+  add_selection_options(d, f.sel, false);
+  d.add_options()("sum-tol", po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
+                  "a row fails to sum to 1 when |sum - 1| > T");
+  add_threads_option(d, f.common);
+  return d;
+}
+
+void write_csv(const std::filesystem::path& dir, const std::vector<analyses::CensusCell>& cells) {
+  AtomicFile f(dir / "census.csv");
+  f.stream() << "variant,layer,head,weights,negative,zero,most_negative,rows_not_summing_to_one,"
+                "max_row_sum_error\n"
+             << std::setprecision(17);
+  for (const auto& c : cells) {
+    f.stream() << c.variant << "," << c.layer << "," << c.head << "," << c.weights << ","
+               << c.negative << "," << c.zero << "," << c.most_negative << ","
+               << c.rows_not_summing_to_one << "," << c.max_row_sum_error << "\n";
+  }
+  f.commit();
+}
+
+/// Per-variant totals over every layer and head, in the order the variants were given.
+std::vector<analyses::CensusCell> totals(const std::vector<Variant>& variants,
+                                         const std::vector<analyses::CensusCell>& cells) {
+  std::vector<analyses::CensusCell> out;
+  for (const Variant& v : variants) {
+    analyses::CensusCell t;
+    t.variant = v.name();
+    t.layer = t.head = -1;
+    for (const auto& c : cells) {
+      if (c.variant == t.variant) t.merge(c);
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+nlohmann::json to_json(const analyses::CensusCell& t) {
+  return {{"variant", t.variant}, {"rows", t.rows}, {"weights", t.weights},
+          {"negative", t.negative}, {"zero", t.zero},
+          {"most_negative", std::isfinite(t.most_negative) ? nlohmann::json(t.most_negative)
+                                                           : nlohmann::json()},
+          {"rows_not_summing_to_one", t.rows_not_summing_to_one},
+          {"max_row_sum_error", t.max_row_sum_error}, {"degenerate_rows", t.degenerate_rows}};
+}
+
+void print_summary(const std::vector<analyses::CensusCell>& ts, std::size_t images) {
+  std::cout << "weight census over " << images << " images\n"
+            << std::left << std::setw(26) << "variant" << std::setw(14) << "weights"
+            << std::setw(24) << "negative" << std::setw(10) << "zero" << std::setw(15)
+            << "most_negative" << "rows_not_summing_to_one\n";
+  for (const auto& t : ts) {
+    const double share = t.weights ? 100.0 * static_cast<double>(t.negative) / static_cast<double>(t.weights) : 0.0;
+    std::ostringstream neg;
+    neg << t.negative << " (" << std::setprecision(3) << share << "%)";
+    std::cout << std::setw(26) << t.variant << std::setw(14) << t.weights << std::setw(24)
+              << neg.str() << std::setw(10) << t.zero << std::setw(15) << std::setprecision(6)
+              << t.most_negative << t.rows_not_summing_to_one << " of " << t.rows;
+    if (t.degenerate_rows) std::cout << " (" << t.degenerate_rows << " degenerate rows left out)";
+    std::cout << "\n";
+  }
+}
+
+int run_census_cmd(const std::vector<std::string>& args) {
+  CensusFlags f;
+  const po::options_description desc = census_options(f);
+  po::variables_map vm;
+  if (!parse_args("census", "--dump FILE [options]", desc, args, vm)) return 0;
+  const int threads = apply_threads(f.common.threads);
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  const analyses::Selection sel = make_selection(f.sel, schema, 0);
+  const std::vector<Variant> variants =
+      f.common.variant.empty()
+          ? analyses::default_census_variants(schema.attrs)
+          : parse_variants(f.common.variant, parse_convention(schema.attrs.convention));
+  analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  RunMetadata meta("census");
+  meta.inputs() = {{"dump", f.common.dump}};
+  meta.params() = {{"variants", variant_names(variants)}, {"sum_tol", f.sum_tol},
+                   {"images", sel.images.size()}, {"layers", sel.layers}, {"heads", sel.heads},
+                   {"precision", "double"}, {"threads", threads}};
+  Progress progress("census", sel.images.size());
+  analyses::for_each_head(
+      reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },
+      [&](int) { progress.tick(); });
+  progress.finish();
+  const auto cells = collector.cells();
+  write_csv(dir, cells);
+  const auto ts = totals(variants, cells);
+  nlohmann::json jt = nlohmann::json::array();
+  for (const auto& t : ts) jt.push_back(to_json(t));
+  meta.results() = {{"totals", jt}};
+  meta.write(dir);
+  print_summary(ts, sel.images.size());
+  return 0;
+}
+
+const CommandRegistration kRegistration{
+    {"census", "count negative and zero InLine/MALA weights and rows not summing to 1, per head",
+     run_census_cmd}};
+
+}  // namespace
+}  // namespace attnscope::app

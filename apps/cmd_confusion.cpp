@@ -1,0 +1,124 @@
+// attnscope confusion: counts confused query pairs per image, layer and head (InLine Fig. 2).
+#include "command.hpp"
+#include "common.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/confusion.hpp"
+
+#include <iomanip>
+#include <iostream>
+
+namespace attnscope::app {
+namespace {
+
+struct ConfusionFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  analyses::ConfusionOptions opt;
+  bool reference = false;
+};
+
+po::options_description confusion_options(ConfusionFlags& f) {
+  po::options_description d("options");
+  add_dump_option(d, f.common);
+  add_out_option(d, f.common, "results/confusion");
+  add_variant_option(d, f.common);
+  add_selection_options(d, f.sel, true);
+  d.add_options()
+      ("eps", po::value(&f.opt.eps)->value_name("E")->default_value(f.opt.eps, "1e-3"),
+       "L2 radius on attention rows")
+      ("query-eps", po::value(&f.opt.query_eps)->value_name("E")->default_value(f.opt.query_eps, "1e-6"),
+       "raw queries closer than this (L2) are the same query, never confusion")
+      ("reference", po::bool_switch(&f.reference),
+       "brute force over every pair in double (slow; for checks and benchmarks)");
+  add_threads_option(d, f.common);
+  add_seed_option(d, f.common);
+  return d;
+}
+
+void write_per_head(const std::filesystem::path& dir, const analyses::ConfusionResult& r) {
+  AtomicFile f(dir / "confusion_per_head.csv");
+  f.stream() << "variant,layer,head,count,degenerate_rows\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& h : r.per_head[v]) {
+      f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << h.count << ","
+                 << h.degenerate_rows << "\n";
+    }
+  }
+  f.commit();
+}
+
+void write_histogram(const std::filesystem::path& dir, const analyses::ConfusionResult& r) {
+  AtomicFile f(dir / "confusion_histogram.csv");
+  f.stream() << "variant,bin,images\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (int b = 0; b < analyses::kConfusionBins; ++b) {
+      f.stream() << r.variants[v].name() << "," << analyses::confusion_bin_labels()[b] << ","
+                 << r.histogram[v][static_cast<std::size_t>(b)] << "\n";
+    }
+  }
+  f.commit();
+}
+
+void print_summary(const analyses::ConfusionResult& r) {
+  std::cout << "images with a given number of confused pairs (" << r.images << " images)\n"
+            << std::left << std::setw(28) << "variant";
+  for (const auto& label : analyses::confusion_bin_labels()) std::cout << std::setw(7) << label;
+  std::cout << "\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    std::cout << std::setw(28) << r.variants[v].name();
+    for (auto n : r.histogram[v]) std::cout << std::setw(7) << n;
+    std::cout << "\n";
+  }
+}
+
+int run_confusion_cmd(const std::vector<std::string>& args) {
+  ConfusionFlags f;
+  const po::options_description desc = confusion_options(f);
+  po::variables_map vm;
+  if (!parse_args("confusion", "--dump FILE [options]", desc, args, vm)) return 0;
+  if (!(f.opt.eps >= 0.0) || !(f.opt.query_eps >= 0.0)) throw UsageError("--eps and --query-eps must be >= 0");
+  const int threads = apply_threads(f.common.threads);
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  const std::vector<Variant> variants = selected_variants(f.common.variant, schema, f.common.seed);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  RunMetadata meta("confusion");
+  meta.inputs() = {{"dump", f.common.dump}};
+  meta.params() = {{"variants", variant_names(variants)}, {"eps", f.opt.eps}, {"query_eps", f.opt.query_eps},
+                   {"transform", sel.transform.name()}, {"images", sel.images.size()},
+                   {"layers", sel.layers}, {"heads", sel.heads}, {"reference", f.reference},
+                   {"threads", threads}, {"seed", f.common.seed}};
+  AtomicFile per_image(dir / "confusion_per_image.csv");
+  per_image.stream() << "variant,image,count\n";
+  Progress progress("confusion", sel.images.size());
+  ImageTimer timer;
+  auto on_image = [&](int image, const std::vector<std::int64_t>& counts) {
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      per_image.stream() << variants[v].name() << "," << image << "," << counts[v] << "\n";
+    }
+    timer.tick();
+    progress.tick();
+  };
+  const analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
+  progress.finish();
+  write_per_head(dir, r);
+  write_histogram(dir, r);
+  per_image.commit();
+  nlohmann::json hist = nlohmann::json::object();
+  for (std::size_t v = 0; v < variants.size(); ++v) hist[variants[v].name()] = r.histogram[v];
+  meta.results() = {{"images", r.images}, {"histogram", hist}, {"candidates", r.candidates},
+                    {"ms_per_image", timer.summary()}};
+  meta.write(dir);
+  print_summary(r);
+  return 0;
+}
+
+const CommandRegistration kRegistration{
+    {"confusion", "count confused query pairs (rows within --eps) per image, layer and head",
+     run_confusion_cmd}};
+
+}  // namespace
+}  // namespace attnscope::app

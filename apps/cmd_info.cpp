@@ -1,0 +1,118 @@
+// attnscope info: prints and validates a dump's schema; --check-values also reads every value.
+#include "command.hpp"
+#include "common.hpp"
+
+#include "attnscope/dump.hpp"
+#include "attnscope/error.hpp"
+
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+namespace attnscope::app {
+namespace {
+
+std::string shape_text(const std::vector<std::uint64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+/// The model's variant by its canonical name; a feature map the registry cannot parse makes the
+/// dump invalid.
+std::string variant_name(const DumpSchema& s) {
+  try {
+    return s.attrs.variant().name();
+  } catch (const UsageError& e) {
+    throw InputError(s.path, "attribute 'feature_map'", "a known feature-map spec", e.what());
+  }
+}
+
+std::string layers_with(const std::vector<bool>& has) {
+  std::string out;
+  int count = 0;
+  for (std::size_t l = 0; l < has.size(); ++l) {
+    if (!has[l]) continue;
+    out += (count++ ? "," : "") + std::to_string(l);
+  }
+  if (count == 0) return "none";
+  if (count == static_cast<int>(has.size())) return "all layers";
+  return "layers " + out;
+}
+
+void print_schema(const DumpReader& r, std::ostream& os) {
+  const DumpSchema& s = r.schema();
+  const DumpAttributes& a = s.attrs;
+  os << "file        " << s.path << " (" << std::filesystem::file_size(s.path) << " bytes)\n"
+     << "format      attnscope-dump v" << a.format_version << "\n"
+     << "model       " << a.model_name << "\n"
+     << "variant     " << variant_name(s) << " (attention_family " << a.attention_family
+     << ", feature_map " << a.feature_map << ", convention " << a.convention << ")\n"
+     << "scale       " << a.scale << "\n"
+     << "shape       " << s.num_images << " images x " << a.num_layers << " layers x "
+     << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
+     << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + "
+     << a.grid.height << "x" << a.grid.width << " grid\n"
+     << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
+     << "optional    attn: " << layers_with(s.layer_has_attn)
+     << "; out: " << layers_with(s.layer_has_out) << "; labels: " << (s.has_labels ? "yes" : "no")
+     << "; logits: " << (s.has_logits ? "yes" : "no") << "; images: " << (s.has_images ? "yes" : "no")
+     << "\n"
+     << "datasets\n";
+  for (const DatasetInfo& d : r.datasets()) {
+    os << "  " << std::left << std::setw(18) << d.name << std::setw(22) << shape_text(d.shape)
+       << std::setw(9) << d.dtype << "chunks "
+       << std::setw(20) << (d.chunks.empty() ? std::string("none") : shape_text(d.chunks))
+       << "filters " << d.filters << "\n";
+  }
+}
+
+/// Reads every value of the dump (each read checks finiteness and throws at the first NaN/Inf).
+void check_values(DumpReader& r) {
+  const DumpSchema& s = r.schema();
+  Progress progress("info", static_cast<std::size_t>(s.num_images));
+  for (int i = 0; i < s.num_images; ++i) {
+    (void)r.read_image(i);
+    for (int l = 0; l < s.attrs.num_layers; ++l) {
+      for (int h = 0; h < s.attrs.num_heads; ++h) {
+        if (s.layer_has_attn[static_cast<std::size_t>(l)]) (void)r.read_attn(i, l, h);
+        if (s.layer_has_out[static_cast<std::size_t>(l)]) (void)r.read_out(i, l, h);
+      }
+    }
+    progress.tick();
+  }
+  progress.finish();
+  (void)r.read_logits();
+  (void)r.read_images(nullptr);
+}
+
+int run_info(const std::vector<std::string>& args) {
+  std::string file;
+  bool values = false;
+  po::options_description desc("options");
+  desc.add_options()("file", po::value(&file)->value_name("FILE")->required(),
+                     "dump to describe (also accepted as the first positional argument)")(
+      "check-values", po::bool_switch(&values),
+      "read every image and check that all values are finite");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  if (!parse_args("info", "FILE [--check-values]", desc, args, vm, &pos)) return 0;
+  DumpReader reader(file);
+  print_schema(reader, std::cout);
+  std::cout << "schema      valid\n" << std::flush;
+  if (values) {
+    check_values(reader);
+    std::cout << "values      all finite (" << reader.schema().num_images << " images read)\n";
+  }
+  return 0;
+}
+
+const CommandRegistration kInfo({"info", "print and validate a dump's schema (--check-values: "
+                                         "read every value)",
+                                 run_info});
+
+}  // namespace
+}  // namespace attnscope::app

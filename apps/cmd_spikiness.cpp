@@ -1,0 +1,327 @@
+// attnscope spikiness: scale queries by every factor of a sweep and report, per family, how the
+// attention row sharpens (MALA Fig. 2), checking MALA eq. 6, 7, 11, 12 and InLine eq. 4 as it goes.
+#include "command.hpp"
+#include "common.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/spikiness.hpp"
+#include "attnscope/synth.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+namespace attnscope::app {
+namespace {
+
+constexpr const char* kDefaultVariants = "softmax,linear:relu,inline,mala";
+
+struct SpikinessFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  bool synthetic = false;
+  int synth_images = 2;
+  std::string tokens;
+  int samples = 64;
+  std::string scales = "0.25:8:33";
+  std::string keys = "top,median";
+  std::string space = "auto";
+  int topk = 5;
+  int dist_samples = 1;
+};
+
+po::options_description spikiness_options(SpikinessFlags& f) {
+  po::options_description d("options");
+  d.add_options()
+      ("dump", po::value(&f.common.dump)->value_name("FILE"),
+       "HDF5 dump to read (docs/dump-format.md); or --synthetic")
+      ("synthetic", po::bool_switch(&f.synthetic),
+       "use synthetic heads (the `synth` model, seeded by --seed) instead of a dump")
+      ("synth-images", po::value(&f.synth_images)->value_name("N")->default_value(f.synth_images),
+       "images of the synthetic model");
+  add_out_option(d, f.common, "results/spikiness");
+  d.add_options()("variant", po::value(&f.common.variant)->value_name("SPEC[,SPEC...]"),
+                  "families to sweep (default: softmax,linear:relu,inline,mala under the dump's "
+                  "convention)");
+  add_selection_options(d, f.sel, true);
+  d.add_options()
+      ("tokens", po::value(&f.tokens)->value_name("LIST"),
+       "query tokens of every selected image, layer and head (default: a random sample)")
+      ("samples", po::value(&f.samples)->value_name("N")->default_value(f.samples),
+       "random queries drawn from the selection when --tokens is not given")
+      ("scales", po::value(&f.scales)->value_name("LO:HI:N|A,B,..")->default_value(f.scales),
+       "magnitude factors a: N log-spaced from LO to HI, or a list")
+      ("keys", po::value(&f.keys)->value_name("HIGH,LOW")->default_value(f.keys),
+       "reference keys of the ratio, chosen at a = 1: top, median, bottom or a key index")
+      ("scale-space", po::value(&f.space)->value_name("S")->default_value(f.space),
+       "what a scales for the kernel families: feature (phi(q), the laws' setting), query (q), "
+       "auto (feature; softmax always scales q)")
+      ("topk", po::value(&f.topk)->value_name("K")->default_value(f.topk), "top-k mass")
+      ("dist-samples", po::value(&f.dist_samples)->value_name("N")->default_value(f.dist_samples),
+       "samples whose sorted weights go to spikiness_weights.csv");
+  add_threads_option(d, f.common);
+  add_seed_option(d, f.common);
+  return d;
+}
+
+/// Where the heads come from: a dump streamed by for_each_head, or the synthetic model.
+struct Source {
+  std::string name;  ///< "dump" or "synthetic"
+  DumpSchema schema;
+  std::function<void(const analyses::Selection&, const std::function<void(const analyses::HeadView&)>&,
+                     const std::function<void(int)>&)>
+      for_each_head;
+};
+
+Source dump_source(DumpReader& reader) {
+  Source s{"dump", reader.schema(), {}};
+  s.for_each_head = [&reader](const analyses::Selection& sel, const auto& fn, const auto& on_image) {
+    analyses::for_each_head(reader, sel, fn, on_image);
+  };
+  return s;
+}
+
+Source synthetic_source(const SynthOptions& so) {
+  Source s{"synthetic", {}, {}};
+  s.schema.path = "synthetic";
+  s.schema.attrs = so.attributes();
+  s.schema.num_images = so.images;
+  s.schema.layer_has_attn.assign(static_cast<std::size_t>(so.layers), false);
+  s.schema.layer_has_out.assign(static_cast<std::size_t>(so.layers), false);
+  s.for_each_head = [so](const analyses::Selection& sel, const auto& fn, const auto& on_image) {
+    for (int image : sel.images) {
+      const ImageQKV img = synth_image(so, image);
+      for (int layer : sel.layers) {
+        for (int head : sel.heads) {
+          const MatF& raw = img.Q(layer, head);
+          const MatF q = sel.transform.apply<float>(raw);
+          fn(analyses::HeadView{image, layer, head, q, img.K(layer, head), img.V(layer, head), &raw});
+        }
+      }
+      if (on_image) on_image(image);
+    }
+  };
+  return s;
+}
+
+std::vector<Variant> sweep_variants(const SpikinessFlags& f, const DumpSchema& schema) {
+  const std::string spec = f.common.variant.empty() ? kDefaultVariants : f.common.variant;
+  auto variants = parse_variants(spec, parse_convention(schema.attrs.convention), f.common.seed);
+  for (const Variant& v : variants) {
+    std::string why;
+    if (!v.supports(&why)) throw UsageError("--variant " + v.name() + ": " + why);
+  }
+  return variants;
+}
+
+void write_rows(const std::filesystem::path& dir, const std::string& source,
+                const analyses::SpikinessResult& r) {
+  AtomicFile f(dir / "spikiness.csv");
+  f.stream() << "variant,source,sample,layer,head,token,scale,ratio,max_weight,entropy,"
+                "effective_keys,topk_mass,negatives,zeros\n"
+             << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    const std::string name = r.variants[v].name();
+    for (std::size_t i = 0; i < r.samples.size(); ++i) {
+      const auto& s = r.samples[i];
+      for (const auto& p : r.sweeps[v][i].points) {
+        f.stream() << name << "," << source << "," << i << "," << s.layer << "," << s.head << ","
+                   << s.token << "," << p.scale << "," << p.ratio << "," << p.stats.max_weight << ","
+                   << p.stats.entropy << "," << p.stats.effective_keys << "," << p.stats.topk_mass
+                   << "," << p.stats.negatives << "," << p.stats.zeros << "\n";
+      }
+    }
+  }
+  f.commit();
+}
+
+void write_samples(const std::filesystem::path& dir, const analyses::SpikinessResult& r) {
+  AtomicFile f(dir / "spikiness_samples.csv");
+  f.stream() << "variant,sample,image,layer,head,token,key_high,key_low\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (std::size_t i = 0; i < r.samples.size(); ++i) {
+      const auto& s = r.samples[i];
+      f.stream() << r.variants[v].name() << "," << i << "," << s.image << "," << s.layer << ","
+                 << s.head << "," << s.token << "," << r.sweeps[v][i].key_high << ","
+                 << r.sweeps[v][i].key_low << "\n";
+    }
+  }
+  f.commit();
+}
+
+void write_weights(const std::filesystem::path& dir, const analyses::SpikinessResult& r) {
+  AtomicFile f(dir / "spikiness_weights.csv");
+  f.stream() << "variant,sample,scale,rank,weight\n" << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (std::size_t i = 0; i < r.samples.size(); ++i) {
+      const auto& sweep = r.sweeps[v][i];
+      for (std::size_t j = 0; j < sweep.weights.size(); ++j) {
+        std::vector<double> w(sweep.weights[j].data(),
+                              sweep.weights[j].data() + sweep.weights[j].size());
+        std::sort(w.begin(), w.end(), std::greater<>());
+        for (std::size_t rank = 0; rank < w.size(); ++rank) {
+          f.stream() << r.variants[v].name() << "," << i << "," << sweep.points[j].scale << ","
+                     << rank << "," << w[rank] << "\n";
+        }
+      }
+    }
+  }
+  f.commit();
+}
+
+std::string law_verdict(const analyses::LawResult& l) {
+  return !l.applicable ? "n/a" : l.pass() ? "PASS" : "FAIL";
+}
+
+void write_laws(const std::filesystem::path& dir, const analyses::SpikinessResult& r,
+                std::size_t scales) {
+  AtomicFile f(dir / "spikiness_laws.csv");
+  f.stream() << "variant,law,max_deviation,queries,scales,pass\n" << std::setprecision(6);
+  for (const auto& l : r.laws) {
+    f.stream() << l.variant << "," << analyses::to_string(l.law) << "," << l.max_deviation << ","
+               << l.queries << "," << scales << "," << law_verdict(l) << "\n";
+  }
+  f.commit();
+}
+
+double median(std::vector<double> x) {
+  x.erase(std::remove_if(x.begin(), x.end(), [](double v) { return std::isnan(v); }), x.end());
+  if (x.empty()) return std::nan("");
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/// Median ratio and effective keys over samples at each scale, per variant.
+nlohmann::json medians(const analyses::SpikinessResult& r, std::size_t scales) {
+  nlohmann::json j = nlohmann::json::object();
+  const auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); };
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (std::size_t s = 0; s < scales; ++s) {
+      std::vector<double> ratio, eff;
+      for (const auto& sweep : r.sweeps[v]) {
+        ratio.push_back(sweep.points[s].ratio);
+        eff.push_back(sweep.points[s].stats.effective_keys);
+      }
+      rows.push_back({{"scale", r.sweeps[v].empty() ? 0.0 : r.sweeps[v][0].points[s].scale},
+                      {"median_ratio", num(median(ratio))}, {"median_effective_keys", num(median(eff))}});
+    }
+    j[r.variants[v].name()] = rows;
+  }
+  return j;
+}
+
+void print_summary(const analyses::SpikinessResult& r, const nlohmann::json& med) {
+  std::cout << "median over " << r.samples.size() << " queries (ratio: top vs reference key)\n"
+            << std::left << std::setw(26) << "variant" << std::setw(10) << "scale" << std::setw(14)
+            << "ratio" << "effective_keys\n";
+  for (const Variant& v : r.variants) {
+    const auto& rows = med.at(v.name());
+    if (rows.empty()) continue;
+    for (const auto* row : {&rows.front(), &rows.back()}) {
+      const auto show = [](const nlohmann::json& x) { return x.is_null() ? std::string("nan") : x.dump(); };
+      std::cout << std::setw(26) << v.name() << std::setw(10) << (*row)["scale"].get<double>()
+                << std::setw(14) << show((*row)["median_ratio"]) << show((*row)["median_effective_keys"])
+                << "\n";
+    }
+  }
+  std::cout << "\nlaws (largest relative deviation over every query and scale)\n";
+  for (const auto& l : r.laws) {
+    std::cout << std::setw(26) << l.variant << std::setw(18) << analyses::to_string(l.law)
+              << std::setw(14) << (l.applicable ? std::to_string(l.max_deviation) : std::string("-"))
+              << law_verdict(l);
+    if (!l.applicable) std::cout << " (" << l.why << ")";
+    if (l.skipped) std::cout << " (" << l.skipped << " points skipped: lower weight ~ 0)";
+    std::cout << "\n";
+  }
+}
+
+int run_spikiness_cmd(const std::vector<std::string>& args) {
+  SpikinessFlags f;
+  const po::options_description desc = spikiness_options(f);
+  po::variables_map vm;
+  if (!parse_args("spikiness", "--dump FILE | --synthetic [options]", desc, args, vm)) return 0;
+  if (f.synthetic == !f.common.dump.empty()) throw UsageError("give exactly one of --dump and --synthetic");
+  if (f.topk < 1) throw UsageError("--topk must be >= 1, got " + std::to_string(f.topk));
+  if (f.dist_samples < 0) throw UsageError("--dist-samples must be >= 0");
+  analyses::SpikinessOptions opt;
+  opt.scales = analyses::parse_scales(f.scales);
+  opt.keys = analyses::parse_key_pair(f.keys);
+  opt.topk = f.topk;
+  opt.space = analyses::parse_scale_space(f.space);
+  const int threads = apply_threads(f.common.threads);
+
+  std::unique_ptr<DumpReader> reader;
+  SynthOptions so;
+  Source source;
+  if (f.synthetic) {
+    so.images = f.synth_images;
+    so.seed = f.common.seed;
+    so.validate();
+    source = synthetic_source(so);
+  } else {
+    reader = std::make_unique<DumpReader>(f.common.dump);
+    source = dump_source(*reader);
+  }
+  const DumpSchema& schema = source.schema;
+  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  const std::vector<Variant> variants = sweep_variants(f, schema);
+  const int n_tokens = schema.attrs.num_tokens;
+  const auto samples =
+      f.tokens.empty()
+          ? analyses::draw_samples(sel, n_tokens, f.samples, f.common.seed)
+          : analyses::grid_samples(sel, n_tokens, analyses::parse_index_list(f.tokens, "--tokens"));
+  if (samples.empty()) throw UsageError("no query selected (--samples 0?)");
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  RunMetadata meta("spikiness");
+  meta.inputs() = {{"source", source.name}, {"dump", f.common.dump}};
+  meta.params() = {{"variants", variant_names(variants)}, {"scales", opt.scales},
+                   {"keys", opt.keys.high.name() + "," + opt.keys.low.name()},
+                   {"scale_space", f.space}, {"topk", opt.topk}, {"transform", sel.transform.name()},
+                   {"samples", samples.size()}, {"dist_samples", f.dist_samples},
+                   {"seed", f.common.seed}, {"threads", threads}};
+  if (f.synthetic) meta.params()["synth_images"] = so.images;
+
+  analyses::Selection wanted = sel;  // only the images holding a sample are read
+  wanted.images.clear();
+  for (const auto& s : samples) {
+    if (wanted.images.empty() || wanted.images.back() != s.image) wanted.images.push_back(s.image);
+  }
+  analyses::SpikinessCollector collector(variants, samples, schema.attrs.scale, opt, f.dist_samples);
+  Progress progress("spikiness", wanted.images.size());
+  source.for_each_head(wanted, [&](const analyses::HeadView& h) { collector.add_head(h); },
+                       [&](int) { progress.tick(); });
+  progress.finish();
+  const analyses::SpikinessResult r = collector.finish();
+
+  write_rows(dir, source.name, r);
+  write_samples(dir, r);
+  write_weights(dir, r);
+  write_laws(dir, r, opt.scales.size());
+  const nlohmann::json med = medians(r, opt.scales.size());
+  nlohmann::json laws = nlohmann::json::array();
+  bool all_pass = true;
+  for (const auto& l : r.laws) {
+    all_pass = all_pass && l.pass();
+    laws.push_back({{"variant", l.variant}, {"law", analyses::to_string(l.law)},
+                    {"max_deviation", l.max_deviation}, {"queries", l.queries},
+                    {"points", l.points}, {"skipped", l.skipped}, {"threshold", l.threshold},
+                    {"result", law_verdict(l)}, {"why", l.why}});
+  }
+  meta.results() = {{"laws", laws}, {"medians", med}};
+  meta.write(dir);
+  print_summary(r, med);
+  return all_pass ? 0 : kExitCheckFailed;
+}
+
+const CommandRegistration kRegistration{
+    {"spikiness", "sweep query magnitude: weight ratio, entropy, top-k mass per family (MALA Fig. 2)",
+     run_spikiness_cmd}};
+
+}  // namespace
+}  // namespace attnscope::app

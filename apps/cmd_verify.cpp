@@ -1,0 +1,134 @@
+// attnscope verify: every proposition and identity of both papers checked by numbers, one report
+// row each; exit code 3 when any row fails.
+#include "command.hpp"
+#include "common.hpp"
+
+#include "attnscope/analyses/propositions.hpp"
+#include "attnscope/error.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+namespace attnscope::app {
+namespace {
+
+struct VerifyFlags {
+  CommonOptions common;
+  analyses::VerifyOptions opt;
+  bool json = false;
+  bool no_timing = false;
+  int timing_max_n = 4096;
+};
+
+po::options_description verify_options(VerifyFlags& f) {
+  po::options_description d("options");
+  add_out_option(d, f.common, "results/verify");
+  d.add_options()
+      ("trials", po::value(&f.opt.trials)->value_name("N")->default_value(f.opt.trials),
+       "random trials per check")
+      ("json", po::bool_switch(&f.json), "print the report as JSON on stdout instead of a table")
+      ("no-timing", po::bool_switch(&f.no_timing),
+       "skip the measured cost of the linear-time and explicit forms")
+      ("timing-max-n", po::value(&f.timing_max_n)->value_name("N")->default_value(f.timing_max_n),
+       "largest N of the cost measurement (N = 64, 128, ... up to this)")
+      ("timing-repeats", po::value(&f.opt.timing_repeats)->value_name("R")->default_value(f.opt.timing_repeats),
+       "timed runs per size (the best is kept)");
+  add_threads_option(d, f.common);
+  add_seed_option(d, f.common);
+  return d;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string number(double x) {
+  std::ostringstream s;
+  s << std::setprecision(6) << x;
+  return s.str();
+}
+
+std::string condition(const analyses::CheckRow& r) {
+  return (r.sense == analyses::CheckRow::Sense::Above ? "> " : "<= ") + number(r.threshold);
+}
+
+void write_csv(const std::filesystem::path& dir, const std::vector<analyses::CheckRow>& rows) {
+  AtomicFile f(dir / "verify.csv");
+  f.stream() << "check,what,trials,margin,threshold,result\n";
+  for (const auto& r : rows) {
+    f.stream() << csv_field(r.check) << "," << csv_field(r.what) << "," << r.trials << ","
+               << std::setprecision(17) << r.margin << "," << csv_field(condition(r)) << ","
+               << (r.pass ? "PASS" : "FAIL") << "\n";
+  }
+  f.commit();
+}
+
+nlohmann::json to_json(const std::vector<analyses::CheckRow>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& r : rows) {
+    // JSON has no infinity: a margin that is not finite is written as null.
+    j.push_back({{"check", r.check}, {"what", r.what}, {"trials", r.trials},
+                 {"margin", std::isfinite(r.margin) ? nlohmann::json(r.margin) : nlohmann::json()},
+                 {"threshold", r.threshold},
+                 {"sense", r.sense == analyses::CheckRow::Sense::Above ? "above" : "below"},
+                 {"result", r.pass ? "PASS" : "FAIL"}});
+  }
+  return j;
+}
+
+void print_table(const std::vector<analyses::CheckRow>& rows) {
+  std::cout << std::left << std::setw(34) << "check" << std::setw(8) << "trials" << std::setw(14)
+            << "margin" << std::setw(12) << "threshold" << std::setw(8) << "result" << "what\n";
+  for (const auto& r : rows) {
+    std::cout << std::setw(34) << r.check << std::setw(8) << r.trials << std::setw(14)
+              << number(r.margin) << std::setw(12) << condition(r) << std::setw(8)
+              << (r.pass ? "PASS" : "FAIL") << r.what << "\n";
+  }
+}
+
+int run_verify_cmd(const std::vector<std::string>& args) {
+  VerifyFlags f;
+  const po::options_description desc = verify_options(f);
+  po::variables_map vm;
+  if (!parse_args("verify", "[options]", desc, args, vm)) return 0;
+  if (f.opt.trials < 1) throw UsageError("--trials must be >= 1, got " + std::to_string(f.opt.trials));
+  if (f.opt.timing_repeats < 1) throw UsageError("--timing-repeats must be >= 1");
+  if (f.timing_max_n < 128) throw UsageError("--timing-max-n must be >= 128 (two sizes to fit)");
+  f.opt.seed = f.common.seed;
+  f.opt.timing = !f.no_timing;
+  f.opt.timing_sizes.clear();
+  for (int n = 64; n <= f.timing_max_n; n *= 2) f.opt.timing_sizes.push_back(n);
+  const int threads = apply_threads(f.common.threads);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  RunMetadata meta("verify");
+  meta.params() = {{"seed", f.opt.seed}, {"trials", f.opt.trials}, {"timing", f.opt.timing},
+                   {"timing_sizes", f.opt.timing_sizes}, {"timing_dim", f.opt.timing_dim},
+                   {"timing_repeats", f.opt.timing_repeats}, {"threads", threads}};
+  const std::vector<analyses::CheckRow> rows = analyses::verify_all(f.opt);
+  long failed = 0;
+  for (const auto& r : rows) failed += r.pass ? 0 : 1;
+  write_csv(dir, rows);
+  meta.results() = {{"rows", to_json(rows)}, {"checks", rows.size()}, {"failed", failed}};
+  meta.write(dir);
+  if (f.json) {
+    std::cout << nlohmann::json{{"rows", to_json(rows)}, {"failed", failed}}.dump(2) << "\n";
+  } else {
+    print_table(rows);
+    std::cout << rows.size() - static_cast<std::size_t>(failed) << " of " << rows.size()
+              << " checks passed\n";
+  }
+  return failed == 0 ? 0 : kExitCheckFailed;
+}
+
+const CommandRegistration kRegistration{
+    {"verify", "check the papers' propositions and identities by numbers (PASS/FAIL table)",
+     run_verify_cmd}};
+
+}  // namespace
+}  // namespace attnscope::app

@@ -1,0 +1,270 @@
+// The shared pieces of every subcommand: flags, error handling, atomic result files, metadata and
+// the progress bar.
+#include "common.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+#include <new>
+#include <sstream>
+
+namespace attnscope::app {
+
+void add_dump_option(po::options_description& d, CommonOptions& o) {
+  d.add_options()("dump", po::value(&o.dump)->value_name("FILE")->required(),
+                  "HDF5 dump to read (docs/dump-format.md)");
+}
+
+void add_out_option(po::options_description& d, CommonOptions& o, const std::string& default_dir) {
+  d.add_options()("out", po::value(&o.out)->value_name("DIR")->default_value(default_dir),
+                  "results folder, created if missing");
+}
+
+void add_variant_option(po::options_description& d, CommonOptions& o) {
+  d.add_options()("variant", po::value(&o.variant)->value_name("SPEC[,SPEC...]"),
+                  "attention variants, e.g. softmax,linear:relu,inline,mala:elu1@code "
+                  "(default: the dump's own)");
+}
+
+void add_threads_option(po::options_description& d, CommonOptions& o) {
+  d.add_options()("threads", po::value(&o.threads)->value_name("N")->default_value(0),
+                  "OpenMP threads (0: OpenMP's default)");
+}
+
+void add_seed_option(po::options_description& d, CommonOptions& o) {
+  d.add_options()("seed", po::value(&o.seed)->value_name("N")->default_value(0),
+                  "random seed (results are reproducible for a given seed)");
+}
+
+bool parse_args(const std::string& command, const std::string& synopsis,
+                const po::options_description& desc, const std::vector<std::string>& args,
+                po::variables_map& vm, const po::positional_options_description* pos) {
+  po::options_description all(desc);
+  all.add_options()("help,h", "show this help and exit");
+  try {
+    po::command_line_parser parser(args);
+    parser.options(all);
+    if (pos != nullptr) parser.positional(*pos);
+    po::store(parser.run(), vm);
+    if (vm.count("help") != 0) {
+      std::cout << "usage: attnscope " << command << " " << synopsis << "\n\n" << all;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(std::string(e.what()) + " (see attnscope " + command + " --help)");
+  }
+  return true;
+}
+
+int apply_threads(int threads) {
+  if (threads < 0) throw UsageError("--threads must be >= 0, got " + std::to_string(threads));
+  if (threads > 0) omp_set_num_threads(threads);
+  return omp_get_max_threads();
+}
+
+namespace {
+
+// Keeps the error to one line on stderr whatever the message holds.
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+int report(const std::string& command, const std::string& what, int code) {
+  std::cerr << "attnscope " << command << ": " << one_line(what) << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int run_guarded(const std::string& command, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    return report(command, e.what(), kExitUsage);
+  } catch (const po::error& e) {
+    return report(command, e.what(), kExitUsage);
+  } catch (const std::bad_alloc&) {
+    return report(command, "out of memory", kExitInput);
+  } catch (const std::exception& e) {
+    return report(command, e.what(), kExitInput);
+  } catch (...) {
+    return report(command, "unknown error", kExitInput);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+AtomicFile::AtomicFile(std::filesystem::path path)
+    : path_(std::move(path)),
+      tmp_(path_.string() + ".tmp-" + std::to_string(static_cast<long>(::getpid()))) {
+  os_.open(tmp_, std::ios::out | std::ios::trunc);
+  if (!os_) {
+    throw InputError(path_.string(), "output file", "a writable location",
+                     std::string("cannot create ") + tmp_.string() + ": " + std::strerror(errno));
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (committed_) return;
+  os_.close();
+  std::error_code ec;
+  std::filesystem::remove(tmp_, ec);  // nothing to report from a destructor
+}
+
+void AtomicFile::commit() {
+  if (committed_) return;
+  os_.flush();
+  const bool ok = static_cast<bool>(os_);
+  os_.close();
+  if (!ok || os_.fail()) {
+    throw InputError(path_.string(), "output file", "a complete write",
+                     "a write error on " + tmp_.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec) throw InputError(path_.string(), "output file", "a rename into place", ec.message());
+  committed_ = true;
+}
+
+std::filesystem::path ensure_out_dir(const std::string& dir) {
+  const std::filesystem::path p(dir.empty() ? std::string(".") : dir);
+  std::error_code ec;
+  std::filesystem::create_directories(p, ec);
+  if (ec || !std::filesystem::is_directory(p)) {
+    throw InputError(p.string(), "results folder", "a folder that exists or can be created",
+                     ec ? ec.message() : std::string("a file that is not a folder"));
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string iso8601_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+RunMetadata::RunMetadata(std::string command) : start_(std::chrono::steady_clock::now()) {
+  j_["command"] = std::move(command);
+  j_["version"] = ATTNSCOPE_VERSION;
+  j_["start_time"] = iso8601_now();
+  j_["inputs"] = nlohmann::json::object();
+  j_["parameters"] = nlohmann::json::object();
+  j_["results"] = nlohmann::json::object();
+}
+
+std::filesystem::path RunMetadata::write(const std::filesystem::path& dir) {
+  return write_to(dir / (j_["command"].get<std::string>() + ".json"));
+}
+
+std::filesystem::path RunMetadata::write_to(const std::filesystem::path& file) {
+  const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start_;
+  j_["elapsed_s"] = dt.count();
+  j_["threads"] = omp_get_max_threads();
+  AtomicFile f(file);
+  f.stream() << j_.dump(2) << "\n";
+  f.commit();
+  return file;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Progress::Impl {
+  using Clock = std::chrono::steady_clock;
+  std::string label;
+  std::size_t total = 0;
+  bool tty = false;
+  Clock::time_point start = Clock::now();
+  std::atomic<std::size_t> done{0};
+  std::atomic<long long> next_draw_ms{1000};  // nothing is drawn during the first second
+  std::atomic<bool> drawn{false};
+  std::atomic<bool> finished{false};
+  std::mutex draw_mutex;
+
+  long long elapsed_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  }
+
+  void draw(std::size_t n, long long ms) {
+    constexpr int kWidth = 30;
+    const double frac = total == 0 ? 1.0 : std::min(1.0, static_cast<double>(n) / static_cast<double>(total));
+    const int filled = static_cast<int>(frac * kWidth);
+    std::ostringstream line;
+    line << "\r" << label << " [" << std::string(static_cast<std::size_t>(filled), '#')
+         << std::string(static_cast<std::size_t>(kWidth - filled), '.') << "] " << n << "/"
+         << total << " " << static_cast<int>(frac * 100.0) << "%";
+    if (n > 0 && n < total) {
+      const double eta = static_cast<double>(ms) / 1000.0 * (1.0 - frac) / frac;
+      line << " ETA " << std::fixed << std::setprecision(0) << eta << "s";
+    }
+    line << "\033[K";
+    std::cerr << line.str() << std::flush;
+    drawn = true;
+  }
+};
+
+Progress::Progress(std::string label, std::size_t total) : impl_(new Impl) {
+  impl_->label = std::move(label);
+  impl_->total = total;
+  impl_->tty = ::isatty(STDERR_FILENO) == 1;
+  // ATTNSCOPE_PROGRESS=never turns the bar off; =always draws it from the first tick even when
+  // stderr is not a terminal (for logs and for the CLI tests).
+  if (const char* env = std::getenv("ATTNSCOPE_PROGRESS")) {
+    const std::string mode(env);
+    if (mode == "never") impl_->tty = false;
+    if (mode == "always") {
+      impl_->tty = true;
+      impl_->next_draw_ms = 0;
+    }
+  }
+}
+
+Progress::~Progress() {
+  finish();
+  delete impl_;
+}
+
+void Progress::tick(std::size_t n) {
+  Impl& p = *impl_;
+  const std::size_t now_done = p.done.fetch_add(n) + n;
+  if (!p.tty || p.finished) return;
+  const long long ms = p.elapsed_ms();
+  long long due = p.next_draw_ms.load();
+  if (ms < due) return;
+  // One thread draws; the others go back to work instead of waiting for the terminal.
+  if (!p.next_draw_ms.compare_exchange_strong(due, ms + 100)) return;
+  std::unique_lock lock(p.draw_mutex, std::try_to_lock);
+  if (lock.owns_lock() && !p.finished) p.draw(now_done, ms);
+}
+
+void Progress::finish() {
+  Impl& p = *impl_;
+  if (p.finished.exchange(true)) return;
+  std::lock_guard lock(p.draw_mutex);
+  if (p.drawn) std::cerr << "\r\033[K" << std::flush;
+}
+
+}  // namespace attnscope::app

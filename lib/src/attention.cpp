@@ -1,0 +1,243 @@
+// Explicit weights and outputs of the four families (attention.hpp).
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "attnscope/attention.hpp"
+
+#include "feature_map_apply.hpp"
+#include "linear_rows.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace attnscope {
+namespace detail {
+
+void check_inputs(const Variant& v, Eigen::Index q_rows, Eigen::Index q_cols, Eigen::Index k_rows,
+                  Eigen::Index k_cols, const Mask* mask) {
+  std::string why;
+  if (!v.supports(&why)) throw UsageError(why);
+  const auto str = [](Eigen::Index x) { return std::to_string(x); };
+  if (k_rows < 1) throw UsageError(v.name() + ": no keys");
+  if (q_cols != k_cols) {
+    throw UsageError(v.name() + ": query width " + str(q_cols) + " differs from key width " +
+                     str(k_cols));
+  }
+  if (mask && (mask->rows() != q_rows || mask->cols() != k_rows)) {
+    throw UsageError(v.name() + ": mask is " + str(mask->rows()) + " x " + str(mask->cols()) +
+                     ", expected " + str(q_rows) + " x " + str(k_rows));
+  }
+}
+
+Features features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale) {
+  const double c = v.phi_factor(scale, static_cast<int>(k.rows()));
+  return {apply_feature_map<double>(v.map, q, c), apply_feature_map<double>(v.map, k, c)};
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::RowNorm;
+using RowBlock = Eigen::Ref<MatD>;
+
+/// Rows of W are computed this many at a time: the block stays in cache and no N x N double
+/// matrix is ever allocated (outputs through weights never hold W at all).
+constexpr Eigen::Index kRowBlock = 32;
+
+/// exp(s q.k_j - max) / sum over kept keys; max-subtraction keeps exp() finite. `w` holds rows
+/// r0.. of q k^T.
+void softmax_rows(RowBlock w, Eigen::Index r0, double scale, const Mask* mask,
+                  std::vector<int>& degenerate) {
+  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+  w *= scale;
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    auto row = w.row(i).array();
+    if (mask) row = mask->row(r0 + i).select(row, kMinusInf);
+    const double top = row.maxCoeff();
+    if (top == kMinusInf) {  // the mask keeps no key
+      row.setZero();
+      degenerate.push_back(static_cast<int>(r0 + i));
+      continue;
+    }
+    if (mask) {
+      // Eigen's vectorised exp clamps its argument, so exp(-inf) is tiny, not 0: select again.
+      row = mask->row(r0 + i).select((row - top).exp(), 0.0);
+    } else {
+      row = (row - top).exp();
+    }
+    row /= row.sum();
+  }
+}
+
+/// Turns rows r0.. of P = phi(Q) phi(K)^T into weights, by the affine row form of linear_rows.hpp.
+/// `key_sum` is sum_m phi(k_m) over all keys (used without a mask).
+void linear_rows(const Variant& v, const detail::Features& f, const VecD& key_sum, RowBlock w,
+                 Eigen::Index r0, const Mask* mask, std::vector<int>& degenerate) {
+  MatD kept_sums;  // row i: sum of phi(k_m) over the keys kept by query r0 + i
+  if (mask) kept_sums.noalias() = mask->middleRows(r0, w.rows()).cast<double>().matrix() * f.k;
+  const double key_sum_norm = key_sum.norm();
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    const auto q = f.q.row(r0 + i);
+    const RowNorm rn =
+        mask ? detail::row_norm(v.family, q.dot(kept_sums.row(i)),
+                                static_cast<int>(mask->row(r0 + i).count()),
+                                q.norm() * kept_sums.row(i).norm())
+             : detail::row_norm(v.family, q.dot(key_sum.transpose()), static_cast<int>(f.k.rows()),
+                                q.norm() * key_sum_norm);
+    auto row = w.row(i).array();
+    if (rn.degenerate) {
+      row.setZero();
+      degenerate.push_back(static_cast<int>(r0 + i));
+    } else if (mask) {
+      row = mask->row(r0 + i).select(rn.a * row + rn.b, 0.0);
+    } else {
+      row = rn.a * row + rn.b;
+    }
+  }
+}
+
+void publish(Diagnostics* diag, std::vector<int>&& degenerate) {
+  if (diag) diag->degenerate_rows = std::move(degenerate);  // rows are visited in order: sorted
+}
+
+/// Computes W block of rows by block and hands each (first row, block) to `sink`.
+template <typename Sink>
+void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                   const Mask* mask, Diagnostics* diag, Sink sink) {
+  detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
+  const bool softmax = v.family == Family::Softmax;
+  detail::Features f;
+  VecD key_sum;
+  if (!softmax) {
+    f = detail::features(v, q, k, scale);
+    key_sum = f.k.colwise().sum().transpose();
+  }
+  std::vector<int> degenerate;
+  MatD block(std::min(kRowBlock, q.rows()), k.rows());
+  for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += kRowBlock) {
+    const Eigen::Index rows = std::min(kRowBlock, q.rows() - r0);
+    auto b = block.topRows(rows);
+    if (softmax) {
+      b.noalias() = q.middleRows(r0, rows) * k.transpose();
+      softmax_rows(b, r0, scale, mask, degenerate);
+    } else {
+      b.noalias() = f.q.middleRows(r0, rows) * f.k.transpose();
+      linear_rows(v, f, key_sum, b, r0, mask, degenerate);
+    }
+    sink(r0, b);
+  }
+  publish(diag, std::move(degenerate));
+}
+
+/// Linear-time outputs, no mask: o_i = a_i phi(q_i) (phi(K)^T V) + b_i sum_j v_j.
+MatD linear_time_outputs(const Variant& v, ConstRef<double> q, ConstRef<double> k,
+                         ConstRef<double> values, double scale, Diagnostics* diag) {
+  const detail::Features f = detail::features(v, q, k, scale);
+  const MatD kv = f.k.transpose() * values;  // d' x dv
+  const VecD key_sum = f.k.colwise().sum().transpose();
+  const VecD value_sum = values.colwise().sum().transpose();
+  const double key_sum_norm = key_sum.norm();
+  MatD out = f.q * kv;
+  std::vector<int> degenerate;
+  for (Eigen::Index i = 0; i < out.rows(); ++i) {
+    const auto qi = f.q.row(i);
+    const RowNorm rn = detail::row_norm(v.family, qi.dot(key_sum.transpose()),
+                                        static_cast<int>(k.rows()), qi.norm() * key_sum_norm);
+    if (rn.degenerate) {
+      out.row(i).setZero();
+      degenerate.push_back(static_cast<int>(i));
+    } else {
+      out.row(i) = rn.a * out.row(i) + rn.b * value_sum.transpose();
+    }
+  }
+  publish(diag, std::move(degenerate));
+  return out;
+}
+
+void check_values(const Variant& v, Eigen::Index k_rows, Eigen::Index v_rows) {
+  if (k_rows != v_rows) {
+    throw UsageError(v.name() + ": " + std::to_string(v_rows) + " value rows for " +
+                     std::to_string(k_rows) + " keys");
+  }
+}
+
+template <typename T>
+Mat<T> weights_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                    const Mask* mask, Diagnostics* diag) {
+  Mat<T> out(q.rows(), k.rows());
+  weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
+    out.middleRows(r0, b.rows()) = b.cast<T>();
+  });
+  return out;
+}
+
+template <typename T>
+Mat<T> outputs_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k,
+                    ConstRef<double> values, double scale, const Mask* mask, Diagnostics* diag,
+                    bool allow_linear_time) {
+  detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
+  check_values(v, k.rows(), values.rows());
+  if (allow_linear_time && !mask && v.has_linear_form()) {
+    return linear_time_outputs(v, q, k, values, scale, diag).template cast<T>();
+  }
+  Mat<T> out(q.rows(), values.cols());
+  weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
+    out.middleRows(r0, b.rows()) = (b * values).template cast<T>();
+  });
+  return out;
+}
+
+/// Everything is computed in double whatever T is: the InLine and MALA paper forms subtract terms
+/// of size phi(q).sum phi(k), which float would resolve only to ~1e-7 of that size. Doubles pass
+/// through without a copy; floats are widened into `storage`.
+template <typename T>
+ConstRef<double> as_double(ConstRef<T> x, MatD& storage) {
+  if constexpr (std::is_same_v<T, double>) {
+    return x;
+  } else {
+    storage = x.template cast<double>();
+    return storage;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+Mat<T> attention_weights(const Variant& v, ConstRef<T> q, ConstRef<T> k, double scale,
+                         const Mask* mask, Diagnostics* diag) {
+  MatD qs, ks;
+  return weights_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), scale, mask, diag);
+}
+
+template <typename T>
+Mat<T> attention_outputs(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
+                         double scale, const Mask* mask, Diagnostics* diag) {
+  MatD qs, ks, vs;
+  return outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs),
+                         scale, mask, diag, true);
+}
+
+template <typename T>
+Mat<T> attention_outputs_explicit(const Variant& v, ConstRef<T> q, ConstRef<T> k,
+                                  const Mat<T>& v_in, double scale, const Mask* mask,
+                                  Diagnostics* diag) {
+  MatD qs, ks, vs;
+  return outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs),
+                         scale, mask, diag, false);
+}
+
+#define ATTNSCOPE_INSTANTIATE(T)                                                                  \
+  template Mat<T> attention_weights<T>(const Variant&, ConstRef<T>, ConstRef<T>, double,          \
+                                       const Mask*, Diagnostics*);                                \
+  template Mat<T> attention_outputs<T>(const Variant&, ConstRef<T>, ConstRef<T>, ConstRef<T>,     \
+                                       double, const Mask*, Diagnostics*);                        \
+  template Mat<T> attention_outputs_explicit<T>(const Variant&, ConstRef<T>, ConstRef<T>,         \
+                                                const Mat<T>&, double, const Mask*, Diagnostics*);
+ATTNSCOPE_INSTANTIATE(float)
+ATTNSCOPE_INSTANTIATE(double)
+#undef ATTNSCOPE_INSTANTIATE
+
+}  // namespace attnscope

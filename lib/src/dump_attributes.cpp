@@ -1,0 +1,261 @@
+// Root attributes of a v1 dump: read (either string layout h5py may produce), write, validate.
+#include "dump_internal.hpp"
+#include "hdf5_util.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string_view>
+
+namespace attnscope::dump_detail {
+
+std::string layer_path(int layer, const char* name) {
+  return "/layers/" + std::to_string(layer) + "/" + name;
+}
+
+namespace {
+
+std::string attr_name(const char* name) { return std::string("attribute '") + name + "'"; }
+
+h5::Handle open_attr(hid_t root, const char* name, const std::string& file) {
+  if (H5Aexists(root, name) <= 0) {
+    throw InputError(file, attr_name(name), "a root attribute (required by format v1)", "none");
+  }
+  h5::Handle a = h5::attr(H5Aopen(root, name, H5P_DEFAULT));
+  h5::Handle s = h5::space(H5Aget_space(a.get()));
+  const hssize_t n = H5Sget_simple_extent_npoints(s.get());
+  if (n != 1) {
+    throw InputError(file, attr_name(name), "a single value", std::to_string(n) + " values");
+  }
+  return a;
+}
+
+std::string read_string(hid_t root, const char* name, const std::string& file) {
+  h5::Handle a = open_attr(root, name, file);
+  h5::Handle ft = h5::type(H5Aget_type(a.get()));
+  if (H5Tget_class(ft.get()) != H5T_STRING) {
+    throw InputError(file, attr_name(name), "a string", h5::describe_type(ft.get()));
+  }
+  h5::Handle mt = h5::type(H5Tcopy(ft.get()));
+  std::string value;
+  if (H5Tis_variable_str(ft.get()) > 0) {
+    char* p = nullptr;
+    if (H5Aread(a.get(), mt.get(), &p) < 0) {
+      throw InputError(file, attr_name(name), "a readable string", h5::last_error());
+    }
+    value = p != nullptr ? p : "";
+    H5free_memory(p);
+  } else {
+    std::string buf(H5Tget_size(ft.get()), '\0');
+    if (H5Aread(a.get(), mt.get(), buf.data()) < 0) {
+      throw InputError(file, attr_name(name), "a readable string", h5::last_error());
+    }
+    value = buf.substr(0, buf.find('\0'));
+    while (!value.empty() && value.back() == ' ') value.pop_back();  // space-padded strings
+  }
+  return value;
+}
+
+std::int64_t read_int(hid_t root, const char* name, const std::string& file) {
+  h5::Handle a = open_attr(root, name, file);
+  h5::Handle ft = h5::type(H5Aget_type(a.get()));
+  if (H5Tget_class(ft.get()) != H5T_INTEGER) {
+    throw InputError(file, attr_name(name), "an integer", h5::describe_type(ft.get()));
+  }
+  std::int64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) {
+    throw InputError(file, attr_name(name), "a readable integer", h5::last_error());
+  }
+  return v;
+}
+
+int read_int32(hid_t root, const char* name, const std::string& file) {
+  const std::int64_t v = read_int(root, name, file);
+  if (v < -(std::int64_t{1} << 30) || v > (std::int64_t{1} << 30)) {
+    throw InputError(file, attr_name(name), "an integer below 2^30", std::to_string(v));
+  }
+  return static_cast<int>(v);
+}
+
+double read_double(hid_t root, const char* name, const std::string& file) {
+  h5::Handle a = open_attr(root, name, file);
+  h5::Handle ft = h5::type(H5Aget_type(a.get()));
+  if (H5Tget_class(ft.get()) != H5T_FLOAT) {
+    throw InputError(file, attr_name(name), "a float", h5::describe_type(ft.get()));
+  }
+  double v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) {
+    throw InputError(file, attr_name(name), "a readable float", h5::last_error());
+  }
+  return v;
+}
+
+void write_string(hid_t root, const char* name, const std::string& value) {
+  h5::Handle t = h5::type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_cset(t.get(), H5T_CSET_UTF8);
+  h5::Handle s = h5::space(H5Screate(H5S_SCALAR));
+  h5::Handle a = h5::attr(H5Acreate2(root, name, t.get(), s.get(), H5P_DEFAULT, H5P_DEFAULT));
+  const char* p = value.c_str();
+  if (!a.valid() || H5Awrite(a.get(), t.get(), &p) < 0) {
+    throw Error(std::string("cannot write attribute ") + name + ": " + h5::last_error());
+  }
+}
+
+void write_scalar(hid_t root, const char* name, hid_t file_type, hid_t mem_type, const void* v) {
+  h5::Handle s = h5::space(H5Screate(H5S_SCALAR));
+  h5::Handle a = h5::attr(H5Acreate2(root, name, file_type, s.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!a.valid() || H5Awrite(a.get(), mem_type, v) < 0) {
+    throw Error(std::string("cannot write attribute ") + name + ": " + h5::last_error());
+  }
+}
+
+void write_int(hid_t root, const char* name, std::int64_t v) {
+  write_scalar(root, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+}
+
+bool one_of(std::string_view v, std::initializer_list<std::string_view> allowed) {
+  for (auto a : allowed) {
+    if (v == a) return true;
+  }
+  return false;
+}
+
+void require_positive(const std::string& file, const char* name, int v) {
+  if (v <= 0) throw InputError(file, attr_name(name), "a positive integer", std::to_string(v));
+}
+
+}  // namespace
+
+DumpAttributes read_attributes(hid_t root, const std::string& file) {
+  const std::string format = read_string(root, "format", file);
+  if (format != kFormatName) {
+    throw InputError(file, attr_name("format"), std::string("'") + kFormatName + "'",
+                     "'" + format + "'");
+  }
+  DumpAttributes a;
+  a.format_version = read_int32(root, "format_version", file);
+  if (a.format_version != kFormatVersion) {
+    throw InputError(file, attr_name("format_version"), std::to_string(kFormatVersion),
+                     std::to_string(a.format_version));
+  }
+  a.model_name = read_string(root, "model_name", file);
+  a.attention_family = read_string(root, "attention_family", file);
+  a.convention = read_string(root, "convention", file);
+  a.feature_map = read_string(root, "feature_map", file);
+  a.scale = read_double(root, "scale", file);
+  a.num_layers = read_int32(root, "num_layers", file);
+  a.num_heads = read_int32(root, "num_heads", file);
+  a.head_dim = read_int32(root, "head_dim", file);
+  a.num_tokens = read_int32(root, "num_tokens", file);
+  a.grid.height = read_int32(root, "grid_height", file);
+  a.grid.width = read_int32(root, "grid_width", file);
+  a.grid.prefix = read_int32(root, "prefix_tokens", file);
+  validate_attributes(a, file);
+  return a;
+}
+
+void validate_attributes(const DumpAttributes& a, const std::string& file) {
+  if (!one_of(a.attention_family, {"softmax", "linear", "inline", "mala"})) {
+    throw InputError(file, attr_name("attention_family"), "softmax, linear, inline or mala",
+                     "'" + a.attention_family + "'");
+  }
+  if (!one_of(a.convention, {"paper", "code", "code+rope"})) {
+    throw InputError(file, attr_name("convention"), "paper, code or code+rope",
+                     "'" + a.convention + "'");
+  }
+  if (a.feature_map.empty()) {
+    throw InputError(file, attr_name("feature_map"), "a feature-map spec or 'none'", "''");
+  }
+  if (!(std::isfinite(a.scale) && a.scale > 0)) {
+    throw InputError(file, attr_name("scale"), "a positive finite float", std::to_string(a.scale));
+  }
+  require_positive(file, "num_layers", a.num_layers);
+  require_positive(file, "num_heads", a.num_heads);
+  require_positive(file, "head_dim", a.head_dim);
+  require_positive(file, "num_tokens", a.num_tokens);
+  require_positive(file, "grid_height", a.grid.height);
+  require_positive(file, "grid_width", a.grid.width);
+  if (a.grid.prefix < 0) {
+    throw InputError(file, attr_name("prefix_tokens"), "an integer >= 0",
+                     std::to_string(a.grid.prefix));
+  }
+  if (a.num_tokens != a.grid.tokens()) {
+    throw InputError(file, attr_name("num_tokens"),
+                     "prefix_tokens + grid_height * grid_width = " +
+                         std::to_string(a.grid.tokens()),
+                     std::to_string(a.num_tokens));
+  }
+}
+
+void write_attributes(hid_t root, const DumpAttributes& a) {
+  write_string(root, "format", kFormatName);
+  write_int(root, "format_version", kFormatVersion);
+  write_string(root, "model_name", a.model_name);
+  write_string(root, "attention_family", a.attention_family);
+  write_string(root, "convention", a.convention);
+  write_string(root, "feature_map", a.feature_map);
+  write_scalar(root, "scale", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &a.scale);
+  write_int(root, "num_layers", a.num_layers);
+  write_int(root, "num_heads", a.num_heads);
+  write_int(root, "head_dim", a.head_dim);
+  write_int(root, "num_tokens", a.num_tokens);
+  write_int(root, "grid_height", a.grid.height);
+  write_int(root, "grid_width", a.grid.width);
+  write_int(root, "prefix_tokens", a.grid.prefix);
+}
+
+void check_finite(const float* data, const std::vector<hsize_t>& start,
+                  const std::vector<hsize_t>& dims,
+                  const std::vector<const char*>& labels, const std::string& file,
+                  const std::string& dataset, int image) {
+  std::size_t n = 1;
+  for (hsize_t d : dims) n *= d;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isfinite(data[i])) continue;
+    std::vector<hsize_t> coord(dims.size());
+    std::size_t rest = i;
+    for (std::size_t k = dims.size(); k-- > 0;) {
+      coord[k] = rest % dims[k];
+      rest /= dims[k];
+    }
+    std::string where = "image " + std::to_string(image);
+    for (std::size_t k = 0; k < dims.size(); ++k) {
+      where += std::string(", ") + labels[k] + " " + std::to_string(start[k] + coord[k]);
+    }
+    throw InputError(file, dataset, "finite values",
+                     std::string(std::isnan(data[i]) ? "NaN" : "Inf") + " at " + where);
+  }
+}
+
+std::uint16_t float_to_half(float f) {
+  std::uint32_t x = 0;
+  static_assert(sizeof x == sizeof f);
+  std::memcpy(&x, &f, sizeof x);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000U);
+  const std::uint32_t ax = x & 0x7fffffffU;
+  if (ax >= 0x7f800000U) {  // Inf stays Inf; NaN stays a (quiet) NaN
+    return static_cast<std::uint16_t>(sign | 0x7c00U | (ax > 0x7f800000U ? 0x200U : 0U));
+  }
+  if (ax >= 0x477ff000U) return static_cast<std::uint16_t>(sign | 0x7c00U);  // rounds past 65504
+  if (ax < 0x33000000U) return sign;  // below half the smallest subnormal: rounds to zero
+  // Round the kept bits to nearest, ties to even, given `drop` low bits to discard.
+  auto round_shift = [](std::uint32_t v, unsigned drop) {
+    const std::uint32_t kept = v >> drop;
+    const std::uint32_t rem = v & ((1U << drop) - 1U);
+    const std::uint32_t halfway = 1U << (drop - 1U);
+    return kept + ((rem > halfway || (rem == halfway && (kept & 1U) != 0U)) ? 1U : 0U);
+  };
+  if (ax < 0x38800000U) {  // a half subnormal: units of 2^-24
+    const std::uint32_t mant = (ax & 0x7fffffU) | 0x800000U;
+    const unsigned exp = ax >> 23;  // value = mant * 2^(exp - 150)
+    return static_cast<std::uint16_t>(sign | round_shift(mant, 126U - exp));
+  }
+  // Normal: rebias the exponent (127 -> 15) and drop 13 mantissa bits; a carry moves into the
+  // exponent, which is the right answer.
+  return static_cast<std::uint16_t>(sign | round_shift(ax - (112U << 23), 13U));
+}
+
+}  // namespace attnscope::dump_detail

@@ -1,0 +1,37 @@
+// Pieces shared by the dump reader and writer (private to the library).
+#pragma once
+
+#include "attnscope/dump.hpp"
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attnscope::dump_detail {
+
+inline constexpr const char* kFormatName = "attnscope-dump";
+inline constexpr int kFormatVersion = 1;
+
+/// "/layers/L/name".
+std::string layer_path(int layer, const char* name);
+
+/// Reads and validates the root attributes. Throws InputError naming the attribute.
+DumpAttributes read_attributes(hid_t root, const std::string& file);
+/// Writes the root attributes as h5py would (variable-length UTF-8 strings, int64, float64).
+void write_attributes(hid_t root, const DumpAttributes& a);
+/// Known values and consistency (num_tokens == prefix + height * width, positive sizes).
+void validate_attributes(const DumpAttributes& a, const std::string& file);
+
+/// Throws InputError at the first NaN/Inf of a block read from `dataset` for `image`; the block's
+/// flat index is unravelled over `dims` and offset by `start`, each coordinate named by `labels`.
+void check_finite(const float* data, const std::vector<hsize_t>& start,
+                  const std::vector<hsize_t>& dims,
+                  const std::vector<const char*>& labels, const std::string& file,
+                  const std::string& dataset, int image);
+
+/// Rounds a float to the nearest IEEE half (ties to even), as numpy's float16 does.
+std::uint16_t float_to_half(float f);
+
+}  // namespace attnscope::dump_detail

@@ -1,0 +1,416 @@
+// DumpReader: validates a v1 dump on open, then streams it image by image with hyperslab reads.
+#include "dump_internal.hpp"
+#include "hdf5_util.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <filesystem>
+
+namespace attnscope {
+
+using dump_detail::check_finite;
+using dump_detail::layer_path;
+
+namespace {
+
+struct LayerSets {
+  h5::Handle q, k, v, attn, out;
+};
+
+h5::Handle open_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw InputError(path, "", "an existing file", "none");
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw InputError(path, "", "a regular file", "a folder or special file");
+  }
+  h5::quiet_hdf5();
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) {
+    const std::string why = is_h5 < 0 ? h5::last_error() : "";
+    throw InputError(path, "", "an HDF5 file",
+                     why.empty() ? "no HDF5 signature" : "an unreadable file (" + why + ")");
+  }
+  h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!f.valid()) {
+    throw InputError(path, "", "a readable HDF5 file", "a damaged or truncated file (" +
+                                                           h5::last_error() + ")");
+  }
+  return f;
+}
+
+/// Opens a dataset, checking it is one (a group of the same name is reported, not crashed on).
+h5::Handle open_dataset(hid_t file, const std::string& name, const std::string& path) {
+  if (!h5::exists(file, name.substr(1))) throw InputError(path, name, "a dataset", "none");
+  H5O_info_t info;
+  if (H5Oget_info_by_name(file, name.c_str(), &info, H5P_DEFAULT) < 0 ||
+      info.type != H5O_TYPE_DATASET) {
+    throw InputError(path, name, "a dataset", "another kind of object");
+  }
+  h5::Handle d = h5::dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+  if (!d.valid()) throw InputError(path, name, "a readable dataset", h5::last_error());
+  return d;
+}
+
+DType dataset_dtype(hid_t ds, const std::string& name, const std::string& path) {
+  h5::Handle t = h5::type(H5Dget_type(ds));
+  if (H5Tget_class(t.get()) == H5T_FLOAT) {
+    std::size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+    H5Tget_fields(t.get(), &spos, &epos, &esize, &mpos, &msize);
+    if (H5Tget_size(t.get()) == 4 && msize == 23) return DType::F32;
+    if (H5Tget_size(t.get()) == 2 && msize == 10 && esize == 5) return DType::F16;
+  }
+  throw InputError(path, name, "dtype float32 or float16", h5::describe_type(t.get()));
+}
+
+std::string dims_text(const std::vector<hsize_t>& want, bool images_free) {
+  std::string s = "shape [";
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    s += (i ? ", " : "") + (i == 0 && images_free ? std::string("images") : std::to_string(want[i]));
+  }
+  return s + "]";
+}
+
+/// Checks the shape; want[0] is the image count, or ignored (any) when images_free.
+void check_shape(hid_t ds, const std::string& name, const std::string& path,
+                 const std::vector<hsize_t>& want, bool images_free) {
+  const std::vector<hsize_t> got = h5::dims(ds);
+  bool ok = got.size() == want.size();
+  for (std::size_t i = 0; ok && i < want.size(); ++i) {
+    ok = (i == 0 && images_free) || got[i] == want[i];
+  }
+  if (!ok) throw InputError(path, name, dims_text(want, images_free), h5::shape_string(got));
+}
+
+void check_float_class(hid_t ds, const std::string& name, const std::string& path) {
+  h5::Handle t = h5::type(H5Dget_type(ds));
+  if (H5Tget_class(t.get()) != H5T_FLOAT) {
+    throw InputError(path, name, "a float dtype", h5::describe_type(t.get()));
+  }
+}
+
+std::string filters_of(hid_t dcpl) {
+  std::string out;
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, cd[8] = {};
+    std::size_t ncd = 8;
+    char name[64] = {};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &ncd, cd,
+                                           sizeof name, name, nullptr);
+    std::string f = id == H5Z_FILTER_DEFLATE   ? "gzip(" + std::to_string(ncd > 0 ? cd[0] : 0) + ")"
+                    : id == H5Z_FILTER_SHUFFLE ? "shuffle"
+                                               : std::string(name[0] ? name : "filter");
+    out += (out.empty() ? "" : "+") + f;
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+struct DumpReader::Impl {
+  h5::Handle file;  // declared first: closed last
+  DumpSchema schema;
+  std::vector<LayerSets> layers;
+  h5::Handle labels, logits, images;
+  std::vector<float> buf;
+
+  void open_layers();
+  void open_optional();
+  /// Reads block [image, start...] of shape [1, count...] as float into buf; checks finiteness.
+  const float* read_block(hid_t ds, const std::string& name, int image,
+                          const std::vector<hsize_t>& start, const std::vector<hsize_t>& count,
+                          const std::vector<const char*>& labels_of_dims);
+  void check_image(int image) const;
+  void check_layer(int layer) const;
+  void check_head(int head) const;
+};
+
+void DumpReader::Impl::open_layers() {
+  const std::string& path = schema.path;
+  const DumpAttributes& a = schema.attrs;
+  if (!h5::exists(file.get(), "layers")) throw InputError(path, "/layers", "a group", "none");
+  const auto H = static_cast<hsize_t>(a.num_heads), N = static_cast<hsize_t>(a.num_tokens),
+             d = static_cast<hsize_t>(a.head_dim);
+  layers.resize(static_cast<std::size_t>(a.num_layers));
+  for (int l = 0; l < a.num_layers; ++l) {
+    const std::string group = "/layers/" + std::to_string(l);
+    if (!h5::exists(file.get(), group.substr(1))) {
+      throw InputError(path, group,
+                       "a layer group (num_layers = " + std::to_string(a.num_layers) + ")", "none");
+    }
+    LayerSets& ls = layers[static_cast<std::size_t>(l)];
+    h5::Handle* sets[3] = {&ls.q, &ls.k, &ls.v};
+    const char* names[3] = {"q", "k", "v"};
+    for (int s = 0; s < 3; ++s) {
+      const std::string name = layer_path(l, names[s]);
+      *sets[s] = open_dataset(file.get(), name, path);
+      const std::vector<hsize_t> got = h5::dims(sets[s]->get());
+      const bool first = l == 0 && s == 0;
+      const hsize_t n = first && !got.empty() ? got[0] : static_cast<hsize_t>(schema.num_images);
+      check_shape(sets[s]->get(), name, path, {n, H, N, d}, false);
+      const DType t = dataset_dtype(sets[s]->get(), name, path);
+      if (first) {
+        schema.num_images = static_cast<int>(n);
+        schema.dtype = t;
+      } else if (t != schema.dtype) {
+        throw InputError(path, name, std::string("the dtype of /layers/0/q (") +
+                                         (schema.dtype == DType::F16 ? "float16" : "float32") + ")",
+                         t == DType::F16 ? "float16" : "float32");
+      }
+    }
+  }
+}
+
+void DumpReader::Impl::open_optional() {
+  const std::string& path = schema.path;
+  const auto n = static_cast<hsize_t>(schema.num_images);
+  const auto H = static_cast<hsize_t>(schema.attrs.num_heads),
+             N = static_cast<hsize_t>(schema.attrs.num_tokens),
+             d = static_cast<hsize_t>(schema.attrs.head_dim);
+  schema.layer_has_attn.assign(layers.size(), false);
+  schema.layer_has_out.assign(layers.size(), false);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const std::string an = layer_path(static_cast<int>(l), "attn");
+    if (h5::exists(file.get(), an.substr(1))) {
+      layers[l].attn = open_dataset(file.get(), an, path);
+      check_shape(layers[l].attn.get(), an, path, {n, H, N, N}, false);
+      check_float_class(layers[l].attn.get(), an, path);
+      schema.layer_has_attn[l] = true;
+    }
+    const std::string on = layer_path(static_cast<int>(l), "out");
+    if (h5::exists(file.get(), on.substr(1))) {
+      layers[l].out = open_dataset(file.get(), on, path);
+      check_shape(layers[l].out.get(), on, path, {n, H, N, d}, false);
+      check_float_class(layers[l].out.get(), on, path);
+      schema.layer_has_out[l] = true;
+    }
+  }
+  if (h5::exists(file.get(), "labels")) {
+    labels = open_dataset(file.get(), "/labels", path);
+    check_shape(labels.get(), "/labels", path, {n}, false);
+    h5::Handle t = h5::type(H5Dget_type(labels.get()));
+    if (H5Tget_class(t.get()) != H5T_INTEGER) {
+      throw InputError(path, "/labels", "an integer dtype", h5::describe_type(t.get()));
+    }
+    schema.has_labels = true;
+  }
+  if (h5::exists(file.get(), "logits")) {
+    logits = open_dataset(file.get(), "/logits", path);
+    const auto got = h5::dims(logits.get());
+    check_shape(logits.get(), "/logits", path, {n, got.size() == 2 ? got[1] : 1}, false);
+    check_float_class(logits.get(), "/logits", path);
+    schema.has_logits = true;
+  }
+  if (h5::exists(file.get(), "images")) {
+    images = open_dataset(file.get(), "/images", path);
+    const auto got = h5::dims(images.get());
+    if (got.size() != 4 || got[0] != n) {
+      throw InputError(path, "/images", "shape [" + std::to_string(n) + ", C, H, W]",
+                       h5::shape_string(got));
+    }
+    check_float_class(images.get(), "/images", path);
+    schema.has_images = true;
+  }
+}
+
+const float* DumpReader::Impl::read_block(hid_t ds, const std::string& name, int image,
+                                          const std::vector<hsize_t>& start,
+                                          const std::vector<hsize_t>& count,
+                                          const std::vector<const char*>& labels_of_dims) {
+  std::vector<hsize_t> off{static_cast<hsize_t>(image)}, cnt{1};
+  off.insert(off.end(), start.begin(), start.end());
+  cnt.insert(cnt.end(), count.begin(), count.end());
+  hsize_t total = 1;
+  for (hsize_t c : count) total *= c;
+  buf.resize(static_cast<std::size_t>(total));
+  h5::Handle fs = h5::space(H5Dget_space(ds));
+  h5::Handle ms = h5::space(H5Screate_simple(1, &total, nullptr));
+  if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0 ||
+      H5Dread(ds, H5T_NATIVE_FLOAT, ms.get(), fs.get(), H5P_DEFAULT, buf.data()) < 0) {
+    throw InputError(schema.path, name, "readable data at image " + std::to_string(image),
+                     "a read error (" + h5::last_error() + ")");
+  }
+  check_finite(buf.data(), start, count, labels_of_dims, schema.path, name, image);
+  return buf.data();
+}
+
+void DumpReader::Impl::check_image(int image) const {
+  if (image < 0 || image >= schema.num_images) {
+    throw UsageError(schema.path + ": image " + std::to_string(image) + " out of range [0, " +
+                     std::to_string(schema.num_images) + ")");
+  }
+}
+
+void DumpReader::Impl::check_layer(int layer) const {
+  if (layer < 0 || layer >= schema.attrs.num_layers) {
+    throw UsageError(schema.path + ": layer " + std::to_string(layer) + " out of range [0, " +
+                     std::to_string(schema.attrs.num_layers) + ")");
+  }
+}
+
+void DumpReader::Impl::check_head(int head) const {
+  if (head < 0 || head >= schema.attrs.num_heads) {
+    throw UsageError(schema.path + ": head " + std::to_string(head) + " out of range [0, " +
+                     std::to_string(schema.attrs.num_heads) + ")");
+  }
+}
+
+DumpReader::DumpReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->schema.path = path;
+  impl_->file = open_file(path);
+  h5::Handle root = h5::group(H5Gopen2(impl_->file.get(), "/", H5P_DEFAULT));
+  impl_->schema.attrs = dump_detail::read_attributes(root.get(), path);
+  impl_->open_layers();
+  impl_->open_optional();
+}
+
+DumpReader::~DumpReader() = default;
+
+const DumpSchema& DumpReader::schema() const { return impl_->schema; }
+
+ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers) {
+  Impl& m = *impl_;
+  m.check_image(image);
+  ImageQKV img;
+  img.image = image;
+  img.heads = m.schema.attrs.num_heads;
+  if (layers.empty()) {
+    for (int l = 0; l < m.schema.attrs.num_layers; ++l) img.layers.push_back(l);
+  } else {
+    for (int l : layers) m.check_layer(l);
+    img.layers = layers;
+  }
+  const int H = img.heads, N = m.schema.attrs.num_tokens, d = m.schema.attrs.head_dim;
+  const std::vector<hsize_t> count{static_cast<hsize_t>(H), static_cast<hsize_t>(N),
+                                   static_cast<hsize_t>(d)};
+  const std::size_t slots = img.layers.size() * static_cast<std::size_t>(H);
+  img.q.resize(slots);
+  img.k.resize(slots);
+  img.v.resize(slots);
+  for (std::size_t s = 0; s < img.layers.size(); ++s) {
+    const LayerSets& ls = m.layers[static_cast<std::size_t>(img.layers[s])];
+    const std::pair<const h5::Handle*, std::vector<MatF>*> sets[3] = {
+        {&ls.q, &img.q}, {&ls.k, &img.k}, {&ls.v, &img.v}};
+    const char* names[3] = {"q", "k", "v"};
+    for (int t = 0; t < 3; ++t) {
+      const float* p = m.read_block(sets[t].first->get(), layer_path(img.layers[s], names[t]),
+                                    image, {0, 0, 0}, count, {"head", "token", "dim"});
+      for (int h = 0; h < H; ++h) {
+        (*sets[t].second)[s * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)] =
+            Eigen::Map<const MatF>(p + static_cast<std::ptrdiff_t>(h) * N * d, N, d);
+      }
+    }
+  }
+  return img;
+}
+
+std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {
+  Impl& m = *impl_;
+  m.check_image(image);
+  m.check_layer(layer);
+  m.check_head(head);
+  const LayerSets& ls = m.layers[static_cast<std::size_t>(layer)];
+  if (!ls.attn.valid()) return std::nullopt;
+  const auto N = static_cast<hsize_t>(m.schema.attrs.num_tokens);
+  const float* p = m.read_block(ls.attn.get(), layer_path(layer, "attn"), image,
+                                {static_cast<hsize_t>(head), 0, 0}, {1, N, N},
+                                {"head", "query", "key"});
+  return MatF(Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(N)));
+}
+
+std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
+  Impl& m = *impl_;
+  m.check_image(image);
+  m.check_layer(layer);
+  m.check_head(head);
+  const LayerSets& ls = m.layers[static_cast<std::size_t>(layer)];
+  if (!ls.out.valid()) return std::nullopt;
+  const auto N = static_cast<hsize_t>(m.schema.attrs.num_tokens);
+  const auto d = static_cast<hsize_t>(m.schema.attrs.head_dim);
+  const float* p = m.read_block(ls.out.get(), layer_path(layer, "out"), image,
+                                {static_cast<hsize_t>(head), 0, 0}, {1, N, d},
+                                {"head", "token", "dim"});
+  return MatF(Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(d)));
+}
+
+std::vector<std::int64_t> DumpReader::read_labels() {
+  Impl& m = *impl_;
+  if (!m.labels.valid()) return {};
+  std::vector<std::int64_t> out(static_cast<std::size_t>(m.schema.num_images));
+  if (!out.empty() &&
+      H5Dread(m.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
+    throw InputError(m.schema.path, "/labels", "readable data", h5::last_error());
+  }
+  return out;
+}
+
+namespace {
+
+/// Reads a whole float dataset of shape [images, ...] as images x (product of the rest).
+MatF read_whole(hid_t ds, const std::string& name, const std::string& path, int images) {
+  const std::vector<hsize_t> dims = h5::dims(ds);
+  hsize_t cols = 1;
+  for (std::size_t i = 1; i < dims.size(); ++i) cols *= dims[i];
+  MatF out(images, static_cast<Eigen::Index>(cols));
+  if (out.size() > 0 &&
+      H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
+    throw InputError(path, name, "readable data", h5::last_error());
+  }
+  for (Eigen::Index i = 0; i < out.rows(); ++i) {
+    check_finite(out.row(i).data(), {0}, {cols}, {"element"}, path, name, static_cast<int>(i));
+  }
+  return out;
+}
+
+}  // namespace
+
+MatF DumpReader::read_logits() {
+  Impl& m = *impl_;
+  if (!m.logits.valid()) return {};
+  return read_whole(m.logits.get(), "/logits", m.schema.path, m.schema.num_images);
+}
+
+MatF DumpReader::read_images(std::vector<int>* shape) {
+  Impl& m = *impl_;
+  if (!m.images.valid()) return {};
+  if (shape != nullptr) {
+    const std::vector<hsize_t> dims = h5::dims(m.images.get());
+    shape->assign({static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])});
+  }
+  return read_whole(m.images.get(), "/images", m.schema.path, m.schema.num_images);
+}
+
+std::vector<DatasetInfo> DumpReader::datasets() const {
+  const Impl& m = *impl_;
+  std::vector<std::pair<std::string, hid_t>> all;
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerSets& ls = m.layers[l];
+    const std::pair<const char*, const h5::Handle*> sets[5] = {
+        {"q", &ls.q}, {"k", &ls.k}, {"v", &ls.v}, {"attn", &ls.attn}, {"out", &ls.out}};
+    for (const auto& [name, h] : sets) {
+      if (h->valid()) all.emplace_back(layer_path(static_cast<int>(l), name), h->get());
+    }
+  }
+  if (m.labels.valid()) all.emplace_back("/labels", m.labels.get());
+  if (m.logits.valid()) all.emplace_back("/logits", m.logits.get());
+  if (m.images.valid()) all.emplace_back("/images", m.images.get());
+  std::vector<DatasetInfo> out;
+  for (const auto& [name, ds] : all) {
+    DatasetInfo info;
+    info.name = name;
+    for (hsize_t x : h5::dims(ds)) info.shape.push_back(x);
+    h5::Handle t = h5::type(H5Dget_type(ds));
+    info.dtype = h5::describe_type(t.get());
+    h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
+    if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+      std::vector<hsize_t> c(info.shape.size());
+      H5Pget_chunk(dcpl.get(), static_cast<int>(c.size()), c.data());
+      for (hsize_t x : c) info.chunks.push_back(x);
+    }
+    info.filters = filters_of(dcpl.get());
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace attnscope

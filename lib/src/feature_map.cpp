@@ -1,0 +1,200 @@
+// Feature maps (feature_map.hpp): parsing, names, parameter drawing and row-wise application.
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "attnscope/feature_map.hpp"
+
+#include "attnscope/error.hpp"
+#include "feature_map_apply.hpp"
+#include "normal_draws.hpp"
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <optional>
+#include <string>
+
+namespace attnscope {
+namespace {
+
+struct MapEntry {
+  std::string_view name;
+  MapKind kind;
+};
+constexpr std::array<MapEntry, 6> kMaps{{{"identity", MapKind::Identity},
+                                         {"relu", MapKind::Relu},
+                                         {"leaky_relu", MapKind::LeakyRelu},
+                                         {"elu1", MapKind::Elu1},
+                                         {"exp", MapKind::Exp},
+                                         {"relu_affine", MapKind::ReluAffine}}};
+
+std::string_view kind_name(MapKind kind) {
+  for (const auto& e : kMaps) {
+    if (e.kind == kind) return e.name;
+  }
+  return "?";
+}
+
+std::string shortest(double x) {
+  std::array<char, 64> buf{};
+  const auto res = std::to_chars(buf.data(), buf.data() + buf.size(), x);
+  return std::string(buf.data(), res.ptr);
+}
+
+template <typename Number>
+std::optional<Number> parse_number(std::string_view s) {
+  Number value{};
+  const auto res = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (res.ec != std::errc() || res.ptr != s.data() + s.size()) return std::nullopt;
+  return value;
+}
+
+[[noreturn]] void bad_parameter(std::string_view spec, std::string_view what) {
+  throw UsageError("feature map '" + std::string(spec) + "': " + std::string(what));
+}
+
+}  // namespace
+
+std::string known_feature_maps() {
+  std::string out;
+  for (const auto& e : kMaps) {
+    if (!out.empty()) out += ", ";
+    out += e.name;
+  }
+  return out + " (leaky_relu=SLOPE, relu_affine=SEED)";
+}
+
+void draw_affine_params(std::uint64_t seed, int d, MatD& A, VecD& b) {
+  detail::NormalDraws draws(seed);
+  const double sd = 1.0 / std::sqrt(static_cast<double>(d));
+  A.resize(d, d);
+  b.resize(d);
+  for (int i = 0; i < d; ++i) {
+    for (int j = 0; j < d; ++j) A(i, j) = sd * draws.next();
+  }
+  for (int i = 0; i < d; ++i) b(i) = draws.next();
+}
+
+std::string FeatureMap::name() const {
+  std::string out(kind_name(kind));
+  if (kind == MapKind::LeakyRelu) out.append("=").append(shortest(slope));
+  if (kind == MapKind::ReluAffine) out.append("=").append(std::to_string(seed));
+  return out;
+}
+
+int FeatureMap::out_dim(int d) const {
+  if (kind == MapKind::ReluAffine && A.size() > 0 && A.cols() == d) return static_cast<int>(A.rows());
+  return d;
+}
+
+void FeatureMap::ensure_params(int d) {
+  if (kind != MapKind::ReluAffine) return;
+  if (A.size() > 0 && A.cols() == d && b.size() == A.rows()) return;
+  draw_affine_params(seed, d, A, b);
+}
+
+template <typename T>
+Mat<T> FeatureMap::apply(const Mat<T>& x) const {
+  return detail::apply_feature_map<T>(*this, x, 1.0);
+}
+
+FeatureMap parse_feature_map(std::string_view spec, std::uint64_t seed) {
+  const auto eq = spec.find('=');
+  const std::string_view head = spec.substr(0, eq);
+  const std::optional<std::string_view> param =
+      eq == std::string_view::npos ? std::nullopt : std::optional(spec.substr(eq + 1));
+  FeatureMap map;
+  map.seed = seed;
+  bool found = false;
+  for (const auto& e : kMaps) {
+    if (e.name == head) {
+      map.kind = e.kind;
+      found = true;
+    }
+  }
+  if (!found) {
+    throw UsageError("unknown feature map '" + std::string(spec) + "'; known: " +
+                     known_feature_maps());
+  }
+  if (!param) return map;
+  if (map.kind == MapKind::LeakyRelu) {
+    const auto slope = parse_number<double>(*param);
+    if (!slope || !std::isfinite(*slope)) bad_parameter(spec, "slope is not a finite number");
+    map.slope = *slope;
+  } else if (map.kind == MapKind::ReluAffine) {
+    const auto s = parse_number<std::uint64_t>(*param);
+    if (!s) bad_parameter(spec, "seed is not an unsigned integer");
+    map.seed = *s;
+  } else {
+    bad_parameter(spec, "this map takes no parameter");
+  }
+  return map;
+}
+
+namespace detail {
+namespace {
+
+template <typename T>
+void require_finite_rows(const Mat<T>& y, const FeatureMap& map) {
+  if (y.allFinite()) return;
+  for (Eigen::Index i = 0; i < y.rows(); ++i) {
+    if (!y.row(i).allFinite()) {
+      throw NumericalError("feature map " + map.name() + ": row " + std::to_string(i) +
+                           " has a non-finite value (overflow or non-finite input)");
+    }
+  }
+}
+
+template <typename T>
+Mat<T> relu_affine(const FeatureMap& map, ConstRef<T> x) {
+  const int d = static_cast<int>(x.cols());
+  if (map.A.size() > 0 && map.A.cols() == d && map.b.size() == map.A.rows()) {
+    Mat<T> y = x * map.A.transpose().cast<T>();
+    y.rowwise() += map.b.transpose().cast<T>();
+    return y.cwiseMax(T(0));
+  }
+  FeatureMap drawn = map;  // parameters for this width, drawn from the map's seed
+  drawn.ensure_params(d);
+  return relu_affine<T>(drawn, x);
+}
+
+}  // namespace
+
+template <typename T>
+Mat<T> apply_feature_map(const FeatureMap& map, ConstRef<T> x, double factor) {
+  Mat<T> y;
+  switch (map.kind) {
+    case MapKind::Identity:
+      y = x;
+      break;
+    case MapKind::Relu:
+      y = x.cwiseMax(T(0));
+      break;
+    // Written with max/min instead of select() so that Eigen vectorises them; both forms are
+    // exact (adding an exact 0, and exp(0) == 1).
+    case MapKind::LeakyRelu:
+      y = x.cwiseMax(T(0)) + T(map.slope) * x.cwiseMin(T(0));
+      break;
+    case MapKind::Elu1:  // ELU(x) + 1: x + 1 above zero, exp(x) at or below
+      y = x.cwiseMax(T(0)).array() + x.cwiseMin(T(0)).array().exp();
+      break;
+    case MapKind::Exp:
+      y = x.array().exp();
+      break;
+    case MapKind::ReluAffine:
+      y = relu_affine<T>(map, x);
+      break;
+  }
+  if (factor != 1.0) y *= static_cast<T>(factor);
+  require_finite_rows(y, map);
+  return y;
+}
+
+template Mat<float> apply_feature_map<float>(const FeatureMap&, ConstRef<float>, double);
+template Mat<double> apply_feature_map<double>(const FeatureMap&, ConstRef<double>, double);
+
+}  // namespace detail
+
+template Mat<float> FeatureMap::apply<float>(const Mat<float>&) const;
+template Mat<double> FeatureMap::apply<double>(const Mat<double>&) const;
+
+}  // namespace attnscope

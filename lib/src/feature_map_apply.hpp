@@ -1,0 +1,13 @@
+// Library-internal: feature maps applied to a view, with the convention's factor folded in.
+#pragma once
+
+#include "attnscope/feature_map.hpp"
+
+namespace attnscope::detail {
+
+/// factor * phi(x), row-wise; x is n x d. Throws NumericalError naming the row on a non-finite
+/// result. relu_affine parameters are drawn from the map's seed when A is unset or of wrong width.
+template <typename T>
+Mat<T> apply_feature_map(const FeatureMap& map, ConstRef<T> x, double factor = 1.0);
+
+}  // namespace attnscope::detail

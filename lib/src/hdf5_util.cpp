@@ -1,0 +1,91 @@
+#include "hdf5_util.hpp"
+
+#include <mutex>
+#include <sstream>
+
+namespace attnscope::h5 {
+
+void quiet_hdf5() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+namespace {
+
+herr_t take_innermost(unsigned /*n*/, const H5E_error2_t* err, void* data) {
+  // Walking downward goes from the API call to where the failure was detected; the last entry
+  // is the most specific ("truncated file: eof = ...").
+  if (err->desc != nullptr && err->desc[0] != '\0') *static_cast<std::string*>(data) = err->desc;
+  return 0;
+}
+
+}  // namespace
+
+std::string last_error() {
+  std::string msg;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, take_innermost, &msg);
+  H5Eclear2(H5E_DEFAULT);
+  return msg;
+}
+
+bool exists(hid_t loc, const std::string& path) {
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t next = path.find('/', pos);
+    const std::string prefix = path.substr(0, next);
+    if (H5Lexists(loc, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (next == std::string::npos) return true;
+    pos = next + 1;
+  }
+}
+
+Handle half_type() {
+  // h5py: IEEE_F32LE copied, fields (sign 15, exponent 10 x 5 bits, mantissa 0 x 10 bits),
+  // size 2, exponent bias 15.
+  Handle t = type(H5Tcopy(H5T_IEEE_F32LE));
+  H5Tset_fields(t.get(), 15, 10, 5, 0, 10);
+  H5Tset_size(t.get(), 2);
+  H5Tset_ebias(t.get(), 15);
+  return t;
+}
+
+std::string describe_type(hid_t t) {
+  const std::size_t bytes = H5Tget_size(t);
+  const std::string bits = std::to_string(bytes * 8);
+  switch (H5Tget_class(t)) {
+    case H5T_FLOAT:
+      return "float" + bits;
+    case H5T_INTEGER:
+      return (H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int") + bits;
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "vlen";
+    default:
+      return "other type";
+  }
+}
+
+std::vector<hsize_t> dims(hid_t ds) {
+  Handle s = space(H5Dget_space(ds));
+  const int rank = H5Sget_simple_extent_ndims(s.get());
+  std::vector<hsize_t> d(rank > 0 ? static_cast<std::size_t>(rank) : 0);
+  if (rank > 0) H5Sget_simple_extent_dims(s.get(), d.data(), nullptr);
+  return d;
+}
+
+std::string shape_string(const std::vector<hsize_t>& d) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < d.size(); ++i) os << (i ? ", " : "") << d[i];
+  os << "]";
+  return os.str();
+}
+
+}  // namespace attnscope::h5

@@ -1,0 +1,78 @@
+// Thin RAII and error helpers over the HDF5 C API, private to the library.
+//
+// HDF5 prints its error stack to stderr by default; attnscope silences it once (quiet_hdf5) and
+// turns failures into one-line InputErrors that carry HDF5's innermost message instead.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace attnscope::h5 {
+
+/// Turns off HDF5's automatic error printing (process-wide, idempotent).
+void quiet_hdf5();
+
+/// The most specific message on HDF5's current error stack (empty if none); clears the stack.
+std::string last_error();
+
+/// Owns one HDF5 identifier and closes it with the matching H5?close.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  ~Handle() { reset(); }
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), closer_(o.closer_) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, -1);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  [[nodiscard]] hid_t get() const { return id_; }
+  [[nodiscard]] bool valid() const { return id_ >= 0; }
+  /// Gives up ownership (after the identifier was closed by hand, to check the result).
+  hid_t release() { return std::exchange(id_, -1); }
+  void reset() {
+    if (id_ >= 0 && closer_ != nullptr) closer_(id_);
+    id_ = -1;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer closer_ = nullptr;
+};
+
+inline Handle file(hid_t id) { return {id, H5Fclose}; }
+inline Handle group(hid_t id) { return {id, H5Gclose}; }
+inline Handle dataset(hid_t id) { return {id, H5Dclose}; }
+inline Handle space(hid_t id) { return {id, H5Sclose}; }
+inline Handle type(hid_t id) { return {id, H5Tclose}; }
+inline Handle attr(hid_t id) { return {id, H5Aclose}; }
+inline Handle plist(hid_t id) { return {id, H5Pclose}; }
+
+/// True when `path` (relative to loc, "a/b/c") names an existing link, each component checked
+/// in turn (H5Lexists fails rather than answering when an intermediate group is missing).
+bool exists(hid_t loc, const std::string& path);
+
+/// The IEEE half type exactly as h5py builds numpy.float16 (so h5py reads it back as float16).
+Handle half_type();
+
+/// "float32", "float16", "float64", "int32", "uint8", "string", ... for messages.
+std::string describe_type(hid_t type);
+
+/// Dimensions of a dataset's dataspace.
+std::vector<hsize_t> dims(hid_t dataset);
+
+/// "[a, b, c]".
+std::string shape_string(const std::vector<hsize_t>& dims);
+
+}  // namespace attnscope::h5

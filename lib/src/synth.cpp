@@ -1,0 +1,254 @@
+// Synthetic dumps with planted structure (see synth.hpp for the model).
+#include "attnscope/synth.hpp"
+
+#include "attnscope/error.hpp"
+#include "normal_draws.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace attnscope {
+
+namespace {
+
+constexpr double kTwoPi = 6.283185307179586476925286766559;
+constexpr double kLengthScale = 1.5;     // grid cells over which the positional code decorrelates
+constexpr double kLocalBonus = 3.0;      // s * q.k gained by a key at the query's own cell, layer 0
+constexpr double kHyperplaneNorm = 0.5;  // |x|: keys lie at distance 1/|x| = 2 from the origin
+
+/// splitmix64 finaliser: spreads (seed, stream, indices) into independent generator seeds.
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+enum Stream : std::uint64_t { kModel = 1, kData = 2, kPlant = 3 };
+
+std::uint64_t stream_seed(std::uint64_t seed, Stream s, std::initializer_list<int> idx) {
+  std::uint64_t h = mix(seed, s);
+  for (int i : idx) h = mix(h, static_cast<std::uint64_t>(i));
+  return h;
+}
+
+double unit(std::mt19937_64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; }
+
+/// Positional strength a_l: falls linearly from 1 to 0.5 over the layers, scaled so that
+/// s * a^2 * |g|^2 = kLocalBonus * a_l^2 whatever d is.
+double positional_amplitude(const SynthOptions& o, int layer) {
+  const double al = o.layers > 1 ? 1.0 - 0.5 * layer / (o.layers - 1) : 1.0;
+  return al * std::sqrt(kLocalBonus / std::sqrt(static_cast<double>(o.head_dim)));
+}
+
+/// Positional codes of every token (N x d; zero rows for prefix tokens): random Fourier features
+/// of the grid position, so g_t . g_u ~ d exp(-|pos_t - pos_u|^2 / (2 l^2)).
+MatD positional_codes(const SynthOptions& o, int layer, int head) {
+  detail::NormalDraws normal(stream_seed(o.seed, kModel, {layer, head}));
+  const int d = o.head_dim;
+  MatD omega(d, 2);
+  VecD phase(d);
+  for (int m = 0; m < d; ++m) {
+    omega(m, 0) = normal.next() / kLengthScale;
+    omega(m, 1) = normal.next() / kLengthScale;
+  }
+  std::mt19937_64 gen(stream_seed(o.seed, kModel, {layer, head, -1}));
+  for (int m = 0; m < d; ++m) phase(m) = kTwoPi * unit(gen);
+  MatD g = MatD::Zero(o.tokens(), d);
+  for (int t = o.grid.prefix; t < o.tokens(); ++t) {
+    const double r = o.grid.row(t), c = o.grid.col(t);
+    for (int m = 0; m < d; ++m) {
+      g(t, m) = std::sqrt(2.0) * std::cos(omega(m, 0) * r + omega(m, 1) * c + phase(m));
+    }
+  }
+  return g;
+}
+
+// Plain loops: Eigen's vectorised reductions trip a false -Wmaybe-uninitialized in GCC 12 with
+// AVX-512, and these sizes gain nothing from them.
+double dot_row(const MatD& m, Eigen::Index row, const VecD& x) {
+  double s = 0;
+  for (Eigen::Index c = 0; c < x.size(); ++c) s += m(row, c) * x(c);
+  return s;
+}
+
+double squared_norm(const VecD& x) {
+  double s = 0;
+  for (Eigen::Index c = 0; c < x.size(); ++c) s += x(c) * x(c);
+  return s;
+}
+
+void project_onto_hyperplane(MatD& K, const VecD& x) {
+  const double xx = squared_norm(x);
+  for (Eigen::Index t = 0; t < K.rows(); ++t) {
+    const double off = (1.0 - dot_row(K, t, x)) / xx;
+    for (Eigen::Index c = 0; c < x.size(); ++c) K(t, c) += off * x(c);
+  }
+}
+
+struct HeadData {
+  MatF q, k, v;
+};
+
+HeadData synth_head(const SynthOptions& o, int image, int layer, int head, const MatD& g) {
+  const int N = o.tokens(), d = o.head_dim;
+  const double a = positional_amplitude(o, layer);
+  detail::NormalDraws normal(stream_seed(o.seed, kData, {image, layer, head}));
+  MatD q(N, d), k(N, d), v(N, d);
+  for (MatD* m : {&q, &k, &v}) {
+    for (int t = 0; t < N; ++t) {
+      for (int c = 0; c < d; ++c) (*m)(t, c) = normal.next();
+    }
+  }
+  q += a * g;
+  k += a * g;
+  const VecD x = hyperplane_normal(o, layer, head);
+  if (x.size() > 0) project_onto_hyperplane(k, x);
+  for (const PlantedPair& p : planted_pairs(o, image, layer, head)) {
+    switch (p.kind) {
+      case PlantKind::Duplicate:
+        q.row(p.j) = q.row(p.i);
+        break;
+      case PlantKind::Collinear:
+        q.row(p.j) = p.factor * q.row(p.i);
+        break;
+      case PlantKind::Shifted:
+        q.row(p.j) = q.row(p.i) + p.factor * x.transpose();
+        break;
+    }
+  }
+  return {q.cast<float>(), k.cast<float>(), v.cast<float>()};
+}
+
+}  // namespace
+
+double SynthOptions::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+DumpAttributes SynthOptions::attributes() const {
+  DumpAttributes a;
+  a.model_name = model_name;
+  a.attention_family = family;
+  a.convention = convention;
+  a.feature_map = feature_map;
+  a.scale = scale();
+  a.num_layers = layers;
+  a.num_heads = heads;
+  a.head_dim = head_dim;
+  a.num_tokens = tokens();
+  a.grid = grid;
+  return a;
+}
+
+void SynthOptions::validate() const {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw UsageError(what);
+  };
+  need(layers >= 1, "layers must be >= 1, got " + std::to_string(layers));
+  need(heads >= 1, "heads must be >= 1, got " + std::to_string(heads));
+  need(head_dim >= 1, "head dim must be >= 1, got " + std::to_string(head_dim));
+  need(images >= 0, "images must be >= 0, got " + std::to_string(images));
+  need(grid.height >= 1 && grid.width >= 1,
+       "grid must be at least 1 x 1, got " + std::to_string(grid.height) + " x " +
+           std::to_string(grid.width));
+  need(grid.prefix >= 0, "prefix tokens must be >= 0, got " + std::to_string(grid.prefix));
+  need(compression >= 0 && compression <= 9,
+       "compression must be a gzip level 0-9, got " + std::to_string(compression));
+  need(family == "softmax" || family == "linear" || family == "inline" || family == "mala",
+       "family must be softmax, linear, inline or mala, got '" + family + "'");
+  need(convention == "paper" || convention == "code" || convention == "code+rope",
+       "convention must be paper, code or code+rope, got '" + convention + "'");
+  need(!feature_map.empty(), "feature map must be a spec or 'none'");
+  need(plant_duplicates >= 0 && plant_collinear >= 0 && plant_shifted >= 0,
+       "planted pair counts must be >= 0");
+  need(plant_shifted == 0 || plant_hyperplane, "shifted pairs need the planted hyperplane");
+  const long pairs = static_cast<long>(plant_duplicates) + plant_collinear + plant_shifted;
+  need(2 * pairs <= tokens(), std::to_string(pairs) + " planted pairs need " +
+                                  std::to_string(2 * pairs) + " distinct tokens, there are " +
+                                  std::to_string(tokens()));
+}
+
+std::vector<PlantedPair> planted_pairs(const SynthOptions& o, int image, int layer, int head) {
+  const int total = o.plant_duplicates + o.plant_collinear + o.plant_shifted;
+  if (total == 0) return {};
+  std::mt19937_64 gen(stream_seed(o.seed, kPlant, {image, layer, head}));
+  std::vector<int> perm(static_cast<std::size_t>(o.tokens()));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (std::size_t n = perm.size(); n > 1; --n) {  // Fisher-Yates, portable draws
+    std::swap(perm[n - 1], perm[detail::uniform_below(gen, n)]);
+  }
+  std::vector<PlantedPair> out;
+  for (int p = 0; p < total; ++p) {
+    PlantedPair pp;
+    pp.i = perm[static_cast<std::size_t>(2 * p)];
+    pp.j = perm[static_cast<std::size_t>(2 * p + 1)];
+    if (p < o.plant_duplicates) {
+      pp.kind = PlantKind::Duplicate;
+    } else if (p < o.plant_duplicates + o.plant_collinear) {
+      pp.kind = PlantKind::Collinear;
+      pp.factor = (gen() & 1U) != 0U ? 2.0 : 0.5;
+    } else {
+      pp.kind = PlantKind::Shifted;
+      pp.factor = 1.0 + 2.0 * unit(gen);
+    }
+    out.push_back(pp);
+  }
+  return out;
+}
+
+VecD hyperplane_normal(const SynthOptions& o, int layer, int head) {
+  if (!o.plant_hyperplane) return {};
+  detail::NormalDraws normal(stream_seed(o.seed, kModel, {layer, head, -2}));
+  VecD x(o.head_dim);
+  for (int c = 0; c < o.head_dim; ++c) x(c) = normal.next();
+  return x * (kHyperplaneNorm / std::sqrt(squared_norm(x)));
+}
+
+ImageQKV synth_image(const SynthOptions& o, int image) {
+  ImageQKV img;
+  img.image = image;
+  img.heads = o.heads;
+  img.layers.resize(static_cast<std::size_t>(o.layers));
+  std::iota(img.layers.begin(), img.layers.end(), 0);
+  const int slots = o.layers * o.heads;
+  img.q.resize(static_cast<std::size_t>(slots));
+  img.k.resize(static_cast<std::size_t>(slots));
+  img.v.resize(static_cast<std::size_t>(slots));
+#pragma omp parallel for schedule(dynamic)
+  for (int s = 0; s < slots; ++s) {
+    const int layer = s / o.heads, head = s % o.heads;
+    HeadData h = synth_head(o, image, layer, head, positional_codes(o, layer, head));
+    img.q[static_cast<std::size_t>(s)] = std::move(h.q);
+    img.k[static_cast<std::size_t>(s)] = std::move(h.k);
+    img.v[static_cast<std::size_t>(s)] = std::move(h.v);
+  }
+  return img;
+}
+
+void write_synth_dump(const std::string& path, const SynthOptions& o,
+                      const std::function<void(int)>& on_image) {
+  o.validate();
+  DumpWriterOptions wo;
+  wo.dtype = o.dtype;
+  wo.compression = o.compression;
+  DumpWriter w(path, o.attributes(), wo);
+  for (int i = 0; i < o.images; ++i) {
+    w.append(synth_image(o, i));
+    if (on_image) on_image(i);
+  }
+  w.close();
+}
+
+std::string to_string(PlantKind k) {
+  switch (k) {
+    case PlantKind::Duplicate:
+      return "duplicate";
+    case PlantKind::Collinear:
+      return "collinear";
+    case PlantKind::Shifted:
+      return "shifted";
+  }
+  return "unknown";
+}
+
+}  // namespace attnscope

@@ -1,0 +1,167 @@
+// The variant registry (variant.hpp): one table of families, one of conventions.
+#include "attnscope/variant.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <array>
+#include <cmath>
+#include <optional>
+#include <string>
+
+namespace attnscope {
+namespace {
+
+enum class MapRule { None, Required, Defaulted };
+
+struct FamilyEntry {
+  std::string_view name;
+  Family family;
+  MapRule map_rule;
+  std::string_view default_map;  ///< for MapRule::Defaulted
+};
+constexpr std::array<FamilyEntry, 4> kFamilies{{{"softmax", Family::Softmax, MapRule::None, ""},
+                                                {"linear", Family::Linear, MapRule::Required, ""},
+                                                {"inline", Family::InLine, MapRule::Defaulted, "identity"},
+                                                {"mala", Family::Mala, MapRule::Defaulted, "elu1"}}};
+
+struct ConventionEntry {
+  std::string_view name;
+  Convention convention;
+};
+constexpr std::array<ConventionEntry, 3> kConventions{{{"paper", Convention::Paper},
+                                                       {"code", Convention::Code},
+                                                       {"code+rope", Convention::CodeRope}}};
+
+template <typename Table>
+std::string names_of(const Table& table) {
+  std::string out;
+  for (const auto& e : table) {
+    if (!out.empty()) out += ", ";
+    out += e.name;
+  }
+  return out;
+}
+
+const FamilyEntry& family_entry(Family f) {
+  for (const auto& e : kFamilies) {
+    if (e.family == f) return e;
+  }
+  throw UsageError("unknown family value");
+}
+
+std::optional<Convention> find_convention(std::string_view s) {
+  for (const auto& e : kConventions) {
+    if (e.name == s) return e.convention;
+  }
+  return std::nullopt;
+}
+
+std::string_view trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(" \t");
+  return s.substr(first, last - first + 1);
+}
+
+[[noreturn]] void bad_spec(std::string_view spec, const std::string& why) {
+  throw UsageError("variant '" + std::string(spec) + "': " + why);
+}
+
+}  // namespace
+
+std::string to_string(Family f) { return std::string(family_entry(f).name); }
+
+std::string to_string(Convention c) {
+  for (const auto& e : kConventions) {
+    if (e.convention == c) return std::string(e.name);
+  }
+  throw UsageError("unknown convention value");
+}
+
+Convention parse_convention(std::string_view s) {
+  if (auto c = find_convention(s)) return *c;
+  throw UsageError("unknown convention '" + std::string(s) + "'; known: " + names_of(kConventions));
+}
+
+Family parse_family(std::string_view s) {
+  for (const auto& e : kFamilies) {
+    if (e.name == s) return e.family;
+  }
+  throw UsageError("unknown attention family '" + std::string(s) + "'; known: " + names_of(kFamilies));
+}
+
+std::string Variant::name() const {
+  std::string out = to_string(family);
+  if (family != Family::Softmax) out.append(":").append(map.name());
+  return out.append("@").append(to_string(convention));
+}
+
+bool Variant::supports(std::string* why) const {
+  if (convention == Convention::CodeRope) {
+    if (why) {
+      *why = name() + ": the code+rope convention (RoPE applied to q and k after z, as in the "
+                      "released MALA code) is reserved and not implemented";
+    }
+    return false;
+  }
+  return true;
+}
+
+double Variant::phi_factor(double scale, int n_tokens) const {
+  if (convention == Convention::Paper) return 1.0;
+  return std::sqrt(scale / static_cast<double>(n_tokens));
+}
+
+Variant parse_variant(std::string_view spec_in, Convention default_convention, std::uint64_t seed) {
+  const std::string_view spec = trim(spec_in);
+  if (spec.empty()) throw UsageError("empty variant spec; known families: " + names_of(kFamilies));
+  const auto at = spec.find('@');
+  const std::string_view body = spec.substr(0, at);
+  std::optional<Convention> convention;
+  if (at != std::string_view::npos) convention = parse_convention(spec.substr(at + 1));
+
+  const auto colon = body.find(':');
+  Variant v;
+  v.family = parse_family(body.substr(0, colon));
+  std::optional<std::string_view> map_spec;
+  if (colon != std::string_view::npos) map_spec = body.substr(colon + 1);
+
+  // Shorthand "mala:code", "inline:paper": the map slot holds a convention name.
+  if (map_spec) {
+    if (auto c = find_convention(*map_spec)) {
+      if (convention && *convention != *c) bad_spec(spec, "two different conventions");
+      convention = c;
+      map_spec.reset();
+    }
+  }
+  const FamilyEntry& entry = family_entry(v.family);
+  if (entry.map_rule == MapRule::None && map_spec) {
+    bad_spec(spec, std::string(entry.name) + " takes no feature map");
+  }
+  if (entry.map_rule == MapRule::Required && !map_spec) {
+    bad_spec(spec, std::string(entry.name) + " needs a feature map, e.g. " + std::string(entry.name) +
+                       ":relu; known maps: " + known_feature_maps());
+  }
+  if (map_spec) {
+    v.map = parse_feature_map(*map_spec, seed);
+  } else if (entry.map_rule == MapRule::Defaulted) {
+    v.map = parse_feature_map(entry.default_map, seed);
+  }
+  v.convention = convention.value_or(default_convention);
+  return v;
+}
+
+std::vector<Variant> parse_variants(std::string_view specs, Convention default_convention,
+                                    std::uint64_t seed) {
+  std::vector<Variant> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = specs.find(',', start);
+    out.push_back(parse_variant(specs.substr(start, comma - start), default_convention, seed));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace attnscope

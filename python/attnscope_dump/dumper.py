@@ -1,0 +1,206 @@
+"""Runs a model over a data loader and writes a v1 attnscope dump (docs/dump-format.md),
+streaming: each batch's tensors go to disk before the next batch runs, so memory holds one batch,
+never the dump.
+
+    from attnscope_dump import dump_model
+    dump_model(model, loader, "dump.h5", dtype="float16", with_out=True)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+import torch
+
+from .hooks import find_sites, token_layout
+
+_DTYPES = {"float16": np.float16, "float32": np.float32}
+_F16_MAX = float(np.finfo(np.float16).max)
+# HDF5 1.10 file format: datasets extended one batch at a time get an extensible-array chunk
+# index, whose memory stays flat as chunks are added (the 1.8 B-tree index grows with them).
+_LIBVER = ("v110", "v110")
+
+
+@dataclass
+class DumpSummary:
+    path: str
+    images: int
+    layers: list = field(default_factory=list)  # source layer index of each /layers/L
+    attributes: dict = field(default_factory=dict)
+
+
+class _Writer:
+    """Resizable, one-image-per-chunk datasets, appended batch by batch."""
+
+    def __init__(self, f: h5py.File, np_dtype, compression: int):
+        self.f, self.dtype, self.level = f, np_dtype, compression
+        _cap_metadata_cache(f)
+
+    def append(self, name: str, arr: np.ndarray, dtype=None, chunk_per_image=True):
+        dtype = dtype or self.dtype
+        if name not in self.f:
+            chunks = (1,) + arr.shape[1:] if chunk_per_image and arr.ndim > 1 else None
+            opts = dict(compression="gzip", compression_opts=self.level, shuffle=True) \
+                if self.level > 0 else {}
+            self.f.create_dataset(name, shape=(0,) + arr.shape[1:], maxshape=(None,) + arr.shape[1:],
+                                  dtype=dtype, chunks=chunks or True, **opts)
+        ds = self.f[name]
+        start = ds.shape[0]
+        ds.resize(start + arr.shape[0], axis=0)
+        ds[start:] = arr.astype(dtype, copy=False)
+
+
+def _cap_metadata_cache(f: h5py.File, max_bytes: int = 2 << 20) -> None:
+    """HDF5's metadata cache may grow to 32 MiB as chunk indices grow; a dump needs little."""
+    cfg = f.id.get_mdc_config()
+    cfg.set_initial_size = True
+    cfg.initial_size = max_bytes // 2
+    cfg.min_size = max_bytes // 4
+    cfg.max_size = max_bytes
+    f.id.set_mdc_config(cfg)
+
+
+def _split_batch(batch):
+    if isinstance(batch, (list, tuple)):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    if isinstance(batch, dict):
+        return batch.get("pixel_values", batch.get("image")), batch.get("labels", batch.get("label"))
+    return batch, None
+
+
+def _logits_of(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    return getattr(output, "logits", None)
+
+
+def _checked(name: str, layer: int, t: torch.Tensor, np_dtype) -> np.ndarray:
+    a = t.detach().to(torch.float32).cpu().numpy()
+    if not np.isfinite(a).all():
+        raise ValueError(f"layer {layer} {name}: the model produced a non-finite value")
+    if np_dtype == np.float16 and np.abs(a).max(initial=0.0) > _F16_MAX:
+        raise ValueError(f"layer {layer} {name}: |value| {np.abs(a).max():.3g} overflows float16; "
+                         "dump with dtype='float32'")
+    return a
+
+
+def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype: str = "float16",
+               with_out: bool = True, with_attn: bool = False, with_labels: bool = True,
+               with_logits: bool = True, with_images: bool = False, max_images: int | None = None,
+               model_name: str | None = None, attention_family: str | None = None,
+               feature_map: str | None = None, convention: str = "code", grid=None,
+               prefix_tokens: int | None = None, compression: int = 4,
+               device: str | torch.device | None = None) -> DumpSummary:
+    """Writes the dump of `model` over `loader` to `path` (atomically: a temporary name, renamed
+    when complete). `loader` yields tensors, (images, labels) pairs or dicts with pixel_values.
+
+    layers: source layer indices to keep (default all); they become /layers/0.. in order and the
+    source indices are stored in the `source_layers` attribute. grid / prefix_tokens override
+    what is read from the model ((height, width) and the number of prefix tokens).
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be float16 or float32, not {dtype!r}")
+    np_dtype = _DTYPES[dtype]
+    style, sites = find_sites(model)
+    keep = list(range(len(sites))) if layers is None else [int(i) for i in layers]
+    for i in keep:
+        if not 0 <= i < len(sites):
+            raise ValueError(f"layer {i} out of range: the model has {len(sites)} layers")
+    attrs = _attributes(model, style, [sites[i] for i in keep], model_name, attention_family,
+                        feature_map, convention, grid, prefix_tokens)
+    attrs["num_layers"] = len(keep)
+
+    stores = [dict() for _ in keep]
+    handles = []
+    tmp = f"{path}.tmp-{os.getpid()}"
+    was_training = model.training
+    model.eval()
+    try:
+        for slot, i in enumerate(keep):
+            handles += sites[i].install(stores[slot], with_attn, with_out)
+        with h5py.File(tmp, "w", libver=_LIBVER) as f:
+            f.attrs.update(attrs)
+            f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
+            n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_images,
+                        with_out, with_attn, with_labels, with_logits, with_images, device)
+            if n == 0:
+                raise ValueError("the loader yielded no images")
+        os.replace(tmp, path)
+    finally:
+        for hnd in handles:
+            hnd.remove()
+        for site in sites:
+            site.restore()
+        model.train(was_training)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return DumpSummary(path, n, keep, attrs)
+
+
+def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_images, with_out,
+            with_attn, with_labels, with_logits, with_images, device) -> int:
+    w = _Writer(f, np_dtype, compression)
+    shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
+    n = 0
+    with torch.no_grad():
+        for batch in loader:
+            x, y = _split_batch(batch)
+            if max_images is not None:
+                x = x[: max_images - n]
+                y = None if y is None else y[: max_images - n]
+            if len(x) == 0:
+                break
+            for s in stores:
+                s.clear()
+            output = model(x.to(device) if device is not None else x)
+            names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
+            for slot, (src, s) in enumerate(zip(keep, stores)):
+                for name in names:
+                    if name not in s:
+                        raise ValueError(f"layer {src}: no '{name}' was captured (the model took "
+                                         "a path the hooks do not see, e.g. fused attention)")
+                    a = _checked(name, src, s[name], np_dtype)
+                    want = shape if name != "attn" else shape[:2] + (shape[1],)
+                    if a.shape[1:] != want:
+                        raise ValueError(f"layer {src} {name}: captured shape {a.shape[1:]}, "
+                                         f"expected {want} from the model's attributes")
+                    w.append(f"layers/{slot}/{name}", a)
+            if with_labels and y is not None:
+                w.append("labels", np.asarray(y.cpu(), dtype=np.int64), dtype=np.int64)
+            logits = _logits_of(output)
+            if with_logits and logits is not None:
+                w.append("logits", logits.detach().float().cpu().numpy(), dtype=np.float32)
+            if with_images:
+                w.append("images", x.detach().float().cpu().numpy(), dtype=np.float32)
+            n += len(x)
+            if max_images is not None and n >= max_images:
+                break
+    return n
+
+
+def _attributes(model, style, sites, model_name, family, fmap, convention, grid, prefix):
+    infos = [s.info for s in sites]
+    first = infos[0]
+    for i in infos[1:]:
+        if (i.num_heads, i.head_dim, i.scale) != (first.num_heads, first.head_dim, first.scale):
+            raise ValueError("layers differ in heads, head_dim or scale; dump them separately")
+    layout = token_layout(model, style)
+    if grid is None or prefix is None:
+        if layout is None:
+            raise ValueError("cannot read the token grid from the model: pass grid=(h, w) and "
+                             "prefix_tokens=")
+    gh, gw = (grid if grid is not None else layout[:2])
+    prefix = prefix if prefix is not None else layout[2]
+    family = family or first.family
+    return {
+        "format": "attnscope-dump", "format_version": 1,
+        "model_name": model_name or type(model).__name__,
+        "attention_family": family,
+        "convention": convention,
+        "feature_map": fmap or (first.feature_map if family != "softmax" else "none"),
+        "scale": float(first.scale), "num_heads": int(first.num_heads),
+        "head_dim": int(first.head_dim), "num_tokens": int(prefix + gh * gw),
+        "grid_height": int(gh), "grid_width": int(gw), "prefix_tokens": int(prefix),
+    }

@@ -1,0 +1,95 @@
+"""What the figure notebooks share: reading attnscope result files (CSV + the command's JSON run
+metadata), where results and figures live, and saving a figure with its caption.
+
+No attention maths here: the notebooks draw what `attnscope` computed.
+
+Environment: ATTNSCOPE_RESULTS (folder of result folders, default results/figures-data) and
+ATTNSCOPE_FIGURES (where PNGs go, default figures/), both relative to the repository root.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import textwrap
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAMILIES = ("softmax", "linear", "inline", "mala")
+LABELS = {"softmax": "Softmax", "linear": "Linear (ReLU)", "inline": "InLine", "mala": "MALA",
+          "softmax-l2norm": "Softmax, q/|q|"}
+COLORS = {"softmax": "#1f77b4", "linear": "#d62728", "inline": "#2ca02c", "mala": "#9467bd",
+          "softmax-l2norm": "#17becf"}
+
+
+def _dir(env: str, default: str) -> str:
+    path = os.environ.get(env, default)
+    return path if os.path.isabs(path) else os.path.join(REPO, path)
+
+
+def results_dir() -> str:
+    return _dir("ATTNSCOPE_RESULTS", "results/figures-data")
+
+
+def figures_dir() -> str:
+    path = _dir("ATTNSCOPE_FIGURES", "figures")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def read_csv(path: str) -> dict:
+    """Columns by name; a column whose every value parses as a number becomes a float array."""
+    if not os.path.isabs(path):
+        path = os.path.join(results_dir(), path)
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        raise ValueError(f"{path}: empty file, expected a header line")
+    header, body = rows[0], rows[1:]
+    cols = {}
+    for i, name in enumerate(header):
+        values = [r[i] for r in body]
+        try:
+            cols[name] = np.array([float(v) for v in values])
+        except ValueError:
+            cols[name] = np.array(values, dtype=object)
+    return cols
+
+
+def select(cols: dict, **where) -> dict:
+    """Rows where every named column equals the given value."""
+    keep = np.ones(len(next(iter(cols.values()))), dtype=bool)
+    for name, value in where.items():
+        keep &= cols[name] == value
+    return {k: v[keep] for k, v in cols.items()}
+
+
+def command_of(result_subdir: str, command: str) -> str:
+    """The command line that produced <result_subdir>: its command.txt (written by
+    scripts/figures.sh), else the "command" of its <command>.json run metadata."""
+    txt = os.path.join(results_dir(), result_subdir, "command.txt")
+    if os.path.exists(txt):
+        with open(txt) as f:
+            return f.read().strip()
+    path = os.path.join(results_dir(), result_subdir, f"{command}.json")
+    with open(path) as f:
+        meta = json.load(f)
+    cmd = meta.get("command", command)
+    return " ".join(cmd) if isinstance(cmd, list) else str(cmd)
+
+
+def shorten(command: str) -> str:
+    """Drops the absolute prefix of paths under the repository, for readable captions."""
+    return command.replace(REPO + os.sep, "")
+
+
+def save(fig, name: str, caption: str) -> str:
+    """Adds the caption under the axes and writes figures/<name>.png."""
+    wrapped = "\n".join(textwrap.wrap(caption, width=int(fig.get_figwidth() * 15)))
+    fig.text(0.01, 0.005, wrapped, ha="left", va="bottom", fontsize=7, family="monospace")
+    lines = wrapped.count("\n") + 1
+    fig.subplots_adjust(bottom=min(0.45, 0.04 + 0.11 * lines * 4.0 / fig.get_figheight()))
+    path = os.path.join(figures_dir(), name + ".png")
+    fig.savefig(path, dpi=110)
+    return path

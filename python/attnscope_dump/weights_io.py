@@ -1,0 +1,84 @@
+"""Model weights to and from HDF5, in the layout of docs/model-weights.md.
+
+Every tensor of the state dict is one float32 dataset whose path is its state-dict key with dots
+turned into slashes (`blocks.0.attn.qkv.weight` -> `/blocks/0/attn/qkv/weight`), in PyTorch's own
+shape and row-major order (a Linear weight is [out, in] and computes y = x W^T + b). The model
+configuration and the attention variant are root attributes, so a reader needs nothing else.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+import torch
+
+from .models import ViTConfig, VisionTransformer
+
+FORMAT = "attnscope-vit-weights"
+FORMAT_VERSION = 1
+
+
+def save_weights(model: VisionTransformer, path: str, extra: dict | None = None) -> None:
+    """Writes `model` to `path` atomically (temporary name, then rename)."""
+    cfg = model.config
+    attn0 = model.blocks[0].attn
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update(
+                format=FORMAT, format_version=FORMAT_VERSION, model_name=model_name(cfg),
+                attention_family=cfg.family, feature_map=attn0.feature_map, convention="code",
+                scale=float(attn0.scale), head_dim=attn0.head_dim,
+                num_tokens=cfg.num_tokens, grid_height=cfg.grid, grid_width=cfg.grid,
+                prefix_tokens=1, mlp_hidden=int(cfg.embed_dim * cfg.mlp_ratio),
+                layer_norm_eps=1e-6, activation="gelu_erf",
+                config_json=json.dumps(cfg.to_dict(), sort_keys=True),
+                image_mean=_mean_std()[0], image_std=_mean_std()[1])
+            for key, val in (("image_size", cfg.image_size), ("patch_size", cfg.patch_size),
+                             ("in_chans", cfg.in_chans), ("num_classes", cfg.num_classes),
+                             ("embed_dim", cfg.embed_dim), ("depth", cfg.depth),
+                             ("num_heads", cfg.num_heads)):
+                f.attrs[key] = int(val)
+            for key, val in (extra or {}).items():
+                f.attrs[key] = val
+            for key, tensor in model.state_dict().items():
+                f.create_dataset(key.replace(".", "/"),
+                                 data=tensor.detach().cpu().numpy().astype(np.float32))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_weights(path: str) -> VisionTransformer:
+    """Rebuilds the model from `path`; raises ValueError naming the file on a layout mismatch."""
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("format") != FORMAT:
+            raise ValueError(f"{path}: attribute 'format' is {f.attrs.get('format')!r}, "
+                             f"expected {FORMAT!r}")
+        cfg = ViTConfig(**json.loads(f.attrs["config_json"]))
+        model = VisionTransformer(cfg)
+        expected = model.state_dict()
+        state = {}
+        for key, ref in expected.items():
+            name = key.replace(".", "/")
+            if name not in f:
+                raise ValueError(f"{path}: dataset '/{name}' missing")
+            arr = f[name][()]
+            if tuple(arr.shape) != tuple(ref.shape):
+                raise ValueError(f"{path}: dataset '/{name}' has shape {arr.shape}, "
+                                 f"expected {tuple(ref.shape)}")
+            state[key] = torch.from_numpy(arr)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def model_name(cfg: ViTConfig) -> str:
+    return f"vit{cfg.grid}-{cfg.family}-fmnist"
+
+
+def _mean_std():
+    from .data import MEAN, STD
+    return MEAN, STD

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny models and synthetic image loaders (no dataset needed), the attnscope
+binary from $ATTNSCOPE, and the package on sys.path."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(PYTHON_DIR)
+for p in (PYTHON_DIR, HERE):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+torch.set_num_threads(1)
+
+
+def image_loader(n: int, size: int = 16, channels: int = 1, batch: int = 8, seed: int = 0):
+    """(images, labels) batches of seeded Gaussian noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, channels, size, size, generator=g)
+    y = torch.randint(0, 5, (n,), generator=g)
+    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
+
+
+@pytest.fixture
+def loader16():
+    return image_loader(12)
+
+
+def tiny_vit(family: str, seed: int = 0, depth: int = 2, dim: int = 16, heads: int = 2,
+             image_size: int = 16, patch: int = 4):
+    from attnscope_dump.models import ViTConfig, build_model
+    cfg = ViTConfig(family=family, image_size=image_size, patch_size=patch, num_classes=5,
+                    embed_dim=dim, depth=depth, num_heads=heads)
+    return build_model(cfg, seed=seed).eval()
+
+
+@pytest.fixture(scope="session")
+def attnscope_bin():
+    path = os.environ.get("ATTNSCOPE")
+    if not path:
+        pytest.skip("ATTNSCOPE is not set (make test sets it to build/apps/attnscope)")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"ATTNSCOPE={path} is not an executable file: build it first (make build)")
+    return path

@@ -1,0 +1,97 @@
+"""The timm and Hugging Face paths, on stand-in modules with the libraries' structure and names
+(tests/standins.py; neither library is installable here)."""
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from attnscope_dump import dump_model
+from conftest import image_loader
+from standins import TimmVisionTransformer, ViTForImageClassification, ViTModel, hf_config
+
+
+def _timm_reference(model, x):
+    """q, k (after q_norm/k_norm, unscaled), v, weights, per-head output of every block."""
+    h = model.patch_embed(x)
+    h = torch.cat([model.cls_token.expand(len(x), -1, -1), h], dim=1) + model.pos_embed
+    out = []
+    for blk in model.blocks:
+        a = blk.attn
+        b, n, c = h.shape
+        qkv = a.qkv(blk.norm1(h)).reshape(b, n, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = a.q_norm(qkv[0]), a.k_norm(qkv[1]), qkv[2]
+        w = torch.softmax(a.scale * q @ k.transpose(-2, -1), dim=-1)
+        out.append(dict(q=q, k=k, v=v, attn=w, out=w @ v))
+        h = blk(h)
+    return out
+
+
+def _check(path, ref, label):
+    with h5py.File(path) as f:
+        for layer, tensors in enumerate(ref):
+            for name, want in tensors.items():
+                err = np.abs(f[f"layers/{layer}/{name}"][()] - want.numpy()).max()
+                assert err < 1e-5, f"{label} layer {layer} {name}: worst |dump - model| {err}"
+
+
+@pytest.mark.parametrize("qk_norm,scale_norm", [(False, False), (True, True)])
+def test_timm_vit(tmp_path, qk_norm, scale_norm):
+    torch.manual_seed(0)
+    model = TimmVisionTransformer(qk_norm=qk_norm, scale_norm=scale_norm).eval()
+    assert all(b.attn.fused_attn for b in model.blocks)
+    batches = image_loader(6, batch=4)
+    path = tmp_path / "timm.h5"
+    dump_model(model, batches, str(path), dtype="float32", with_attn=True, model_name="timm")
+    assert all(b.attn.fused_attn for b in model.blocks), "fused_attn not restored"
+    x = torch.cat([b[0] for b in batches])
+    with torch.no_grad():
+        _check(path, _timm_reference(model, x), f"timm qk_norm={qk_norm}")
+    with h5py.File(path) as f:
+        assert f.attrs["attention_family"] == "softmax" and f.attrs["feature_map"] == "none"
+        assert f.attrs["scale"] == pytest.approx(8 ** -0.5)
+        assert (f.attrs["grid_height"], f.attrs["prefix_tokens"], f.attrs["num_tokens"]) == (4, 1, 17)
+
+
+def test_timm_without_qk_norm_attributes(tmp_path):
+    """Older timm Attention has no q_norm/k_norm: q and k come straight from qkv."""
+    torch.manual_seed(1)
+    model = TimmVisionTransformer(depth=1).eval()
+    for b in model.blocks:
+        del b.attn.q_norm, b.attn.k_norm
+        b.attn.q_norm = b.attn.k_norm = (lambda t: t)  # plain functions, not modules
+    batches = image_loader(3)
+    path = tmp_path / "old.h5"
+    dump_model(model, batches, str(path), dtype="float32")
+    with torch.no_grad():
+        _check(path, [{n: t for n, t in r.items() if n in ("q", "k", "v", "out")}
+                      for r in _timm_reference(model, batches[0][0])], "timm (no q_norm)")
+
+
+def _hf_reference(vit, x):
+    h = vit.embeddings(x)
+    out = []
+    for layer in vit.encoder.layer:
+        sa = layer.attention.attention
+        hb = layer.layernorm_before(h)
+        q, k, v = (sa.transpose_for_scores(m(hb)) for m in (sa.query, sa.key, sa.value))
+        w = torch.softmax(q @ k.transpose(-2, -1) / sa.attention_head_size ** 0.5, dim=-1)
+        out.append(dict(q=q, k=k, v=v, attn=w, out=w @ v))
+        h = layer(h)
+    return out
+
+
+@pytest.mark.parametrize("cls", [ViTModel, ViTForImageClassification])
+def test_hf_vit(tmp_path, cls):
+    torch.manual_seed(2)
+    model = cls(hf_config()).eval()
+    batches = [{"pixel_values": b[0], "labels": b[1]} for b in image_loader(5, batch=2)]
+    path = tmp_path / "hf.h5"
+    dump_model(model, batches, str(path), dtype="float32", with_attn=True, convention="paper")
+    vit = getattr(model, "vit", model)
+    x = torch.cat([b["pixel_values"] for b in batches])
+    with torch.no_grad():
+        _check(path, _hf_reference(vit, x), cls.__name__)
+    with h5py.File(path) as f:
+        assert f.attrs["num_tokens"] == 17 and f.attrs["num_heads"] == 2
+        assert f["labels"].shape == (5,)
+        assert ("logits" in f) == (cls is ViTForImageClassification)

@@ -1,0 +1,34 @@
+# Bad command lines: exit 2, one line on stderr naming the problem, and no output file left.
+
+out="$WORK/x.h5"
+expect_exit 2 "unrecognised option '--bogus'" "$ATTNSCOPE" synth --out "$out" --bogus
+expect_exit 2 "'--layers' is invalid" "$ATTNSCOPE" synth --out "$out" --layers abc
+expect_exit 2 "'--images' is invalid" "$ATTNSCOPE" synth --out "$out" --images 1.5
+expect_exit 2 "--out" "$ATTNSCOPE" synth
+expect_exit 2 "--dtype must be f32 or f16" "$ATTNSCOPE" synth --out "$out" --dtype f64
+expect_exit 2 "head dim must be >= 1" "$ATTNSCOPE" synth --out "$out" --head-dim 0
+expect_exit 2 "compression must be" "$ATTNSCOPE" synth --out "$out" --compression 12
+expect_exit 2 "need 52 distinct tokens, there are 50" "$ATTNSCOPE" synth --out "$out" \
+  --plant-duplicates 20 --plant-collinear 6
+expect_exit 2 "shifted pairs need the planted hyperplane" "$ATTNSCOPE" synth --out "$out" \
+  --plant-shifted 1
+expect_exit 2 "family must be" "$ATTNSCOPE" synth --out "$out" --family cosine
+expect_exit 2 "--threads must be >= 0" "$ATTNSCOPE" synth --out "$out" --threads -3
+expect_exit 2 "the required argument for option '--layers' is missing" "$ATTNSCOPE" synth --out "$out" --layers
+expect_no_file "$out" "$out.json"
+
+expect_exit 2 "--file" "$ATTNSCOPE" info
+expect_exit 2 "unrecognised option '--values'" "$ATTNSCOPE" info "$out" --values
+expect_exit 2 "too many positional options" "$ATTNSCOPE" info a.h5 b.h5
+
+# The dispatcher itself.
+expect_fail "unknown command 'nosuch'" "$ATTNSCOPE" nosuch
+rc=0; "$ATTNSCOPE" nosuch 2>/dev/null || rc=$?
+[ "$rc" -eq 2 ] || { echo "FAIL: unknown command exit $rc"; exit 1; }
+rc=0; "$ATTNSCOPE" >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || { echo "FAIL: no command exit $rc"; exit 1; }
+
+# An output path that cannot be written: exit 1 naming it, nothing left.
+expect_exit 1 "$WORK/no/such/dir/x.h5" "$ATTNSCOPE" synth --out "$WORK/no/such/dir/x.h5"
+echo "not a folder" >"$WORK/plain"
+expect_exit 1 "$WORK/plain/x.h5" "$ATTNSCOPE" synth --out "$WORK/plain/x.h5"

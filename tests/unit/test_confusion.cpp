@@ -1,0 +1,220 @@
+// Confusion: the fast search against the brute force on awkward sizes, planted collisions at
+// distances just below and just above eps, degenerate heads, and the exact rows against the
+// library's plain-loop reference.
+#include "attnscope/analyses/confusion.hpp"
+#include "attnscope/query_transform.hpp"
+#include "compare.hpp"
+#include "random_inputs.hpp"
+#include "reference.hpp"
+#include "tolerances.hpp"
+#include "variant_specs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace attnscope::analyses {
+namespace {
+
+const char* const kVariants[] = {"softmax",      "linear:relu", "linear:elu1",  "inline",
+                                 "inline@code",  "inline:relu", "mala",         "mala@code",
+                                 "linear:relu_affine=3"};
+
+MatF normal(Eigen::Index rows, Eigen::Index cols, std::uint64_t seed, double mean = 0.0) {
+  return test::random_matrix(rows, cols, seed, mean).cast<float>();
+}
+
+std::string config(const Variant& v, Eigen::Index n, Eigen::Index d, std::uint64_t seed) {
+  std::ostringstream os;
+  os << "variant=" << v.name() << " N=" << n << " d=" << d << " seed=" << seed;
+  return os.str();
+}
+
+double row_distance(const Variant& v, const MatF& q, const MatF& k, double scale, int i, int j) {
+  const ExactRows rows(v, q, k, scale);
+  const VecD a = rows.row(i), b = rows.row(j);
+  return std::sqrt(squared_distance(a.data(), b.data(), rows.tokens()));
+}
+
+/// Replaces query j by q_i + t dir with t chosen by bisection so that the exact row distance of
+/// (i, j) lands just below eps (below = true) or just above it. Returns the distance reached.
+double plant(const Variant& v, MatF& q, const MatF& k, double scale, int i, int j, double eps,
+             bool below, std::uint64_t seed) {
+  const MatF dir = normal(1, q.cols(), seed);
+  auto set = [&](double t) {
+    q.row(j) = (q.row(i).cast<double>() + t * dir.cast<double>()).cast<float>();
+    return row_distance(v, q, k, scale, i, j);
+  };
+  double lo = 0.0, hi = 1e-3;
+  while (set(hi) <= eps && hi < 1e6) hi *= 2.0;
+  for (int it = 0; it < 80; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (set(mid) <= eps ? lo : hi) = mid;
+  }
+  return set(below ? lo : hi);
+}
+
+void expect_same_count(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
+                       double scale, const std::string& what, std::int64_t at_least = 0) {
+  const ConfusionOptions opt;
+  const HeadConfusion fast = count_confusion(v, q, q_raw, k, scale, opt);
+  const HeadConfusion ref = count_confusion_reference(v, q, q_raw, k, scale, opt);
+  EXPECT_EQ(fast.pairs, ref.pairs) << what << " (fast looked at " << fast.candidates << " pairs)";
+  EXPECT_EQ(fast.degenerate_rows, ref.degenerate_rows) << what;
+  EXPECT_GE(ref.pairs, at_least) << what;
+}
+
+TEST(ExactRows, MatchesLibraryReference) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    for (auto [n, d] : {std::pair{1, 1}, {2, 7}, {50, 7}, {197, 64}}) {
+      const std::uint64_t seed = 11;
+      const Variant v = parse_variant(spec, Convention::Paper, seed);
+      const double mean = test::input_mean(v);
+      const MatF q = normal(n, d, seed, mean), k = normal(n, d, seed + 1, mean);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const ExactRows rows(v, q, k, scale);
+      MatD got(n, n);
+      for (int i = 0; i < n; ++i) rows.row(i, got.row(i).data());
+      std::vector<int> degenerate;
+      const MatD want = reference::weights(v, q.cast<double>(), k.cast<double>(), scale, nullptr, &degenerate);
+      EXPECT_TRUE(test::matrices_near(got, want, test::kDoubleTol, config(v, n, d, seed)));
+      EXPECT_EQ(rows.degenerate_count(), static_cast<int>(degenerate.size())) << config(v, n, d, seed);
+    }
+  }
+}
+
+TEST(Confusion, FastEqualsBruteForceOnRandomHeads) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    for (auto [n, d] : {std::pair{1, 1}, {2, 1}, {50, 1}, {197, 1}, {50, 7}, {197, 7}, {197, 64}}) {
+      for (std::uint64_t seed : {1u, 2u}) {
+        const Variant v = parse_variant(spec, Convention::Paper, seed);
+        const double mean = test::input_mean(v);
+        const MatF q = normal(n, d, seed * 7, mean), k = normal(n, d, seed * 7 + 1, mean);
+        expect_same_count(v, q, q, k, 1.0 / std::sqrt(static_cast<double>(d)), config(v, n, d, seed));
+      }
+    }
+  }
+}
+
+TEST(Confusion, PlantedPairsJustBelowAndAboveEps) {
+  const double eps = ConfusionOptions{}.eps;
+  for (const char* spec : kVariants) {
+    for (auto [n, d] : {std::pair{50, 7}, {197, 64}}) {
+      const std::uint64_t seed = 5;
+      const Variant v = parse_variant(spec, Convention::Paper, seed);
+      MatF q = normal(n, d, seed), k = normal(n, d, seed + 1);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      int below = 0;
+      for (int p = 0; p < 6; ++p) {
+        const bool want_below = p % 2 == 0;
+        const double got = plant(v, q, k, scale, 2 * p, 2 * p + 1, eps, want_below, seed + 100 + p);
+        ASSERT_EQ(got <= eps, want_below) << config(v, n, d, seed) << " planting pair " << p << " reached " << got;
+        ASSERT_NEAR(got, eps, eps * 1e-3) << config(v, n, d, seed) << " planting pair " << p;
+        below += want_below ? 1 : 0;
+      }
+      expect_same_count(v, q, q, k, scale, config(v, n, d, seed) + " planted", below);
+    }
+  }
+}
+
+TEST(Confusion, IdenticalKeysConfuseEveryPairOfDistinctQueries) {
+  for (const char* spec : kVariants) {
+    const int n = 50, d = 7;
+    const Variant v = parse_variant(spec, Convention::Paper, 3);
+    const MatF q = normal(n, d, 3);
+    const MatF k = normal(1, d, 4).replicate(n, 1);
+    const HeadConfusion got = count_confusion(v, q, q, k, 0.4, ConfusionOptions{});
+    const std::int64_t live = n - got.degenerate_rows;
+    EXPECT_EQ(got.pairs, live * (live - 1) / 2) << config(v, n, d, 3) << " identical keys";
+    expect_same_count(v, q, q, k, 0.4, config(v, n, d, 3) + " identical keys");
+  }
+}
+
+TEST(Confusion, SingleTokenAndRankDeficientKeys) {
+  for (const char* spec : kVariants) {
+    const Variant v = parse_variant(spec, Convention::Paper, 9);
+    const MatF q1 = normal(1, 7, 9), k1 = normal(1, 7, 10);
+    const HeadConfusion one = count_confusion(v, q1, q1, k1, 0.3, ConfusionOptions{});
+    EXPECT_EQ(one.pairs, 0) << config(v, 1, 7, 9);
+    const MatF q = normal(197, 7, 9), k = normal(197, 2, 10) * normal(2, 7, 11);  // rank 2
+    expect_same_count(v, q, q, k, 0.3, config(v, 197, 7, 9) + " rank-2 keys");
+  }
+}
+
+TEST(Confusion, SameRawQueryIsNotConfusionButScaledCopyIsForLinear) {
+  const int n = 60, d = 7;
+  MatF q = normal(n, d, 21);
+  const MatF k = normal(n, d, 22);
+  for (int p = 0; p < 5; ++p) q.row(2 * p + 1) = q.row(2 * p);        // duplicates
+  for (int p = 5; p < 9; ++p) q.row(2 * p + 1) = 2.5f * q.row(2 * p);  // scaled copies
+  const Variant soft = parse_variant("softmax"), lin = parse_variant("linear:relu");
+  expect_same_count(soft, q, q, k, 0.3, config(soft, n, d, 21) + " duplicates");
+  const HeadConfusion s = count_confusion(soft, q, q, k, 0.3, ConfusionOptions{});
+  EXPECT_EQ(s.pairs, 0) << config(soft, n, d, 21) << ": duplicates are the same query";
+  // linear attention is invariant to the query's scale (when relu keeps the same entries): the
+  // four scaled copies give identical rows.
+  const HeadConfusion l = count_confusion(lin, q, q, k, 0.3, ConfusionOptions{});
+  EXPECT_GE(l.pairs, 4) << config(lin, n, d, 21) << " scaled copies";
+  expect_same_count(lin, q, q, k, 0.3, config(lin, n, d, 21) + " scaled copies", 4);
+}
+
+TEST(Confusion, ReluKilledQueriesAreDegenerateAndExcluded) {
+  const int n = 50, d = 7;
+  MatF q = normal(n, d, 31);
+  const MatF k = normal(n, d, 32).cwiseAbs();
+  for (int i = 0; i < 6; ++i) q.row(i) = -q.row(i).cwiseAbs();  // relu(q) = 0
+  int killed = 0;  // the planted rows and any random row without a positive entry
+  for (int i = 0; i < n; ++i) killed += q.row(i).maxCoeff() <= 0.0f ? 1 : 0;
+  const Variant v = parse_variant("linear:relu");
+  const HeadConfusion got = count_confusion(v, q, q, k, 0.3, ConfusionOptions{});
+  EXPECT_EQ(got.degenerate_rows, killed) << config(v, n, d, 31);
+  expect_same_count(v, q, q, k, 0.3, config(v, n, d, 31) + " killed queries");
+}
+
+TEST(Confusion, F1TransformInducesConfusionDecidedOnRawQueries) {
+  const int n = 80, d = 7;
+  MatF raw = normal(n, d, 41);
+  const MatF k = normal(n, d, 42);
+  // Pairs that differ only where the query is negative: f1 maps them to the same row.
+  for (int p = 0; p < 10; ++p) {
+    raw.row(2 * p + 1) = raw.row(2 * p);
+    for (int t = 0; t < d; ++t) {
+      if (raw(2 * p, t) < 0) raw(2 * p + 1, t) = raw(2 * p, t) * 3.0f - 1.0f;
+    }
+  }
+  const QueryTransform f1 = parse_query_transform("f1");
+  const MatF q = f1.apply<float>(raw);
+  const Variant v = parse_variant("softmax");
+  // Independently: pairs whose transformed queries coincide while the raw ones differ.
+  const std::int64_t differing = [&] {
+    std::int64_t c = 0;
+    for (int i = 0; i < n; ++i) {
+      for (int j = i + 1; j < n; ++j) {
+        const bool same_q = (q.row(i) - q.row(j)).cast<double>().norm() <= 1e-6;
+        const bool same_raw = (raw.row(i) - raw.row(j)).cast<double>().norm() <= 1e-6;
+        c += same_q && !same_raw ? 1 : 0;
+      }
+    }
+    return c;
+  }();
+  ASSERT_GE(differing, 5) << "the planted pairs should survive f1";
+  expect_same_count(v, q, raw, k, 0.3, config(v, n, d, 41) + " f1", differing);
+  // Without the raw queries the same pairs look like identical queries and are not counted.
+  const HeadConfusion same = count_confusion(v, q, q, k, 0.3, ConfusionOptions{});
+  const HeadConfusion induced = count_confusion(v, q, raw, k, 0.3, ConfusionOptions{});
+  EXPECT_EQ(induced.pairs - same.pairs, differing) << config(v, n, d, 41) << " f1";
+}
+
+TEST(Confusion, BinsArePowersOfTwo) {
+  for (std::int64_t c = 0; c < 100; ++c) {
+    int want = 0;
+    if (c >= 1) want = 1 + static_cast<int>(std::floor(std::log2(static_cast<double>(c))));
+    want = std::min(want, kConfusionBins - 1);
+    EXPECT_EQ(confusion_bin(c), want) << "count " << c;
+  }
+  EXPECT_EQ(confusion_bin_labels()[2], "2-3");
+  EXPECT_EQ(confusion_bin_labels()[6], ">=32");
+}
+
+}  // namespace
+}  // namespace attnscope::analyses

@@ -1,0 +1,144 @@
+// The streaming loop: every selected head once, images in order, transforms applied to q but not
+// to q_raw, selections validated; and the whole-dump confusion run against the brute force.
+#include "attnscope/analyses/confusion.hpp"
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/error.hpp"
+#include "attnscope/synth.hpp"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+namespace attnscope::analyses {
+namespace {
+
+class DumpLoop : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    opts_.layers = 3;
+    opts_.heads = 2;
+    opts_.grid = TokenGrid{1, 5, 6};
+    opts_.head_dim = 7;
+    opts_.images = 5;
+    opts_.seed = 42;
+    opts_.plant_duplicates = 1;
+    opts_.plant_collinear = 1;
+    opts_.plant_shifted = 1;
+    opts_.plant_hyperplane = true;
+    path_ = (std::filesystem::temp_directory_path() / ("attnscope_dump_loop_" + std::to_string(::getpid()) + ".h5")).string();
+    write_synth_dump(path_, opts_);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove(path_); }
+  static SynthOptions opts_;
+  static std::string path_;
+};
+SynthOptions DumpLoop::opts_;
+std::string DumpLoop::path_;
+
+TEST_F(DumpLoop, VisitsEverySelectedHeadOnceInImageOrder) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {3, 1, 4};
+  sel.layers = {2, 0};
+  const Selection r = resolve(reader.schema(), sel);
+  ASSERT_EQ(r.heads, (std::vector<int>{0, 1}));
+  std::mutex m;
+  std::multiset<std::tuple<int, int, int>> seen;
+  std::vector<int> done;
+  for_each_head(
+      reader, r,
+      [&](const HeadView& hv) {
+        const ImageQKV want = synth_image(opts_, hv.image);
+        EXPECT_TRUE(hv.q.isApprox(want.Q(hv.layer, hv.head), 0.0)) << "image " << hv.image << " layer " << hv.layer;
+        EXPECT_TRUE(hv.k.isApprox(want.K(hv.layer, hv.head), 0.0)) << "image " << hv.image << " layer " << hv.layer;
+        EXPECT_EQ(hv.q_raw, &hv.q);
+        std::lock_guard<std::mutex> lock(m);
+        seen.emplace(hv.image, hv.layer, hv.head);
+      },
+      [&](int image) {
+        std::lock_guard<std::mutex> lock(m);
+        EXPECT_EQ(seen.size(), (done.size() + 1) * 4) << "image " << image << " finished early";
+        done.push_back(image);
+      });
+  EXPECT_EQ(done, (std::vector<int>{3, 1, 4}));
+  for (int i : {3, 1, 4}) {
+    for (int l : {2, 0}) {
+      for (int h : {0, 1}) EXPECT_EQ(seen.count({i, l, h}), 1u) << i << " " << l << " " << h;
+    }
+  }
+}
+
+TEST_F(DumpLoop, TransformAppliesToQButNotToRawQueries) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {0};
+  sel.transform = parse_query_transform("f1");
+  const Selection r = resolve(reader.schema(), sel);
+  for_each_head(reader, r, [&](const HeadView& hv) {
+    ASSERT_NE(hv.q_raw, nullptr);
+    const ImageQKV want = synth_image(opts_, 0);
+    EXPECT_TRUE(hv.q_raw->isApprox(want.Q(hv.layer, hv.head), 0.0));
+    const MatF f1 = r.transform.apply<float>(*hv.q_raw);
+    EXPECT_TRUE(hv.q.isApprox(f1, 0.0)) << "layer " << hv.layer << " head " << hv.head;
+  });
+}
+
+TEST_F(DumpLoop, BadSelectionsAreUsageErrors) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {5};
+  EXPECT_THROW((void)resolve(reader.schema(), sel), UsageError);
+  sel.images = {};
+  sel.layers = {3};
+  EXPECT_THROW((void)resolve(reader.schema(), sel), UsageError);
+  sel.layers = {};
+  sel.heads = {-1};
+  EXPECT_THROW((void)resolve(reader.schema(), sel), UsageError);
+}
+
+TEST_F(DumpLoop, ExceptionsInWorkersReachTheCaller) {
+  DumpReader reader(path_);
+  const Selection r = resolve(reader.schema(), Selection{});
+  EXPECT_THROW(for_each_head(reader, r, [](const HeadView& hv) {
+                 if (hv.head == 1) throw NumericalError("boom");
+               }),
+               NumericalError);
+}
+
+TEST_F(DumpLoop, ConfusionRunEqualsBruteForceAndFindsPlantedPairs) {
+  for (const char* spec : {"softmax", "linear:relu", "inline", "mala"}) {
+    const std::vector<Variant> vs{parse_variant(spec)};
+    DumpReader a(path_), b(path_);
+    const Selection r = resolve(a.schema(), Selection{});
+    std::vector<std::int64_t> fast_images, ref_images;
+    const ConfusionResult fast =
+        run_confusion(a, r, vs, ConfusionOptions{}, false, [&](int, const auto& c) { fast_images.push_back(c[0]); });
+    const ConfusionResult ref =
+        run_confusion(b, r, vs, ConfusionOptions{}, true, [&](int, const auto& c) { ref_images.push_back(c[0]); });
+    EXPECT_EQ(fast_images, ref_images) << spec;
+    EXPECT_EQ(fast.histogram, ref.histogram) << spec;
+    for (std::size_t s = 0; s < fast.per_head[0].size(); ++s) {
+      EXPECT_EQ(fast.per_head[0][s].count, ref.per_head[0][s].count) << spec << " slot " << s;
+    }
+    if (std::string(spec) == "softmax") {
+      // One shifted pair per head has the same softmax row: at least layers x heads per image.
+      for (auto c : fast_images) EXPECT_GE(c, opts_.layers * opts_.heads) << spec;
+    }
+  }
+}
+
+TEST(ParseIndexList, RangesAndErrors) {
+  EXPECT_EQ(parse_index_list("0-3,7,2", "--images"), (std::vector<int>{0, 1, 2, 3, 7}));
+  EXPECT_TRUE(parse_index_list("", "--images").empty());
+  EXPECT_THROW((void)parse_index_list("3-1", "--images"), UsageError);
+  EXPECT_THROW((void)parse_index_list("x", "--layers"), UsageError);
+  EXPECT_THROW((void)parse_index_list("-2", "--heads"), UsageError);
+}
+
+}  // namespace
+}  // namespace attnscope::analyses

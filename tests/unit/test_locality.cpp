@@ -1,0 +1,95 @@
+// Local mass: the fast paths (float softmax rows, low-rank window sums) against the double
+// brute force on awkward grids, the uniform baseline, and the running statistics.
+#include "attnscope/analyses/locality.hpp"
+#include "attnscope/error.hpp"
+#include "random_inputs.hpp"
+#include "tolerances.hpp"
+#include "variant_specs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace attnscope::analyses {
+namespace {
+
+std::string config(const std::string& spec, const TokenGrid& g, int d, int window) {
+  return spec + " grid=" + std::to_string(g.prefix) + "+" + std::to_string(g.height) + "x" +
+         std::to_string(g.width) + " d=" + std::to_string(d) + " window=" + std::to_string(window);
+}
+
+TEST(Locality, FastMatchesBruteForce) {
+  const TokenGrid grids[] = {{0, 1, 1}, {1, 1, 1}, {1, 7, 7}, {1, 14, 14}, {2, 5, 9}};
+  for (const std::string& spec : test::all_variant_specs()) {
+    for (const TokenGrid& g : grids) {
+      for (int d : {1, 7, 64}) {
+        for (int window : {1, 3, 5}) {
+          const Variant v = parse_variant(spec, Convention::Paper, 4);
+          const double mean = test::input_mean(v);
+          const MatF q = test::random_matrix(g.tokens(), d, 17, mean).cast<float>();
+          const MatF k = test::random_matrix(g.tokens(), d, 18, mean).cast<float>();
+          const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+          int dead_fast = -1, dead_ref = -2;
+          const auto fast = local_mass(v, q, k, scale, g, window, &dead_fast);
+          const auto ref = local_mass_reference(v, q, k, scale, g, window, &dead_ref);
+          const std::string what = config(spec, g, d, window);
+          ASSERT_EQ(fast.size(), ref.size()) << what;
+          EXPECT_EQ(dead_fast, dead_ref) << what;
+          const double tol = v.family == Family::Softmax ? test::kFloatTol : test::kDoubleTol;
+          for (std::size_t i = 0; i < fast.size(); ++i) {
+            ASSERT_EQ(std::isnan(fast[i]), std::isnan(ref[i])) << what << " token " << i;
+            if (std::isnan(ref[i])) continue;
+            EXPECT_NEAR(fast[i], ref[i], tol * std::max(1.0, std::abs(ref[i]))) << what << " token " << i;
+          }
+          for (int i = 0; i < g.prefix; ++i) EXPECT_TRUE(std::isnan(fast[static_cast<std::size_t>(i)])) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(Locality, IdenticalKeysGiveTheUniformMass) {
+  const TokenGrid g{1, 6, 5};
+  for (const char* spec : {"softmax", "linear:elu1", "inline", "mala"}) {
+    const Variant v = parse_variant(spec);
+    const MatF q = test::random_matrix(g.tokens(), 7, 5).cast<float>();
+    const MatF k = test::random_matrix(1, 7, 6).cast<float>().replicate(g.tokens(), 1);
+    const auto mass = local_mass(v, q, k, 0.4, g, 3);
+    for (int i = g.prefix; i < g.tokens(); ++i) {
+      const double want = static_cast<double>(g.window_size(i, 3)) / g.tokens();
+      EXPECT_NEAR(mass[static_cast<std::size_t>(i)], want, test::kFloatTol) << spec << " token " << i;
+    }
+  }
+}
+
+TEST(Locality, UniformBaselineCountsClippedWindows) {
+  // 14x14 grid, 3x3 windows: 144 interior cells of 9, 48 edge cells of 6, 4 corners of 4.
+  const TokenGrid g{1, 14, 14};
+  const double want = (144.0 * 9 + 48.0 * 6 + 4.0 * 4) / 196.0 / 197.0;
+  EXPECT_NEAR(uniform_baseline(g, 3), want, 1e-15);
+  EXPECT_NEAR(uniform_baseline(TokenGrid{1, 1, 1}, 3), 1.0 / 2.0, 1e-15);
+}
+
+TEST(Locality, EvenWindowIsAUsageError) {
+  const TokenGrid g{1, 3, 3};
+  const MatF q = MatF::Ones(10, 2);
+  EXPECT_THROW((void)local_mass(parse_variant("softmax"), q, q, 1.0, g, 2), UsageError);
+}
+
+TEST(RunningStats, MergeEqualsOnePass) {
+  const MatD x = test::random_matrix(1, 101, 3);
+  RunningStats all, left, right;
+  for (Eigen::Index i = 0; i < x.cols(); ++i) (i < 40 ? left : right).add(x(0, i)), all.add(x(0, i));
+  left.merge(right);
+  const double mean = x.mean();
+  const double sd = std::sqrt((x.array() - mean).square().mean());
+  EXPECT_EQ(left.count, 101);
+  EXPECT_NEAR(left.mean, mean, 1e-14);
+  EXPECT_NEAR(left.stddev(), sd, 1e-14);
+  EXPECT_NEAR(all.stddev(), sd, 1e-14);
+  EXPECT_EQ(left.min, x.minCoeff());
+  EXPECT_EQ(left.max, x.maxCoeff());
+}
+
+}  // namespace
+}  // namespace attnscope::analyses

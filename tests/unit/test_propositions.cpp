@@ -1,0 +1,154 @@
+// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Every row of `attnscope verify` as a test: the theory of both papers guarded by CI. The same
+// analyses functions run here and in the command; wall-clock timing is never asserted (the cost
+// rows' fitting is tested on exact power laws instead).
+#include "attnscope/analyses/propositions.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace attnscope::analyses {
+namespace {
+
+constexpr std::uint64_t kSeed = 31337;
+constexpr int kTrials = 60;  // every trial shape (N, d from (2, 1) to (197, 64)) many times over
+
+std::string describe(const CheckRow& r) {
+  std::ostringstream s;
+  s.precision(6);
+  s << r.check << " [" << r.what << "] trials=" << r.trials << " margin=" << r.margin
+    << (r.sense == CheckRow::Sense::Above ? " must be > " : " must be <= ") << r.threshold
+    << " seed=" << kSeed;
+  return s.str();
+}
+
+void expect_pass(const CheckRow& r, long min_trials = kTrials) {
+  EXPECT_TRUE(r.pass) << describe(r);
+  EXPECT_GE(r.trials, min_trials) << describe(r);
+  EXPECT_TRUE(std::isfinite(r.margin)) << describe(r);
+}
+
+TEST(Prop1, SoftmaxRowsOfRandomDistinctQueriesDiffer) {
+  expect_pass(check_prop1_random(kSeed, kTrials));
+}
+TEST(Prop1, SoftmaxResistsAdversarialPairs) {
+  expect_pass(check_prop1_adversarial(kSeed, kTrials));
+}
+TEST(Prop1, KeysOnAHyperplaneConfuseSoftmax) {
+  expect_pass(check_prop1_hyperplane(kSeed, kTrials));
+}
+TEST(Prop2, ReluCollinearQueriesConfuseLinear) {
+  expect_pass(check_prop2_relu_collinear(kSeed, kTrials));
+}
+TEST(Prop2, NegatedQueriesConfuseIdentityLinear) {
+  expect_pass(check_prop2_identity_negation(kSeed, kTrials));
+}
+TEST(Prop2, ReluAffineConfusesDistinctDirections) {
+  expect_pass(check_prop2_relu_affine(kSeed, kTrials));
+}
+TEST(Lemma1, LeakyReluHasCollinearFeatures) { expect_pass(check_lemma1("leaky_relu", kSeed, kTrials)); }
+TEST(Lemma1, Elu1HasCollinearFeatures) { expect_pass(check_lemma1("elu1", kSeed, kTrials)); }
+TEST(Prop3, InLineRowsOfRandomDistinctQueriesDiffer) {
+  expect_pass(check_prop3_random(kSeed, kTrials));
+}
+TEST(Prop3, InLineSeparatesThePairsThatFoolLinear) {
+  expect_pass(check_prop3_collinear(kSeed, kTrials));
+}
+TEST(Prop3, KeysOnAHyperplaneConfuseInLine) {
+  expect_pass(check_prop3_hyperplane(kSeed, kTrials));
+}
+TEST(Mala, RowsSumToOne) { expect_pass(check_mala_rows_sum(kSeed, kTrials)); }
+TEST(Mala, Eq11BetaGamma) { expect_pass(check_mala_eq11(kSeed, kTrials)); }
+TEST(Mala, Eq19) { expect_pass(check_mala_eq19(kSeed, kTrials)); }
+TEST(Mala, Eq22WithPositiveWeights) { expect_pass(check_mala_eq22(kSeed, kTrials)); }
+
+TEST(Mala, Eq22FailsOnceAWeightTurnsNegative) {
+  const CheckRow r = check_mala_eq22_counterexample(kSeed, kTrials);
+  EXPECT_TRUE(r.pass) << describe(r);
+  EXPECT_GT(r.margin, 0.0) << describe(r);
+  EXPECT_NE(r.what.find("p_m = -"), std::string::npos) << "p_m must be negative: " << describe(r);
+}
+
+TEST(LinearForms, EqualExplicitForms) {
+  for (const char* spec : {"inline@paper", "inline@code", "mala@paper", "mala@code",
+                           "inline:elu1@paper", "mala:relu@code"}) {
+    expect_pass(check_linear_form(spec, kSeed, 12), 12);  // each (N, d) once
+  }
+}
+
+TEST(Seeds, SameSeedSameRowsOtherSeedOtherTrials) {
+  const CheckRow a = check_prop1_random(kSeed, 10), b = check_prop1_random(kSeed, 10),
+                 c = check_prop1_random(kSeed + 1, 10);
+  EXPECT_EQ(a.margin, b.margin);
+  EXPECT_NE(a.margin, c.margin);
+}
+
+// ---- the cost rows, without clocks -----------------------------------------------------------
+
+TEST(PowerLaw, FitRecoversExactExponents) {
+  std::vector<double> n{64, 128, 256, 512, 1024, 2048, 4096}, lin, quad;
+  for (double x : n) {
+    lin.push_back(3e-6 * x);
+    quad.push_back(2e-9 * x * x);
+  }
+  const PowerLawFit a = fit_power_law(n, lin), b = fit_power_law(n, quad);
+  EXPECT_NEAR(a.exponent, 1.0, 1e-12);
+  EXPECT_NEAR(a.prefactor, 3e-6, 1e-15);
+  EXPECT_NEAR(b.exponent, 2.0, 1e-12);
+  EXPECT_NEAR(b.r2, 1.0, 1e-12);
+}
+
+TEST(PowerLaw, CostRowsJudgeTheExponents) {
+  FormTiming t;
+  t.variant = "mala:elu1@code";
+  t.dim = 64;
+  t.sizes = {64, 256, 1024, 4096};
+  for (int n : t.sizes) {
+    // Flop counts of the two forms: O(N d^2) and O(N^2 d).
+    t.linear_s.push_back(4.0 * n * 64 * 64);
+    t.explicit_s.push_back(4.0 * n * n * 64 + 1e4);
+  }
+  auto rows = cost_rows(t);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(rows[0].pass) << describe(rows[0]);
+  EXPECT_TRUE(rows[1].pass) << describe(rows[1]);
+  EXPECT_NEAR(rows[0].margin, 1.0, 1e-12);
+  std::swap(t.linear_s, t.explicit_s);  // a quadratic "linear" form must fail
+  rows = cost_rows(t);
+  EXPECT_FALSE(rows[0].pass) << describe(rows[0]);
+  EXPECT_FALSE(rows[1].pass) << describe(rows[1]);
+}
+
+TEST(CheckRow, DecideHonoursSenseAndRejectsNaN) {
+  CheckRow r;
+  r.sense = CheckRow::Sense::Below;
+  r.threshold = 1e-12;
+  r.margin = 1e-13;
+  r.decide();
+  EXPECT_TRUE(r.pass);
+  r.margin = std::nan("");
+  r.decide();
+  EXPECT_FALSE(r.pass);
+  r.sense = CheckRow::Sense::Above;
+  r.decide();
+  EXPECT_FALSE(r.pass);
+  r.margin = 1e-12;  // strictly above
+  r.decide();
+  EXPECT_FALSE(r.pass);
+}
+
+TEST(VerifyAll, EveryRowPassesWithoutTiming) {
+  VerifyOptions o;
+  o.seed = kSeed;
+  o.trials = 20;
+  o.timing = false;
+  const auto rows = verify_all(o);
+  EXPECT_EQ(rows.size(), 20u);
+  for (const CheckRow& r : rows) EXPECT_TRUE(r.pass) << describe(r);
+}
+
+}  // namespace
+}  // namespace attnscope::analyses

@@ -1,0 +1,117 @@
+// The variant registry: spec grammar, defaults, shorthand, canonical names and errors.
+#include "attnscope/error.hpp"
+#include "attnscope/variant.hpp"
+#include "variant_specs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace attnscope {
+namespace {
+
+TEST(Variant, DefaultsFollowTheHeader) {
+  const Variant softmax = parse_variant("softmax");
+  EXPECT_EQ(softmax.family, Family::Softmax);
+  EXPECT_EQ(softmax.convention, Convention::Paper);
+  EXPECT_EQ(softmax.name(), "softmax@paper");
+
+  EXPECT_EQ(parse_variant("inline").map.kind, MapKind::Identity);
+  EXPECT_EQ(parse_variant("mala").map.kind, MapKind::Elu1);
+  EXPECT_EQ(parse_variant("linear:relu").map.kind, MapKind::Relu);
+  EXPECT_EQ(parse_variant("mala").name(), "mala:elu1@paper");
+  EXPECT_EQ(parse_variant("inline", Convention::Code).name(), "inline:identity@code");
+}
+
+TEST(Variant, ConventionShorthandAndExplicit) {
+  EXPECT_EQ(parse_variant("mala:code").name(), "mala:elu1@code");
+  EXPECT_EQ(parse_variant("inline:paper", Convention::Code).name(), "inline:identity@paper");
+  EXPECT_EQ(parse_variant("mala@code").convention, Convention::Code);
+  EXPECT_EQ(parse_variant("softmax@code", Convention::Paper).convention, Convention::Code);
+  EXPECT_EQ(parse_variant("linear:relu@paper", Convention::Code).convention, Convention::Paper);
+  EXPECT_EQ(parse_variant("mala:code@code").convention, Convention::Code);
+  EXPECT_THROW((void)parse_variant("mala:code@paper"), UsageError);
+}
+
+TEST(Variant, EveryCanonicalNameRoundTrips) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec);
+    EXPECT_EQ(v.name(), spec) << spec;
+    const Variant again = parse_variant(v.name(), Convention::Code, 99);
+    EXPECT_EQ(again.name(), v.name()) << spec;
+    EXPECT_EQ(again.family, v.family) << spec;
+    EXPECT_EQ(again.map.kind, v.map.kind) << spec;
+    EXPECT_EQ(again.map.slope, v.map.slope) << spec;
+    if (v.map.kind == MapKind::ReluAffine) {
+      EXPECT_EQ(again.map.seed, v.map.seed) << spec;
+    }
+    EXPECT_EQ(again.convention, v.convention) << spec;
+  }
+}
+
+TEST(Variant, SeedReachesReluAffine) {
+  EXPECT_EQ(parse_variant("linear:relu_affine", Convention::Paper, 42).name(),
+            "linear:relu_affine=42@paper");
+  EXPECT_EQ(parse_variant("linear:relu_affine=5", Convention::Paper, 42).map.seed, 5u);
+}
+
+TEST(Variant, ErrorsAreUsageErrorsThatSayWhy) {
+  const auto message = [](const std::string& spec) -> std::string {
+    try {
+      (void)parse_variant(spec);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(message("linear").find("needs a feature map"), std::string::npos);
+  EXPECT_NE(message("softmax:relu").find("takes no feature map"), std::string::npos);
+  EXPECT_NE(message("softmx").find("softmax, linear, inline, mala"), std::string::npos);
+  EXPECT_NE(message("linear:rellu").find("relu"), std::string::npos);
+  EXPECT_NE(message("mala@papper").find("paper, code, code+rope"), std::string::npos);
+  EXPECT_NE(message("").find("empty"), std::string::npos);
+  EXPECT_NE(message("linear:code").find("needs a feature map"), std::string::npos);
+}
+
+TEST(Variant, CodeRopeParsesButIsNotSupported) {
+  const Variant v = parse_variant("mala@code+rope");
+  EXPECT_EQ(v.convention, Convention::CodeRope);
+  EXPECT_EQ(v.name(), "mala:elu1@code+rope");
+  std::string why;
+  EXPECT_FALSE(v.supports(&why));
+  EXPECT_NE(why.find("code+rope"), std::string::npos) << why;
+  EXPECT_FALSE(v.rows_sum_to_one());
+  EXPECT_FALSE(v.supports());
+  EXPECT_TRUE(parse_variant("mala@code").supports());
+}
+
+TEST(Variant, PhiFactor) {
+  EXPECT_EQ(parse_variant("inline").phi_factor(0.125, 197), 1.0);
+  EXPECT_DOUBLE_EQ(parse_variant("inline@code").phi_factor(0.125, 197), std::sqrt(0.125 / 197.0));
+  EXPECT_DOUBLE_EQ(parse_variant("mala@code").phi_factor(0.5, 2), 0.5);
+}
+
+TEST(Variant, ListsAndWhitespace) {
+  const std::vector<Variant> vs = parse_variants("softmax, linear:relu ,mala:code", Convention::Paper);
+  ASSERT_EQ(vs.size(), 3u);
+  EXPECT_EQ(vs[0].name(), "softmax@paper");
+  EXPECT_EQ(vs[1].name(), "linear:relu@paper");
+  EXPECT_EQ(vs[2].name(), "mala:elu1@code");
+  EXPECT_THROW((void)parse_variants("softmax,,mala"), UsageError);
+}
+
+TEST(Variant, FamilyAndConventionNames) {
+  for (Family f : {Family::Softmax, Family::Linear, Family::InLine, Family::Mala}) {
+    EXPECT_EQ(parse_family(to_string(f)), f);
+  }
+  for (Convention c : {Convention::Paper, Convention::Code, Convention::CodeRope}) {
+    EXPECT_EQ(parse_convention(to_string(c)), c);
+  }
+  EXPECT_THROW((void)parse_family("Softmax"), UsageError);
+  EXPECT_THROW((void)parse_convention("Paper"), UsageError);
+  EXPECT_TRUE(parse_variant("linear:relu").has_linear_form());
+  EXPECT_FALSE(parse_variant("softmax").has_linear_form());
+}
+
+}  // namespace
+}  // namespace attnscope
