@@ -35,7 +35,8 @@ std::string layers_with(const std::vector<bool>& has) {
   int count = 0;
   for (std::size_t l = 0; l < has.size(); ++l) {
     if (!has[l]) continue;
-    out += (count++ ? "," : "") + std::to_string(l);
+    if (count++ > 0) out += ',';
+    out += std::to_string(l);
   }
   if (count == 0) return "none";
   if (count == static_cast<int>(has.size())) return "all layers";
@@ -53,19 +54,19 @@ void print_schema(const DumpReader& r, std::ostream& os) {
      << "scale       " << a.scale << "\n"
      << "shape       " << s.num_images << " images x " << a.num_layers << " layers x "
      << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
-     << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + "
-     << a.grid.height << "x" << a.grid.width << " grid\n"
+     << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + " << a.grid.height
+     << "x" << a.grid.width << " grid\n"
      << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
      << "optional    attn: " << layers_with(s.layer_has_attn)
      << "; out: " << layers_with(s.layer_has_out) << "; labels: " << (s.has_labels ? "yes" : "no")
-     << "; logits: " << (s.has_logits ? "yes" : "no") << "; images: " << (s.has_images ? "yes" : "no")
-     << "\n"
+     << "; logits: " << (s.has_logits ? "yes" : "no")
+     << "; images: " << (s.has_images ? "yes" : "no") << "\n"
      << "datasets\n";
   for (const DatasetInfo& d : r.datasets()) {
     os << "  " << std::left << std::setw(18) << d.name << std::setw(22) << shape_text(d.shape)
-       << std::setw(9) << d.dtype << "chunks "
-       << std::setw(20) << (d.chunks.empty() ? std::string("none") : shape_text(d.chunks))
-       << "filters " << d.filters << "\n";
+       << std::setw(9) << d.dtype << "chunks " << std::setw(20)
+       << (d.chunks.empty() ? std::string("none") : shape_text(d.chunks)) << "filters " << d.filters
+       << "\n";
   }
 }
 
@@ -92,9 +93,10 @@ int run_info(const std::vector<std::string>& args) {
   std::string file;
   bool values = false;
   po::options_description desc("options");
-  desc.add_options()("file", po::value(&file)->value_name("FILE")->required(),
-                     "dump to describe (also accepted as the first positional argument)")(
-      "check-values", po::bool_switch(&values),
+  auto add = desc.add_options();
+  add("file", po::value(&file)->value_name("FILE")->required(),
+      "dump to describe (also accepted as the first positional argument)");
+  add("check-values", po::bool_switch(&values),
       "read every image and check that all values are finite");
   po::positional_options_description pos;
   pos.add("file", 1);
@@ -110,8 +112,9 @@ int run_info(const std::vector<std::string>& args) {
   return 0;
 }
 
-const CommandRegistration kInfo({"info", "print and validate a dump's schema (--check-values: "
-                                         "read every value)",
+const CommandRegistration kInfo({"info",
+                                 "print and validate a dump's schema (--check-values: "
+                                 "read every value)",
                                  run_info});
 
 }  // namespace

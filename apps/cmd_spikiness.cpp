@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <sstream>
 
 namespace attnscope::app {
 namespace {
@@ -215,25 +216,33 @@ nlohmann::json medians(const analyses::SpikinessResult& r, std::size_t scales) {
   return j;
 }
 
+std::string short_number(const nlohmann::json& x) {
+  if (x.is_null()) return "nan";
+  std::ostringstream s;
+  s << std::setprecision(6) << x.get<double>();
+  return s.str();
+}
+
 void print_summary(const analyses::SpikinessResult& r, const nlohmann::json& med) {
-  std::cout << "median over " << r.samples.size() << " queries (ratio: top vs reference key)\n"
-            << std::left << std::setw(26) << "variant" << std::setw(10) << "scale" << std::setw(14)
+  std::cout << "median over " << r.samples.size() << " queries at the smallest and largest scale "
+            << "(ratio: higher vs lower reference key)\n"
+            << std::left << std::setw(26) << "variant" << std::setw(10) << "scale" << std::setw(16)
             << "ratio" << "effective_keys\n";
   for (const Variant& v : r.variants) {
     const auto& rows = med.at(v.name());
     if (rows.empty()) continue;
     for (const auto* row : {&rows.front(), &rows.back()}) {
-      const auto show = [](const nlohmann::json& x) { return x.is_null() ? std::string("nan") : x.dump(); };
-      std::cout << std::setw(26) << v.name() << std::setw(10) << (*row)["scale"].get<double>()
-                << std::setw(14) << show((*row)["median_ratio"]) << show((*row)["median_effective_keys"])
-                << "\n";
+      std::cout << std::setw(26) << v.name() << std::setw(10) << short_number((*row)["scale"])
+                << std::setw(16) << short_number((*row)["median_ratio"])
+                << short_number((*row)["median_effective_keys"]) << "\n";
     }
   }
   std::cout << "\nlaws (largest relative deviation over every query and scale)\n";
   for (const auto& l : r.laws) {
+    std::ostringstream dev;
+    dev << std::setprecision(3) << l.max_deviation;
     std::cout << std::setw(26) << l.variant << std::setw(18) << analyses::to_string(l.law)
-              << std::setw(14) << (l.applicable ? std::to_string(l.max_deviation) : std::string("-"))
-              << law_verdict(l);
+              << std::setw(12) << (l.applicable ? dev.str() : std::string("-")) << law_verdict(l);
     if (!l.applicable) std::cout << " (" << l.why << ")";
     if (l.skipped) std::cout << " (" << l.skipped << " points skipped: lower weight ~ 0)";
     std::cout << "\n";

@@ -1,4 +1,5 @@
-// attnscope synth: writes a synthetic dump with planted structure (lib/include/attnscope/synth.hpp).
+// attnscope synth: writes a synthetic dump with planted structure
+// (lib/include/attnscope/synth.hpp).
 #include "command.hpp"
 #include "common.hpp"
 
@@ -20,38 +21,38 @@ DType parse_dtype(const std::string& s) {
 
 void add_synth_options(po::options_description& d, SynthOptions& o, std::string& out,
                        std::string& dtype) {
-  d.add_options()
-      ("out", po::value(&out)->value_name("FILE.h5")->required(),
-       "dump FILE to write (a file, not a folder); run metadata goes to FILE.h5.json")
-      ("layers", po::value(&o.layers)->value_name("L")->default_value(o.layers), "layers")
-      ("heads", po::value(&o.heads)->value_name("H")->default_value(o.heads), "heads per layer")
-      ("grid-height", po::value(&o.grid.height)->value_name("N")->default_value(o.grid.height),
-       "patch grid rows")
-      ("grid-width", po::value(&o.grid.width)->value_name("N")->default_value(o.grid.width),
-       "patch grid columns")
-      ("prefix", po::value(&o.grid.prefix)->value_name("N")->default_value(o.grid.prefix),
-       "prefix tokens before the grid (1 = CLS)")
-      ("head-dim", po::value(&o.head_dim)->value_name("D")->default_value(o.head_dim), "head dim")
-      ("images", po::value(&o.images)->value_name("N")->default_value(o.images), "images")
-      ("dtype", po::value(&dtype)->value_name("f32|f16")->default_value(dtype), "stored dtype")
-      ("compression", po::value(&o.compression)->value_name("0-9")->default_value(o.compression),
-       "gzip level (0: none)")
-      ("model-name", po::value(&o.model_name)->value_name("NAME")->default_value(o.model_name),
-       "model_name attribute")
-      ("family", po::value(&o.family)->value_name("F")->default_value(o.family),
-       "attention_family attribute: softmax, linear, inline or mala")
-      ("convention", po::value(&o.convention)->value_name("C")->default_value(o.convention),
-       "convention attribute: paper, code or code+rope")
-      ("feature-map", po::value(&o.feature_map)->value_name("MAP")->default_value(o.feature_map),
-       "feature_map attribute (none for softmax)")
-      ("plant-duplicates", po::value(&o.plant_duplicates)->value_name("N")->default_value(0),
-       "query pairs with q_j = q_i, per image, layer and head")
-      ("plant-collinear", po::value(&o.plant_collinear)->value_name("N")->default_value(0),
-       "query pairs with q_j = c q_i, c in {1/2, 2}, per image, layer and head")
-      ("plant-shifted", po::value(&o.plant_shifted)->value_name("N")->default_value(0),
-       "query pairs with q_j = q_i + t x where K x = 1 (needs --plant-hyperplane)")
-      ("plant-hyperplane", po::bool_switch(&o.plant_hyperplane),
-       "put every key of a head on a hyperplane k . x = 1 (rank([K, 1]) = d)");
+  auto add = d.add_options();
+  add("out", po::value(&out)->value_name("FILE.h5")->required(),
+      "dump FILE to write (a file, not a folder); run metadata goes to FILE.h5.json");
+  add("layers", po::value(&o.layers)->value_name("L")->default_value(o.layers), "layers");
+  add("heads", po::value(&o.heads)->value_name("H")->default_value(o.heads), "heads per layer");
+  add("grid-height", po::value(&o.grid.height)->value_name("N")->default_value(o.grid.height),
+      "patch grid rows");
+  add("grid-width", po::value(&o.grid.width)->value_name("N")->default_value(o.grid.width),
+      "patch grid columns");
+  add("prefix", po::value(&o.grid.prefix)->value_name("N")->default_value(o.grid.prefix),
+      "prefix tokens before the grid (1 = CLS)");
+  add("head-dim", po::value(&o.head_dim)->value_name("D")->default_value(o.head_dim), "head dim");
+  add("images", po::value(&o.images)->value_name("N")->default_value(o.images), "images");
+  add("dtype", po::value(&dtype)->value_name("f32|f16")->default_value(dtype), "stored dtype");
+  add("compression", po::value(&o.compression)->value_name("0-9")->default_value(o.compression),
+      "gzip level (0: none)");
+  add("model-name", po::value(&o.model_name)->value_name("NAME")->default_value(o.model_name),
+      "model_name attribute");
+  add("family", po::value(&o.family)->value_name("F")->default_value(o.family),
+      "attention_family attribute: softmax, linear, inline or mala");
+  add("convention", po::value(&o.convention)->value_name("C")->default_value(o.convention),
+      "convention attribute: paper, code or code+rope");
+  add("feature-map", po::value(&o.feature_map)->value_name("MAP")->default_value(o.feature_map),
+      "feature_map attribute (none for softmax)");
+  add("plant-duplicates", po::value(&o.plant_duplicates)->value_name("N")->default_value(0),
+      "query pairs with q_j = q_i, per image, layer and head");
+  add("plant-collinear", po::value(&o.plant_collinear)->value_name("N")->default_value(0),
+      "query pairs with q_j = c q_i, c in {1/2, 2}, per image, layer and head");
+  add("plant-shifted", po::value(&o.plant_shifted)->value_name("N")->default_value(0),
+      "query pairs with q_j = q_i + t x where K x = 1 (needs --plant-hyperplane)");
+  add("plant-hyperplane", po::bool_switch(&o.plant_hyperplane),
+      "put every key of a head on a hyperplane k . x = 1 (rank([K, 1]) = d)");
 }
 
 std::string human_bytes(std::uintmax_t b) {

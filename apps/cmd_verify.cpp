@@ -81,11 +81,23 @@ nlohmann::json to_json(const std::vector<analyses::CheckRow>& rows) {
   return j;
 }
 
+void write_timings(const std::filesystem::path& dir, const std::vector<analyses::FormTiming>& ts) {
+  AtomicFile f(dir / "verify_timing.csv");
+  f.stream() << "variant,n,dim,linear_time_s,explicit_s\n" << std::setprecision(6);
+  for (const auto& t : ts) {
+    for (std::size_t i = 0; i < t.sizes.size(); ++i) {
+      f.stream() << t.variant << "," << t.sizes[i] << "," << t.dim << "," << t.linear_s[i] << ","
+                 << t.explicit_s[i] << "\n";
+    }
+  }
+  f.commit();
+}
+
 void print_table(const std::vector<analyses::CheckRow>& rows) {
-  std::cout << std::left << std::setw(34) << "check" << std::setw(8) << "trials" << std::setw(14)
+  std::cout << std::left << std::setw(40) << "check" << std::setw(8) << "trials" << std::setw(14)
             << "margin" << std::setw(12) << "threshold" << std::setw(8) << "result" << "what\n";
   for (const auto& r : rows) {
-    std::cout << std::setw(34) << r.check << std::setw(8) << r.trials << std::setw(14)
+    std::cout << std::setw(40) << r.check << std::setw(8) << r.trials << std::setw(14)
               << number(r.margin) << std::setw(12) << condition(r) << std::setw(8)
               << (r.pass ? "PASS" : "FAIL") << r.what << "\n";
   }
@@ -110,10 +122,13 @@ int run_verify_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"seed", f.opt.seed}, {"trials", f.opt.trials}, {"timing", f.opt.timing},
                    {"timing_sizes", f.opt.timing_sizes}, {"timing_dim", f.opt.timing_dim},
                    {"timing_repeats", f.opt.timing_repeats}, {"threads", threads}};
+  std::vector<analyses::FormTiming> timings;
+  f.opt.timings = &timings;
   const std::vector<analyses::CheckRow> rows = analyses::verify_all(f.opt);
   long failed = 0;
   for (const auto& r : rows) failed += r.pass ? 0 : 1;
   write_csv(dir, rows);
+  if (f.opt.timing) write_timings(dir, timings);
   meta.results() = {{"rows", to_json(rows)}, {"checks", rows.size()}, {"failed", failed}};
   meta.write(dir);
   if (f.json) {

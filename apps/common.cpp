@@ -210,12 +210,13 @@ struct Progress::Impl {
 
   void draw(std::size_t n, long long ms) {
     constexpr int kWidth = 30;
-    const double frac = total == 0 ? 1.0 : std::min(1.0, static_cast<double>(n) / static_cast<double>(total));
+    const double frac =
+        total == 0 ? 1.0 : std::min(1.0, static_cast<double>(n) / static_cast<double>(total));
     const int filled = static_cast<int>(frac * kWidth);
     std::ostringstream line;
     line << "\r" << label << " [" << std::string(static_cast<std::size_t>(filled), '#')
-         << std::string(static_cast<std::size_t>(kWidth - filled), '.') << "] " << n << "/"
-         << total << " " << static_cast<int>(frac * 100.0) << "%";
+         << std::string(static_cast<std::size_t>(kWidth - filled), '.') << "] " << n << "/" << total
+         << " " << static_cast<int>(frac * 100.0) << "%";
     if (n > 0 && n < total) {
       const double eta = static_cast<double>(ms) / 1000.0 * (1.0 - frac) / frac;
       line << " ETA " << std::fixed << std::setprecision(0) << eta << "s";

@@ -1,17 +1,23 @@
-// Confusion search for the linear families. Every row is W_i = z_i M (attention.hpp's low-rank
-// form, built here from ExactRows' features), so |W_i - W_j|^2 = (z_i - z_j)^T G (z_i - z_j) with
-// G = M M^T (r x r, r = d' or d' + 1). With G = U diag(lambda) U^T and y_i = z_i U diag(lambda)^1/2
-// the row distance is the Euclidean distance of the y_i: a radius search in r dimensions that
-// never forms the N x N matrix. We sort on the coordinate of the largest eigenvalue and sweep.
+// Confusion search for the linear families. Every row is W_i = z_i M + 1/N (confusion_search.hpp),
+// so |W_i - W_j|^2 = (z_i - z_j)^T G (z_i - z_j) with G = M M^T (d' x d'). With
+// G = U diag(lambda) U^T and y_i = z_i U diag(lambda)^1/2 the row distance is the Euclidean
+// distance of the y_i: a radius search in d' dimensions that never forms the N x N matrix. We
+// sort on the coordinate of the largest eigenvalue and sweep.
 //
-// Margin argument. In double (u = 2^-53) the computed |y_i - y_j|^2 differs from the exact-row
-// distance by forming G (N u |M|_F^2 |dz|^2), the eigensolver's backward error (r u |G|), the
-// products z U (r u |L| |z|) and the rounding of the exact rows themselves (d u times the
-// uncentred magnitudes |phi(q)| |phi(K)|_F, which |z| (|M|_F + |phi(K)|_F + 1) bounds). With
-// B = (|z_i| + |z_j|) (|M|_F + |phi(K)|_F + 1) all of these are below
-//   band = 64 u (N + r + d + 8) B^2 (1 + sqrt(N) B),
-// the factor 64 being a safety margin. A pair whose low-rank distance is more than band away
-// from eps^2 is decided by it; the few inside the band are decided by the exact judge.
+// Margin argument (u = 2^-53, g = 4 (d' + N + 8) u: a factor 4 over the usual n u bounds of
+// sums of n terms, all in double):
+// * ExactRows' row i has absolute error at most g a_i with
+//   a_i = (2 |c_i| + 1) |phi(q_i)| |phi(K)|_F + 1, c_i = 1/den_i (linear), 1 (inline), beta_i
+//   (mala): the dot products with the uncentred keys, the rounding of den_i, and the shift it
+//   causes in the row's sum (the centred form assumes rows sum to 1).
+// * The computed y_i - y_j differs from (z_i - z_j) M by the rounding of z_i, of the mean key and
+//   of z U: at most g (|z_i| + |z_j|) (|M|_F + |phi(K)|_F) in norm; forming G and the
+//   eigensolver's backward error add at most g |M|_F^2 |z_i - z_j|^2 to the squared distance.
+// With delta = g (a_i + a_j + (|z_i| + |z_j|)(|M|_F + |phi(K)|_F)) and E = g |M|_F^2 |dz|^2, if
+// the exact distance is <= eps the computed squared distance is <= eps^2 + E + 4 eps delta +
+// 4 delta^2, and symmetrically. We use band = 16 (E + 2 eps delta + delta^2) (a factor 4 of
+// safety on top): a pair further than band from eps^2 is decided by the low-rank distance, a pair
+// inside it by the exact judge.
 // GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "confusion_search.hpp"
@@ -28,49 +34,15 @@ namespace {
 
 constexpr double kDoubleUnit = 1.1102230246251565e-16;  // 2^-53
 
-}  // namespace
-
-LowRank build_low_rank(const ExactRows& rows) {
-  const MatD& pq = rows.phi_q();
-  const MatD& pk = rows.phi_k();
-  const Eigen::Index n = pq.rows(), d = pq.cols();
-  const double inv_n = 1.0 / static_cast<double>(n);
-  LowRank lr;
+/// c_i of the margin argument: the factor on phi(q_i) in z_i.
+double row_coefficient(const ExactRows& rows, int i) {
+  const double den = rows.denominator(i);
   switch (rows.variant().family) {
-    case Family::Linear:
-      lr.z = pq;
-      for (Eigen::Index i = 0; i < n; ++i) {
-        const int row = static_cast<int>(i);
-        if (rows.degenerate(row)) {
-          lr.z.row(i).setZero();
-        } else {
-          lr.z.row(i) /= rows.denominator(row);
-        }
-      }
-      lr.m = pk.transpose();
-      break;
-    case Family::InLine:
-      lr.z.resize(n, d + 1);
-      lr.z << pq, VecD::Ones(n);
-      lr.m.resize(d + 1, n);
-      lr.m << (pk.rowwise() - pk.colwise().mean()).transpose(), Eigen::RowVectorXd::Constant(n, inv_n);
-      break;
-    case Family::Mala:
-      lr.z.resize(n, d + 1);
-      for (Eigen::Index i = 0; i < n; ++i) {
-        const double den = rows.denominator(static_cast<int>(i));
-        const double beta = rows.degenerate(static_cast<int>(i)) ? 0.0 : 1.0 + 1.0 / den;
-        lr.z.row(i) << beta * pq.row(i), den * inv_n;
-      }
-      lr.m.resize(d + 1, n);
-      lr.m << pk.transpose(), Eigen::RowVectorXd::Constant(n, -1.0);
-      break;
-    case Family::Softmax: break;
+    case Family::Linear: return 1.0 / den;
+    case Family::Mala: return 1.0 + 1.0 / den;
+    default: return 1.0;
   }
-  return lr;
 }
-
-namespace {
 
 /// y_i = z_i U diag(lambda)^1/2, columns in ascending eigenvalue order (the last is the widest).
 MatD embed(const LowRank& lr) {
@@ -82,6 +54,22 @@ MatD embed(const LowRank& lr) {
 
 }  // namespace
 
+LowRank build_low_rank(const ExactRows& rows) {
+  const MatD& pk = rows.phi_k();
+  LowRank lr;
+  lr.z = rows.phi_q();
+  for (int i = 0; i < rows.tokens(); ++i) {
+    if (rows.degenerate(i)) {
+      lr.z.row(i).setZero();
+    } else {
+      lr.z.row(i) *= row_coefficient(rows, i);
+    }
+  }
+  lr.m = (pk.rowwise() - pk.colwise().mean()).transpose();
+  lr.offset = 1.0 / rows.tokens();
+  return lr;
+}
+
 HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
   HeadConfusion out;
   const int n = rows.tokens();
@@ -92,23 +80,32 @@ HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
   if (live.size() < 2) return out;
   const LowRank lr = build_low_rank(rows);
   const MatD y = embed(lr);
-  const Eigen::Index r = y.cols(), last = r - 1;
-  const double f = lr.m.norm() + rows.phi_k().norm() + 1.0;
+  const Eigen::Index last = y.cols() - 1;
+  const double g = 4.0 * kDoubleUnit * static_cast<double>(rows.phi_q().cols() + n + 8);
+  const double m_norm = lr.m.norm(), k_norm = rows.phi_k().norm();
   const VecD zn = lr.z.rowwise().norm();
-  const double cu = 64.0 * kDoubleUnit * static_cast<double>(n + r + rows.phi_q().cols() + 8);
-  auto band = [&](double b) { return cu * b * b * (1.0 + std::sqrt(static_cast<double>(n)) * b); };
-  double zmax = 0.0;
-  for (int i : live) zmax = std::max(zmax, zn(i));
-  const double eps2 = judge.eps2();
-  const double radius = std::sqrt(eps2 + band(2.0 * zmax * f));
+  VecD a(n);
+  for (int i = 0; i < n; ++i) {
+    a(i) = (2.0 * std::abs(row_coefficient(rows, i)) + 1.0) * rows.phi_q().row(i).norm() * k_norm + 1.0;
+  }
+  const double eps = judge.eps(), eps2 = judge.eps2();
+  auto band = [&](double delta, double dz2) {
+    return 16.0 * (g * m_norm * m_norm * dz2 + 2.0 * eps * delta + delta * delta);
+  };
+  double a_max = 0.0, z_max = 0.0;
+  for (int i : live) a_max = std::max(a_max, a(i)), z_max = std::max(z_max, zn(i));
+  const double radius =
+      std::sqrt(eps2 + band(g * (2.0 * a_max + 2.0 * z_max * (m_norm + k_norm)), 4.0 * z_max * z_max));
 
-  std::sort(live.begin(), live.end(), [&](int a, int b) { return y(a, last) < y(b, last); });
-  for (std::size_t a = 0; a < live.size(); ++a) {
-    const int i = live[a];
-    for (std::size_t b = a + 1; b < live.size() && y(live[b], last) - y(i, last) <= radius; ++b) {
-      const int j = live[b];
+  std::sort(live.begin(), live.end(), [&](int p, int q) { return y(p, last) < y(q, last); });
+  for (std::size_t s = 0; s < live.size(); ++s) {
+    const int i = live[s];
+    for (std::size_t t = s + 1; t < live.size() && y(live[t], last) - y(i, last) <= radius; ++t) {
+      const int j = live[t];
       const double d2 = (y.row(i) - y.row(j)).squaredNorm();
-      const double bij = band((zn(i) + zn(j)) * f);
+      if (d2 > radius * radius) continue;
+      const double delta = g * (a(i) + a(j) + (zn(i) + zn(j)) * (m_norm + k_norm));
+      const double bij = band(delta, (lr.z.row(i) - lr.z.row(j)).squaredNorm());
       if (d2 > eps2 + bij) continue;
       ++out.candidates;
       const int lo = std::min(i, j), hi = std::max(i, j);

@@ -30,11 +30,16 @@ class PairJudge {
 /// Float softmax rows of one head: one GEMM and one exp per entry (a filter, not a result).
 MatF softmax_rows_float(const MatF& q, const MatF& k, double scale);
 
-/// The low-rank form W = z M of a linear-family head (attention.hpp), from ExactRows' features.
-/// Rows of degenerate queries hold zeros.
+/// The low-rank form of a linear-family head, centred: W_ij = z_i . m_j + 1/N with m_j the
+/// j-th centred key feature phi(k_j) - mean phi(k). Every row sums to 1, so
+///   linear: z_i = phi(q_i) / den_i,  inline: z_i = phi(q_i),  mala: z_i = beta_i phi(q_i)
+/// (den_i = phi(q_i).sum phi(k)), the algebra of attention.hpp's LowRankForm with the constant
+/// column folded into 1/N. Centring keeps M M^T free of the large common-mean direction, which
+/// would otherwise swamp the small row differences in rounding. Degenerate rows hold zeros.
 struct LowRank {
-  MatD z;  ///< N x r
-  MatD m;  ///< r x N
+  MatD z;  ///< N x d'
+  MatD m;  ///< d' x N
+  double offset = 0.0;  ///< 1/N, added to every entry
 };
 LowRank build_low_rank(const ExactRows& rows);
 

@@ -5,12 +5,14 @@
 // Margin argument. Let W be the exact (double) rows and W~ the float rows. The logit s q_i.k_j
 // is computed with absolute error <= |s| |q_i| max|k| (d + 6) u (dot product, scaling, the max
 // subtraction; u = 2^-24), which exp turns into a relative error <= expm1(2 delta_i) on each
-// entry; the float sum of N entries, the exp itself (a few ulp) and the division add
-// (N + 16) u relative. As rows are probability vectors (|W_i|_2 <= 1), |W~_i - W_i|_2 <= rho_i
+// entry; the exp itself (a few ulp), the sum (accumulated in double, then rounded to float) and
+// the division add less than 16 u relative. As rows are probability vectors (|W_i|_2 <= 1), |W~_i - W_i|_2 <= rho_i
 // with rho_i the sum of the two. Pivot distances are then accumulated in double from W~, so
 // |d~(i,p) - d(i,p)| <= rho_i + rho_p + 1e-12, and a confused pair (|W_i - W_j| <= eps) has
 // |d~(i,p) - d~(j,p)| <= eps + rho_i + rho_j + 2 rho_p + 2e-12 for every pivot. We keep a pair
-// whenever that holds with the rho terms doubled: no confused pair is ever discarded.
+// whenever that holds with the rho terms doubled, then again only if the distance of the float
+// rows themselves (accumulated in double) is <= eps + 2 (rho_i + rho_j) + slack: no confused
+// pair is ever discarded, and few unconfused ones reach the exact judge.
 // GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "confusion_search.hpp"
@@ -34,7 +36,7 @@ std::vector<double> row_error_bounds(const MatF& q, const MatF& k, double scale)
   std::vector<double> rho(static_cast<std::size_t>(n));
   for (Eigen::Index i = 0; i < n; ++i) {
     const double delta = std::abs(scale) * q.row(i).norm() * kmax * static_cast<double>(d + 6) * kFloatUnit;
-    rho[static_cast<std::size_t>(i)] = std::expm1(2.0 * delta) + static_cast<double>(n + 16) * kFloatUnit;
+    rho[static_cast<std::size_t>(i)] = std::expm1(2.0 * delta) + 16.0 * kFloatUnit;
   }
   return rho;
 }
@@ -74,7 +76,7 @@ MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
     auto r = w.row(i).array();
     r = (r - r.maxCoeff()).exp();
-    r /= r.sum();
+    r /= static_cast<float>(r.template cast<double>().sum());
   }
   return w;
 }
@@ -107,6 +109,8 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
                base + margin;
       }
       if (!keep) continue;
+      const double rows_bound = base + 2.0 * (rho[static_cast<std::size_t>(i)] + rho[static_cast<std::size_t>(j)]);
+      if ((w.row(i) - w.row(j)).cast<double>().squaredNorm() > rows_bound * rows_bound) continue;
       ++out.candidates;
       if (judge.confused(static_cast<int>(std::min(i, j)), static_cast<int>(std::max(i, j)))) ++out.pairs;
     }

@@ -1,6 +1,6 @@
 // Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry);
 // the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
-// columns over i's window), from the low-rank form W = z M.
+// columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N.
 // GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/analyses/locality.hpp"
@@ -47,8 +47,9 @@ std::vector<double> low_rank_mass(const ExactRows& rows, const TokenGrid& grid, 
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
     if (rows.degenerate(i)) continue;
     cols.setZero();
-    for (int j : grid.window(i, window)) cols += lr.m.col(j);
-    mass[static_cast<std::size_t>(i)] = lr.z.row(i).dot(cols);
+    const std::vector<int> win = grid.window(i, window);
+    for (int j : win) cols += lr.m.col(j);
+    mass[static_cast<std::size_t>(i)] = lr.z.row(i).dot(cols) + lr.offset * static_cast<double>(win.size());
   }
   return mass;
 }

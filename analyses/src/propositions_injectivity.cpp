@@ -188,8 +188,10 @@ CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
     const VecD& b = v.map.b;
     double gap = std::numeric_limits<double>::infinity();
     for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
-      const MatD k = draws.matrix(shape.n, shape.d);
-      const VecD p = draws.vector(shape.d);
+      // A very negative b can leave ReLU(A x + b) = 0 for most draws: widen them as we retry.
+      const double spread = 1.0 + attempt;
+      const MatD k = draws.matrix(shape.n, shape.d, spread);
+      const VecD p = draws.vector(shape.d, spread);
       const VecD z = A * p + b;
       // ReLU(z') = c ReLU(z): scale the live coordinates by c, move the dead ones within z < 0.
       const double c = std::exp(draws.uniform(-1.0, 1.0));

@@ -1,6 +1,4 @@
 // Explicit weights and outputs of the four families (attention.hpp).
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/attention.hpp"
 
 #include "feature_map_apply.hpp"

@@ -182,10 +182,12 @@ void validate_attributes(const DumpAttributes& a, const std::string& file) {
     throw InputError(file, attr_name("prefix_tokens"), "an integer >= 0",
                      std::to_string(a.grid.prefix));
   }
-  if (a.num_tokens != a.grid.tokens()) {
+  // In 64 bits: each attribute is below 2^30, their product need not fit an int.
+  const long long grid_tokens =
+      a.grid.prefix + static_cast<long long>(a.grid.height) * a.grid.width;
+  if (a.num_tokens != grid_tokens) {
     throw InputError(file, attr_name("num_tokens"),
-                     "prefix_tokens + grid_height * grid_width = " +
-                         std::to_string(a.grid.tokens()),
+                     "prefix_tokens + grid_height * grid_width = " + std::to_string(grid_tokens),
                      std::to_string(a.num_tokens));
   }
 }
@@ -208,9 +210,8 @@ void write_attributes(hid_t root, const DumpAttributes& a) {
 }
 
 void check_finite(const float* data, const std::vector<hsize_t>& start,
-                  const std::vector<hsize_t>& dims,
-                  const std::vector<const char*>& labels, const std::string& file,
-                  const std::string& dataset, int image) {
+                  const std::vector<hsize_t>& dims, const std::vector<const char*>& labels,
+                  const std::string& file, const std::string& dataset, int image) {
   std::size_t n = 1;
   for (hsize_t d : dims) n *= d;
   for (std::size_t i = 0; i < n; ++i) {

@@ -27,9 +27,8 @@ void validate_attributes(const DumpAttributes& a, const std::string& file);
 /// Throws InputError at the first NaN/Inf of a block read from `dataset` for `image`; the block's
 /// flat index is unravelled over `dims` and offset by `start`, each coordinate named by `labels`.
 void check_finite(const float* data, const std::vector<hsize_t>& start,
-                  const std::vector<hsize_t>& dims,
-                  const std::vector<const char*>& labels, const std::string& file,
-                  const std::string& dataset, int image);
+                  const std::vector<hsize_t>& dims, const std::vector<const char*>& labels,
+                  const std::string& file, const std::string& dataset, int image);
 
 /// Rounds a float to the nearest IEEE half (ties to even), as numpy's float16 does.
 std::uint16_t float_to_half(float f);

@@ -32,8 +32,8 @@ h5::Handle open_file(const std::string& path) {
   }
   h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!f.valid()) {
-    throw InputError(path, "", "a readable HDF5 file", "a damaged or truncated file (" +
-                                                           h5::last_error() + ")");
+    throw InputError(path, "", "a readable HDF5 file",
+                     "a damaged or truncated file (" + h5::last_error() + ")");
   }
   return f;
 }
@@ -65,7 +65,8 @@ DType dataset_dtype(hid_t ds, const std::string& name, const std::string& path) 
 std::string dims_text(const std::vector<hsize_t>& want, bool images_free) {
   std::string s = "shape [";
   for (std::size_t i = 0; i < want.size(); ++i) {
-    s += (i ? ", " : "") + (i == 0 && images_free ? std::string("images") : std::to_string(want[i]));
+    if (i > 0) s += ", ";
+    s += i == 0 && images_free ? std::string("images") : std::to_string(want[i]);
   }
   return s + "]";
 }
@@ -100,7 +101,8 @@ std::string filters_of(hid_t dcpl) {
     std::string f = id == H5Z_FILTER_DEFLATE   ? "gzip(" + std::to_string(ncd > 0 ? cd[0] : 0) + ")"
                     : id == H5Z_FILTER_SHUFFLE ? "shuffle"
                                                : std::string(name[0] ? name : "filter");
-    out += (out.empty() ? "" : "+") + f;
+    if (!out.empty()) out += '+';
+    out += f;
   }
   return out.empty() ? "none" : out;
 }
@@ -153,8 +155,9 @@ void DumpReader::Impl::open_layers() {
         schema.num_images = static_cast<int>(n);
         schema.dtype = t;
       } else if (t != schema.dtype) {
-        throw InputError(path, name, std::string("the dtype of /layers/0/q (") +
-                                         (schema.dtype == DType::F16 ? "float16" : "float32") + ")",
+        throw InputError(path, name,
+                         std::string("the dtype of /layers/0/q (") +
+                             (schema.dtype == DType::F16 ? "float16" : "float32") + ")",
                          t == DType::F16 ? "float16" : "float32");
       }
     }
@@ -312,10 +315,11 @@ std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {
   const LayerSets& ls = m.layers[static_cast<std::size_t>(layer)];
   if (!ls.attn.valid()) return std::nullopt;
   const auto N = static_cast<hsize_t>(m.schema.attrs.num_tokens);
-  const float* p = m.read_block(ls.attn.get(), layer_path(layer, "attn"), image,
-                                {static_cast<hsize_t>(head), 0, 0}, {1, N, N},
-                                {"head", "query", "key"});
-  return MatF(Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(N)));
+  const float* p =
+      m.read_block(ls.attn.get(), layer_path(layer, "attn"), image,
+                   {static_cast<hsize_t>(head), 0, 0}, {1, N, N}, {"head", "query", "key"});
+  return MatF(
+      Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(N)));
 }
 
 std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
@@ -327,10 +331,11 @@ std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
   if (!ls.out.valid()) return std::nullopt;
   const auto N = static_cast<hsize_t>(m.schema.attrs.num_tokens);
   const auto d = static_cast<hsize_t>(m.schema.attrs.head_dim);
-  const float* p = m.read_block(ls.out.get(), layer_path(layer, "out"), image,
-                                {static_cast<hsize_t>(head), 0, 0}, {1, N, d},
-                                {"head", "token", "dim"});
-  return MatF(Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(d)));
+  const float* p =
+      m.read_block(ls.out.get(), layer_path(layer, "out"), image,
+                   {static_cast<hsize_t>(head), 0, 0}, {1, N, d}, {"head", "token", "dim"});
+  return MatF(
+      Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(d)));
 }
 
 std::vector<std::int64_t> DumpReader::read_labels() {
@@ -375,7 +380,8 @@ MatF DumpReader::read_images(std::vector<int>* shape) {
   if (!m.images.valid()) return {};
   if (shape != nullptr) {
     const std::vector<hsize_t> dims = h5::dims(m.images.get());
-    shape->assign({static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])});
+    shape->assign(
+        {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])});
   }
   return read_whole(m.images.get(), "/images", m.schema.path, m.schema.num_images);
 }

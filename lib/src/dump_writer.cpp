@@ -25,8 +25,8 @@ struct DumpWriter::Impl {
   DumpAttributes attrs;
   DumpWriterOptions opts;
   h5::Handle half;
-  h5::Handle file;                   // declared before the datasets: closed after them
-  std::vector<h5::Handle> sets;      // index layer * kKinds + kind
+  h5::Handle file;               // declared before the datasets: closed after them
+  std::vector<h5::Handle> sets;  // index layer * kKinds + kind
   h5::Handle labels, logits, images;
   hsize_t n_images = 0;
   bool closed = false;
@@ -40,6 +40,21 @@ struct DumpWriter::Impl {
                     const std::vector<hsize_t>& chunk, bool extensible);
   void create_layers();
   void write_image_block(hid_t ds, const std::string& name, const std::vector<hsize_t>& count);
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  /// Not closed (an exception, even one from DumpWriter's constructor): close the HDF5 objects
+  /// and remove the temporary file, so no half-written dump is left.
+  ~Impl() {
+    if (closed) return;
+    sets.clear();
+    labels.reset();
+    logits.reset();
+    images.reset();
+    file.reset();
+    std::error_code ec;
+    if (!tmp.empty()) std::filesystem::remove(tmp, ec);  // nothing to report from a destructor
+  }
   [[noreturn]] void fail(const std::string& what) const {
     throw Error(path + ": cannot write the dump: " + what);
   }
@@ -50,8 +65,8 @@ h5::Handle DumpWriter::Impl::create(const std::string& name, hid_t type,
                                     const std::vector<hsize_t>& chunk, bool extensible) {
   std::vector<hsize_t> maxdims(dims);
   if (extensible) maxdims[0] = H5S_UNLIMITED;
-  h5::Handle space = h5::space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(),
-                                                maxdims.data()));
+  h5::Handle space =
+      h5::space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()));
   h5::Handle dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
   if (!chunk.empty()) {
     H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
@@ -62,8 +77,8 @@ h5::Handle DumpWriter::Impl::create(const std::string& name, hid_t type,
   }
   h5::Handle lcpl = h5::plist(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  h5::Handle ds = h5::dataset(H5Dcreate2(file.get(), name.c_str(), type, space.get(), lcpl.get(),
-                                         dcpl.get(), H5P_DEFAULT));
+  h5::Handle ds = h5::dataset(
+      H5Dcreate2(file.get(), name.c_str(), type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
   if (!ds.valid()) fail("creating " + name + ": " + h5::last_error());
   return ds;
 }
@@ -73,7 +88,8 @@ void DumpWriter::Impl::create_layers() {
              d = static_cast<hsize_t>(attrs.head_dim);
   for (int l = 0; l < attrs.num_layers; ++l) {
     for (int k = 0; k < kKinds; ++k) {
-      const bool wanted = k < kAttn || (k == kAttn && opts.with_attn) || (k == kOut && opts.with_out);
+      const bool wanted =
+          k < kAttn || (k == kAttn && opts.with_attn) || (k == kOut && opts.with_out);
       if (!wanted) {
         sets.emplace_back();
         continue;
@@ -121,7 +137,6 @@ DumpWriter::DumpWriter(const std::string& path, const DumpAttributes& attrs,
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = path;
-  m.tmp = path + ".tmp-" + std::to_string(static_cast<long>(::getpid()));
   m.attrs = attrs;
   m.opts = opts;
   dump_detail::validate_attributes(attrs, path);
@@ -131,6 +146,7 @@ DumpWriter::DumpWriter(const std::string& path, const DumpAttributes& attrs,
   }
   h5::quiet_hdf5();
   m.half = h5::half_type();
+  m.tmp = path + ".tmp-" + std::to_string(static_cast<long>(::getpid()));
   m.file = h5::file(H5Fcreate(m.tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!m.file.valid()) {
     throw InputError(path, "", "a writable location",
@@ -141,16 +157,7 @@ DumpWriter::DumpWriter(const std::string& path, const DumpAttributes& attrs,
   m.create_layers();
 }
 
-DumpWriter::~DumpWriter() {
-  if (impl_ == nullptr || impl_->closed) return;
-  impl_->sets.clear();
-  impl_->labels.reset();
-  impl_->logits.reset();
-  impl_->images.reset();
-  impl_->file.reset();
-  std::error_code ec;
-  std::filesystem::remove(impl_->tmp, ec);  // nothing to report from a destructor
-}
+DumpWriter::~DumpWriter() = default;  // Impl's destructor removes an unclosed temporary file
 
 void DumpWriter::append(const ImageQKV& img, const std::vector<MatF>* attn,
                         const std::vector<MatF>* out) {
@@ -169,8 +176,11 @@ void DumpWriter::append(const ImageQKV& img, const std::vector<MatF>* attn,
     for (int k = 0; k < kKinds; ++k) {
       const h5::Handle& ds = m.sets[static_cast<std::size_t>(l * kKinds + k)];
       if (!ds.valid()) continue;
-      const std::vector<MatF>& src = k == kQ ? img.q : k == kK ? img.k : k == kV ? img.v
-                                   : k == kAttn ? *attn : *out;
+      const std::vector<MatF>& src = k == kQ      ? img.q
+                                     : k == kK    ? img.k
+                                     : k == kV    ? img.v
+                                     : k == kAttn ? *attn
+                                                  : *out;
       const int cols = k == kAttn ? N : d;
       m.fbuf.resize(static_cast<std::size_t>(H) * static_cast<std::size_t>(N) *
                     static_cast<std::size_t>(cols));
@@ -183,9 +193,9 @@ void DumpWriter::append(const ImageQKV& img, const std::vector<MatF>* attn,
         }
         Eigen::Map<MatF>(m.fbuf.data() + static_cast<std::ptrdiff_t>(h) * N * cols, N, cols) = x;
       }
-      m.write_image_block(ds.get(), layer_path(l, kKindName[k]),
-                          {static_cast<hsize_t>(H), static_cast<hsize_t>(N),
-                           static_cast<hsize_t>(cols)});
+      m.write_image_block(
+          ds.get(), layer_path(l, kKindName[k]),
+          {static_cast<hsize_t>(H), static_cast<hsize_t>(N), static_cast<hsize_t>(cols)});
     }
   }
   ++m.n_images;
@@ -226,7 +236,8 @@ void DumpWriter::set_images(const MatF& images, const std::vector<int>& shape) {
                                   static_cast<hsize_t>(shape[2])};
   std::vector<hsize_t> chunk(dims);
   chunk[0] = 1;
-  m.images = m.create("/images", H5T_IEEE_F32LE, dims, images.rows() > 0 ? chunk : std::vector<hsize_t>{}, false);
+  m.images = m.create("/images", H5T_IEEE_F32LE, dims,
+                      images.rows() > 0 ? chunk : std::vector<hsize_t>{}, false);
   if (images.size() > 0) write_all(m.images.get(), H5T_NATIVE_FLOAT, images.data(), "/images");
 }
 
@@ -237,8 +248,8 @@ void DumpWriter::close() {
       {&m.labels, "/labels"}, {&m.logits, "/logits"}, {&m.images, "/images"}};
   for (const auto& [h, name] : optional) {
     if (h->valid() && h5::dims(h->get())[0] != m.n_images) {
-      m.fail(std::string(name) + " has " + std::to_string(h5::dims(h->get())[0]) +
-             " rows but " + std::to_string(m.n_images) + " images were appended");
+      m.fail(std::string(name) + " has " + std::to_string(h5::dims(h->get())[0]) + " rows but " +
+             std::to_string(m.n_images) + " images were appended");
     }
   }
   if (H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) < 0) m.fail("flush: " + h5::last_error());

@@ -1,6 +1,4 @@
 // Feature maps (feature_map.hpp): parsing, names, parameter drawing and row-wise application.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/feature_map.hpp"
 
 #include "attnscope/error.hpp"

@@ -56,7 +56,7 @@ std::string describe_type(hid_t t) {
     case H5T_FLOAT:
       return "float" + bits;
     case H5T_INTEGER:
-      return (H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int") + bits;
+      return std::string(H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int") + bits;
     case H5T_STRING:
       return "string";
     case H5T_COMPOUND:

@@ -1,6 +1,4 @@
 // The low-rank form W = Z M of the linear families (attention.hpp).
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/attention.hpp"
 
 #include "linear_rows.hpp"

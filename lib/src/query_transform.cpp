@@ -1,6 +1,4 @@
 // Confusion-inducing query maps (query_transform.hpp).
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/query_transform.hpp"
 
 #include "attnscope/error.hpp"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <numeric>
 
 namespace attnscope {
@@ -16,6 +17,7 @@ constexpr double kTwoPi = 6.283185307179586476925286766559;
 constexpr double kLengthScale = 1.5;     // grid cells over which the positional code decorrelates
 constexpr double kLocalBonus = 3.0;      // s * q.k gained by a key at the query's own cell, layer 0
 constexpr double kHyperplaneNorm = 0.5;  // |x|: keys lie at distance 1/|x| = 2 from the origin
+constexpr long long kMaxTokens = 1 << 24;  // keeps every token count and index inside int
 
 /// splitmix64 finaliser: spreads (seed, stream, indices) into independent generator seeds.
 std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
@@ -65,25 +67,11 @@ MatD positional_codes(const SynthOptions& o, int layer, int head) {
   return g;
 }
 
-// Plain loops: Eigen's vectorised reductions trip a false -Wmaybe-uninitialized in GCC 12 with
-// AVX-512, and these sizes gain nothing from them.
-double dot_row(const MatD& m, Eigen::Index row, const VecD& x) {
-  double s = 0;
-  for (Eigen::Index c = 0; c < x.size(); ++c) s += m(row, c) * x(c);
-  return s;
-}
-
-double squared_norm(const VecD& x) {
-  double s = 0;
-  for (Eigen::Index c = 0; c < x.size(); ++c) s += x(c) * x(c);
-  return s;
-}
-
 void project_onto_hyperplane(MatD& K, const VecD& x) {
-  const double xx = squared_norm(x);
+  const double xx = x.squaredNorm();
   for (Eigen::Index t = 0; t < K.rows(); ++t) {
-    const double off = (1.0 - dot_row(K, t, x)) / xx;
-    for (Eigen::Index c = 0; c < x.size(); ++c) K(t, c) += off * x(c);
+    const double off = (1.0 - K.row(t).dot(x)) / xx;
+    K.row(t) += off * x.transpose();
   }
 }
 
@@ -148,10 +136,13 @@ void SynthOptions::validate() const {
   need(heads >= 1, "heads must be >= 1, got " + std::to_string(heads));
   need(head_dim >= 1, "head dim must be >= 1, got " + std::to_string(head_dim));
   need(images >= 0, "images must be >= 0, got " + std::to_string(images));
-  need(grid.height >= 1 && grid.width >= 1,
-       "grid must be at least 1 x 1, got " + std::to_string(grid.height) + " x " +
-           std::to_string(grid.width));
+  need(grid.height >= 1 && grid.width >= 1, "grid must be at least 1 x 1, got " +
+                                                std::to_string(grid.height) + " x " +
+                                                std::to_string(grid.width));
   need(grid.prefix >= 0, "prefix tokens must be >= 0, got " + std::to_string(grid.prefix));
+  const long long n = grid.prefix + static_cast<long long>(grid.height) * grid.width;
+  need(n <= kMaxTokens,
+       "at most " + std::to_string(kMaxTokens) + " tokens, got " + std::to_string(n));
   need(compression >= 0 && compression <= 9,
        "compression must be a gzip level 0-9, got " + std::to_string(compression));
   need(family == "softmax" || family == "linear" || family == "inline" || family == "mala",
@@ -201,7 +192,7 @@ VecD hyperplane_normal(const SynthOptions& o, int layer, int head) {
   detail::NormalDraws normal(stream_seed(o.seed, kModel, {layer, head, -2}));
   VecD x(o.head_dim);
   for (int c = 0; c < o.head_dim; ++c) x(c) = normal.next();
-  return x * (kHyperplaneNorm / std::sqrt(squared_norm(x)));
+  return x * (kHyperplaneNorm / x.norm());
 }
 
 ImageQKV synth_image(const SynthOptions& o, int image) {
@@ -214,14 +205,22 @@ ImageQKV synth_image(const SynthOptions& o, int image) {
   img.q.resize(static_cast<std::size_t>(slots));
   img.k.resize(static_cast<std::size_t>(slots));
   img.v.resize(static_cast<std::size_t>(slots));
+  // An exception must not leave an OpenMP region (that terminates): keep the first, rethrow it.
+  std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic)
   for (int s = 0; s < slots; ++s) {
-    const int layer = s / o.heads, head = s % o.heads;
-    HeadData h = synth_head(o, image, layer, head, positional_codes(o, layer, head));
-    img.q[static_cast<std::size_t>(s)] = std::move(h.q);
-    img.k[static_cast<std::size_t>(s)] = std::move(h.k);
-    img.v[static_cast<std::size_t>(s)] = std::move(h.v);
+    try {
+      const int layer = s / o.heads, head = s % o.heads;
+      HeadData h = synth_head(o, image, layer, head, positional_codes(o, layer, head));
+      img.q[static_cast<std::size_t>(s)] = std::move(h.q);
+      img.k[static_cast<std::size_t>(s)] = std::move(h.k);
+      img.v[static_cast<std::size_t>(s)] = std::move(h.v);
+    } catch (...) {
+#pragma omp critical(attnscope_synth_failure)
+      if (!failure) failure = std::current_exception();
+    }
   }
+  if (failure) std::rethrow_exception(failure);
   return img;
 }
 

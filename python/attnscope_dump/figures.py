@@ -85,11 +85,13 @@ def shorten(command: str) -> str:
 
 
 def save(fig, name: str, caption: str) -> str:
-    """Adds the caption under the axes and writes figures/<name>.png."""
-    wrapped = "\n".join(textwrap.wrap(caption, width=int(fig.get_figwidth() * 15)))
-    fig.text(0.01, 0.005, wrapped, ha="left", va="bottom", fontsize=7, family="monospace")
+    """Adds the caption under the axes (reserving room for it) and writes figures/<name>.png."""
+    width_chars = int(fig.get_figwidth() * 14)
+    wrapped = "\n".join(textwrap.wrap(caption, width=width_chars))
     lines = wrapped.count("\n") + 1
-    fig.subplots_adjust(bottom=min(0.45, 0.04 + 0.11 * lines * 4.0 / fig.get_figheight()))
+    caption_in = 0.12 * lines + 0.55  # caption lines plus the x-axis labels above them
+    fig.subplots_adjust(bottom=min(0.6, caption_in / fig.get_figheight()))
+    fig.text(0.01, 0.01, wrapped, ha="left", va="bottom", fontsize=7, family="monospace")
     path = os.path.join(figures_dir(), name + ".png")
     fig.savefig(path, dpi=110)
     return path

@@ -92,3 +92,20 @@ def test_load_weights_names_missing_dataset(tmp_path):
         del f["head/bias"]
     with pytest.raises(ValueError, match="'/head/bias' missing"):
         load_weights(str(path))
+
+
+def test_make_dumps_cli(tmp_path, fake_fmnist):
+    import h5py
+    weights = tmp_path / "vit7-mala-fmnist.h5"
+    save_weights(tiny_vit("mala", seed=6, image_size=28), str(weights))
+    out = tmp_path / "dumps"
+    r = subprocess.run([sys.executable, os.path.join(PYTHON_DIR, "make_dumps.py"), "--models",
+                        str(weights), "--out", str(out), "--images", "5", "--batch-size", "2",
+                        "--threads", "1", "--data-root", str(fake_fmnist)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out / "vit7-mala-fmnist.h5") as f:
+        assert f.attrs["model_name"] == "vit7-mala-fmnist"
+        assert f.attrs["attention_family"] == "mala" and f.attrs["feature_map"] == "elu1"
+        assert f["layers/1/out"].shape == (5, 2, 50, 8) and f["layers/1/q"].dtype == np.float16
+        assert f["images"].shape == (5, 1, 28, 28) and f["labels"].shape == (5,)

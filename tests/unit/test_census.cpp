@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Weight census: counts of one matrix by hand, the collector against plain-loop counts of the
 // reference weights (exact), the default variants, and the code+rope refusal.
 #include "attnscope/analyses/census.hpp"

@@ -130,7 +130,9 @@ class RawFile {
     set_attr(name, t, buf.data());
     H5Tclose(t);
   }
-  void unlink(const std::string& obj) { EXPECT_GE(H5Ldelete(id_, obj.c_str(), H5P_DEFAULT), 0) << obj; }
+  void unlink(const std::string& obj) {
+    EXPECT_GE(H5Ldelete(id_, obj.c_str(), H5P_DEFAULT), 0) << obj;
+  }
   /// Replaces a dataset by a new one of the given type and shape (filled with zeros).
   void replace(const std::string& obj, hid_t type, const std::vector<hsize_t>& dims) {
     if (H5Lexists(id_, obj.c_str(), H5P_DEFAULT) > 0) unlink(obj);
@@ -147,9 +149,8 @@ class RawFile {
 
 /// Runs `body`; it must throw InputError naming `file` and `object` with `text` in the message,
 /// and HDF5 must print nothing itself.
-void expect_input_error(const std::string& file, const std::string& object,
-                        const std::string& text, const std::function<void()>& body,
-                        const std::string& config) {
+void expect_input_error(const std::string& file, const std::string& object, const std::string& text,
+                        const std::function<void()>& body, const std::string& config) {
   ::testing::internal::CaptureStderr();
   try {
     body();
@@ -222,9 +223,9 @@ TEST_F(DumpTest, RoundTripFloat16WithinRounding) {
   for (int i = 0; i < 2; ++i) {
     const ImageQKV got = r.read_image(i);
     for (std::size_t slot = 0; slot < got.q.size(); ++slot) {
-      for (auto [g, w] : {std::pair{&got.q[slot], &imgs[i].q[slot]},
-                          std::pair{&got.k[slot], &imgs[i].k[slot]},
-                          std::pair{&got.v[slot], &imgs[i].v[slot]}}) {
+      for (auto [g, w] :
+           {std::pair{&got.q[slot], &imgs[i].q[slot]}, std::pair{&got.k[slot], &imgs[i].k[slot]},
+            std::pair{&got.v[slot], &imgs[i].v[slot]}}) {
         for (Eigen::Index e = 0; e < g->size(); ++e) {
           const double want = w->data()[e], have = g->data()[e];
           const double tol = std::max(std::abs(want) * kHalfRelTol, kHalfAbsTol);
@@ -263,8 +264,8 @@ TEST_F(DumpTest, Float16KeepsRepresentableValuesAndSpecialsExactly) {
   DumpReader r(p);
   const MatF got = r.read_image(0).Q(0, 0);
   MatF want = q;
-  want(1, 0) = 1.0f;                 // tie between 1 and 1 + 2^-10: even is 1
-  want(1, 1) = 1.0f + 0x1.0p-9f;     // tie between 1 + 2^-10 and 1 + 2^-9: even is 1 + 2^-9
+  want(1, 0) = 1.0f;              // tie between 1 and 1 + 2^-10: even is 1
+  want(1, 1) = 1.0f + 0x1.0p-9f;  // tie between 1 + 2^-10 and 1 + 2^-9: even is 1 + 2^-9
   EXPECT_TRUE(got == want) << "got\n" << got << "\nwant\n" << want;
 }
 
@@ -389,6 +390,18 @@ TEST_F(DumpTest, WriterDestroyedUnclosedLeavesNoFile) {
   EXPECT_TRUE(files_in_dir().empty()) << files_in_dir().front();
 }
 
+TEST_F(DumpTest, WriterFailingInItsConstructorLeavesNoFile) {
+  // One image of one layer would be a 4 GiB chunk, which HDF5 refuses after the file exists.
+  DumpAttributes a = small_attrs();
+  a.num_layers = 1;
+  a.num_heads = 1;
+  a.grid = TokenGrid{0, 1024, 1024};
+  a.num_tokens = a.grid.tokens();
+  a.head_dim = 1024;
+  EXPECT_THROW(DumpWriter(path("huge.h5"), a, {}), Error);
+  EXPECT_TRUE(files_in_dir().empty()) << files_in_dir().front();
+}
+
 TEST_F(DumpTest, WriterReplacesAnOldFileOnlyOnClose) {
   const std::string p = valid_dump("replace.h5", 3);
   const DumpAttributes a = small_attrs();
@@ -434,37 +447,42 @@ TEST_F(DumpTest, WriterRefusesInvalidAttributesAndImages) {
 
 TEST_F(DumpTest, WriterIntoMissingFolderIsAnInputError) {
   const std::string p = path("no/such/folder/x.h5");
-  expect_input_error(p, "", "writable", [&] { DumpWriter w(p, small_attrs(), {}); },
-                     "missing folder");
+  expect_input_error(
+      p, "", "writable", [&] { DumpWriter w(p, small_attrs(), {}); }, "missing folder");
 }
 
-// --- malformed files -------------------------------------------------------------------------------
+// --- malformed files
+// -------------------------------------------------------------------------------
 
 TEST_F(DumpTest, MissingFile) {
   const std::string p = path("absent.h5");
-  expect_input_error(p, "", "existing file", [&] { open_only(p); }, "missing file");
+  expect_input_error(
+      p, "", "existing file", [&] { open_only(p); }, "missing file");
 }
 
 TEST_F(DumpTest, NotAnHdf5File) {
   const std::string p = path("text.h5");
   std::ofstream(p) << "this is not HDF5\n";
-  expect_input_error(p, "", "HDF5", [&] { open_only(p); }, "text file");
+  expect_input_error(
+      p, "", "HDF5", [&] { open_only(p); }, "text file");
   const std::string empty = path("empty.h5");
   std::ofstream{empty};
-  expect_input_error(empty, "", "HDF5", [&] { open_only(empty); }, "empty file");
-  expect_input_error(dir_.string(), "", "regular file", [&] { open_only(dir_.string()); },
-                     "a folder");
+  expect_input_error(
+      empty, "", "HDF5", [&] { open_only(empty); }, "empty file");
+  expect_input_error(
+      dir_.string(), "", "regular file", [&] { open_only(dir_.string()); }, "a folder");
 }
 
 TEST_F(DumpTest, EveryMissingAttributeIsNamed) {
-  for (const char* name : {"format", "format_version", "model_name", "attention_family",
-                           "convention", "feature_map", "scale", "num_layers", "num_heads",
-                           "head_dim", "num_tokens", "grid_height", "grid_width",
-                           "prefix_tokens"}) {
+  for (const char* name :
+       {"format", "format_version", "model_name", "attention_family", "convention", "feature_map",
+        "scale", "num_layers", "num_heads", "head_dim", "num_tokens", "grid_height", "grid_width",
+        "prefix_tokens"}) {
     const std::string p = valid_dump(std::string("noattr_") + name + ".h5");
     RawFile(p).delete_attr(name);
-    expect_input_error(p, std::string("attribute '") + name + "'", "found none",
-                       [&] { open_only(p); }, std::string("missing ") + name);
+    expect_input_error(
+        p, std::string("attribute '") + name + "'", "found none", [&] { open_only(p); },
+        std::string("missing ") + name);
   }
 }
 
@@ -475,13 +493,16 @@ TEST_F(DumpTest, WrongAttributeTypes) {
     const char* text;
   };
   const std::vector<Case> cases{
-      {"num_heads", [](RawFile& f) { f.set_fixed_string("num_heads", "2"); }, "expected an integer, found string"},
-      {"head_dim", [](RawFile& f) { f.set_double("head_dim", 5.0); }, "expected an integer, found float64"},
+      {"num_heads", [](RawFile& f) { f.set_fixed_string("num_heads", "2"); },
+       "expected an integer, found string"},
+      {"head_dim", [](RawFile& f) { f.set_double("head_dim", 5.0); },
+       "expected an integer, found float64"},
       {"scale", [](RawFile& f) { f.set_int("scale", 1); }, "expected a float, found int64"},
       {"format", [](RawFile& f) { f.set_int("format", 1); }, "expected a string, found int64"},
       {"format", [](RawFile& f) { f.set_fixed_string("format", "other-dump"); }, "'other-dump'"},
       {"format_version", [](RawFile& f) { f.set_int("format_version", 2); }, "expected 1, found 2"},
-      {"attention_family", [](RawFile& f) { f.set_fixed_string("attention_family", "cosine"); }, "'cosine'"},
+      {"attention_family", [](RawFile& f) { f.set_fixed_string("attention_family", "cosine"); },
+       "'cosine'"},
       {"convention", [](RawFile& f) { f.set_fixed_string("convention", "xyz"); }, "'xyz'"},
       {"scale", [](RawFile& f) { f.set_double("scale", -1.0); }, "positive"},
       {"num_layers", [](RawFile& f) { f.set_int("num_layers", 0); }, "positive"},
@@ -494,8 +515,9 @@ TEST_F(DumpTest, WrongAttributeTypes) {
       RawFile f(p);
       c.edit(f);
     }
-    expect_input_error(p, std::string("attribute '") + c.name + "'", c.text,
-                       [&] { open_only(p); }, std::string("edited ") + c.name);
+    expect_input_error(
+        p, std::string("attribute '") + c.name + "'", c.text, [&] { open_only(p); },
+        std::string("edited ") + c.name);
   }
 }
 
@@ -513,20 +535,24 @@ TEST_F(DumpTest, FixedLengthStringsAreAccepted) {
 TEST_F(DumpTest, InconsistentNumTokens) {
   const std::string p = valid_dump();
   RawFile(p).set_int("num_tokens", 8);
-  expect_input_error(p, "attribute 'num_tokens'", "prefix_tokens + grid_height * grid_width = 7",
-                     [&] { open_only(p); }, "num_tokens 8 for 1 + 2x3");
+  expect_input_error(
+      p, "attribute 'num_tokens'", "prefix_tokens + grid_height * grid_width = 7",
+      [&] { open_only(p); }, "num_tokens 8 for 1 + 2x3");
 }
 
 TEST_F(DumpTest, MissingLayerGroup) {
   const std::string p = valid_dump();
   RawFile(p).unlink("/layers/1");
-  expect_input_error(p, "/layers/1", "layer group", [&] { open_only(p); }, "no /layers/1");
+  expect_input_error(
+      p, "/layers/1", "layer group", [&] { open_only(p); }, "no /layers/1");
   const std::string p2 = valid_dump("more_layers.h5");
   RawFile(p2).set_int("num_layers", 4);
-  expect_input_error(p2, "/layers/3", "num_layers = 4", [&] { open_only(p2); }, "num_layers 4");
+  expect_input_error(
+      p2, "/layers/3", "num_layers = 4", [&] { open_only(p2); }, "num_layers 4");
   const std::string p3 = valid_dump("no_layers.h5");
   RawFile(p3).unlink("/layers");
-  expect_input_error(p3, "/layers", "a group", [&] { open_only(p3); }, "no /layers");
+  expect_input_error(
+      p3, "/layers", "a group", [&] { open_only(p3); }, "no /layers");
 }
 
 TEST_F(DumpTest, MissingQKV) {
@@ -534,8 +560,8 @@ TEST_F(DumpTest, MissingQKV) {
     const std::string obj = std::string("/layers/2/") + name;
     const std::string p = valid_dump(std::string("no_") + name + ".h5");
     RawFile(p).unlink(obj);
-    expect_input_error(p, obj, "expected a dataset, found none", [&] { open_only(p); },
-                       "missing " + obj);
+    expect_input_error(
+        p, obj, "expected a dataset, found none", [&] { open_only(p); }, "missing " + obj);
   }
 }
 
@@ -546,7 +572,8 @@ TEST_F(DumpTest, AGroupWhereADatasetBelongs) {
     f.unlink("/layers/0/k");
     H5Gclose(H5Gcreate2(f.id(), "/layers/0/k", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   }
-  expect_input_error(p, "/layers/0/k", "a dataset", [&] { open_only(p); }, "group as k");
+  expect_input_error(
+      p, "/layers/0/k", "a dataset", [&] { open_only(p); }, "group as k");
 }
 
 TEST_F(DumpTest, WrongRankAndShape) {
@@ -563,8 +590,9 @@ TEST_F(DumpTest, WrongRankAndShape) {
   for (const Case& c : cases) {
     const std::string p = valid_dump("shape" + std::to_string(n++) + ".h5");
     RawFile(p).replace("/layers/1/v", H5T_IEEE_F32LE, c.dims);
-    expect_input_error(p, "/layers/1/v", std::string("expected shape [3, 2, 7, 5], found ") + c.found,
-                       [&] { open_only(p); }, std::string("v shape ") + c.found);
+    expect_input_error(
+        p, "/layers/1/v", std::string("expected shape [3, 2, 7, 5], found ") + c.found,
+        [&] { open_only(p); }, std::string("v shape ") + c.found);
   }
 }
 
@@ -575,8 +603,9 @@ TEST_F(DumpTest, UnsupportedDtypes) {
   for (const auto& [type, name] : types) {
     const std::string p = valid_dump("dtype" + std::to_string(n++) + ".h5");
     RawFile(p).replace("/layers/0/q", type, {3, 2, 7, 5});
-    expect_input_error(p, "/layers/0/q", std::string("expected dtype float32 or float16, found ") + name,
-                       [&] { open_only(p); }, std::string("q as ") + name);
+    expect_input_error(
+        p, "/layers/0/q", std::string("expected dtype float32 or float16, found ") + name,
+        [&] { open_only(p); }, std::string("q as ") + name);
   }
 }
 
@@ -592,33 +621,37 @@ TEST_F(DumpTest, MixedDtypesAcrossDatasets) {
     f.replace("/layers/2/k", half, {3, 2, 7, 5});
     H5Tclose(half);
   }
-  expect_input_error(p, "/layers/2/k", "found float16", [&] { open_only(p); }, "k float16");
+  expect_input_error(
+      p, "/layers/2/k", "found float16", [&] { open_only(p); }, "k float16");
 }
 
 TEST_F(DumpTest, MismatchedImagesAcrossLayers) {
   const std::string p = valid_dump();
   RawFile(p).replace("/layers/2/q", H5T_IEEE_F32LE, {4, 2, 7, 5});
-  expect_input_error(p, "/layers/2/q", "expected shape [3, 2, 7, 5], found [4, 2, 7, 5]",
-                     [&] { open_only(p); }, "4 images in layer 2");
+  expect_input_error(
+      p, "/layers/2/q", "expected shape [3, 2, 7, 5], found [4, 2, 7, 5]", [&] { open_only(p); },
+      "4 images in layer 2");
 }
 
 TEST_F(DumpTest, BadOptionalDatasetShapes) {
   const std::string p = valid_dump();
   RawFile(p).replace("/labels", H5T_STD_I64LE, {2});
-  expect_input_error(p, "/labels", "found [2]", [&] { open_only(p); }, "labels [2]");
+  expect_input_error(
+      p, "/labels", "found [2]", [&] { open_only(p); }, "labels [2]");
   const std::string p2 = valid_dump("attn.h5");
   RawFile(p2).replace("/layers/1/attn", H5T_IEEE_F32LE, {3, 2, 7, 5});
-  expect_input_error(p2, "/layers/1/attn", "expected shape [3, 2, 7, 7]", [&] { open_only(p2); },
-                     "attn [3, 2, 7, 5]");
+  expect_input_error(
+      p2, "/layers/1/attn", "expected shape [3, 2, 7, 7]", [&] { open_only(p2); },
+      "attn [3, 2, 7, 5]");
 }
 
 TEST_F(DumpTest, NanAndInfAreReportedWithTheirPlace) {
   const DumpAttributes a = small_attrs();
-  for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                          -std::numeric_limits<float>::infinity()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     for (const DType dt : {DType::F32, DType::F16}) {
-      const std::string tag = std::string(std::isnan(bad) ? "nan" : "inf") +
-                              (dt == DType::F16 ? "16" : "32");
+      const std::string tag =
+          std::string(std::isnan(bad) ? "nan" : "inf") + (dt == DType::F16 ? "16" : "32");
       const std::string p = path(tag + ".h5");
       DumpWriterOptions o;
       o.dtype = dt;
@@ -634,9 +667,10 @@ TEST_F(DumpTest, NanAndInfAreReportedWithTheirPlace) {
       DumpReader r(p);
       EXPECT_NO_THROW((void)r.read_image(1)) << tag;
       EXPECT_NO_THROW((void)r.read_image(2, {0, 2})) << tag << ": layer 1 is not read";
-      const std::string where = std::string(std::isnan(bad) ? "NaN" : "Inf") +
-                                " at image 2, head 1, token 4, dim 3";
-      expect_input_error(p, "/layers/1/k", where, [&] { (void)r.read_image(2); }, tag);
+      const std::string where =
+          std::string(std::isnan(bad) ? "NaN" : "Inf") + " at image 2, head 1, token 4, dim 3";
+      expect_input_error(
+          p, "/layers/1/k", where, [&] { (void)r.read_image(2); }, tag);
     }
   }
 }
@@ -644,12 +678,13 @@ TEST_F(DumpTest, NanAndInfAreReportedWithTheirPlace) {
 TEST_F(DumpTest, TruncatedFilesAreCleanErrors) {
   const std::string src = valid_dump("full.h5", 6);
   const auto size = fs::file_size(src);
-  for (const std::uintmax_t keep : {std::uintmax_t{4}, std::uintmax_t{100}, size / 3, size / 2,
-                                    size - 1}) {
+  for (const std::uintmax_t keep :
+       {std::uintmax_t{4}, std::uintmax_t{100}, size / 3, size / 2, size - 1}) {
     const std::string p = path("cut" + std::to_string(keep) + ".h5");
     fs::copy_file(src, p);
     fs::resize_file(p, keep);
-    const std::string config = "truncated to " + std::to_string(keep) + " of " + std::to_string(size);
+    const std::string config =
+        "truncated to " + std::to_string(keep) + " of " + std::to_string(size);
     ::testing::internal::CaptureStderr();
     try {
       read_everything(p);

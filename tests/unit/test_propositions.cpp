@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Every row of `attnscope verify` as a test: the theory of both papers guarded by CI. The same
 // analyses functions run here and in the command; wall-clock timing is never asserted (the cost
 // rows' fitting is tested on exact power laws instead).

@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Spikiness: row statistics, sweep parameters, the sweep's rows against the plain-loop reference,
 // the papers' laws (MALA eq. 6, 7, 11, 12; InLine eq. 4), and query sampling.
 #include "attnscope/analyses/spikiness.hpp"

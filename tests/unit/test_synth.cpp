@@ -5,9 +5,9 @@
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
 
-#include <Eigen/QR>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <Eigen/QR>
 
 #include <cmath>
 #include <filesystem>
@@ -79,8 +79,9 @@ TEST(Synth, PlantedPairsAreDisjointAndCounted) {
     EXPECT_TRUE(used.insert(pairs[p].i).second && used.insert(pairs[p].j).second) << "pair " << p;
     EXPECT_GE(std::min(pairs[p].i, pairs[p].j), 0);
     EXPECT_LT(std::max(pairs[p].i, pairs[p].j), o.tokens());
-    const PlantKind want = p < 2 ? PlantKind::Duplicate : p < 5 ? PlantKind::Collinear
-                                                                : PlantKind::Shifted;
+    const PlantKind want = p < 2   ? PlantKind::Duplicate
+                           : p < 5 ? PlantKind::Collinear
+                                   : PlantKind::Shifted;
     EXPECT_EQ(pairs[p].kind, want) << "pair " << p;
   }
   EXPECT_NE(planted_pairs(o, 0, 1, 2)[0].i * 100 + planted_pairs(o, 0, 1, 2)[0].j,
@@ -173,8 +174,8 @@ TEST(Synth, SoftmaxRowsAreLocalAndLocalityFallsWithDepth) {
     EXPECT_GT(mass.back(), 1.2 * uniform) << "layer " << l << " vs uniform " << uniform;
     EXPECT_LT(mass.back(), 0.9) << "layer " << l << ": rows should not be one-hot either";
   }
-  EXPECT_GT(mass.front(), 1.5 * mass.back()) << "first layer " << mass.front() << " last "
-                                              << mass.back();
+  EXPECT_GT(mass.front(), 1.5 * mass.back())
+      << "first layer " << mass.front() << " last " << mass.back();
 }
 
 TEST(Synth, ValidationNamesTheBadOption) {

@@ -1,6 +1,4 @@
 // Plain-loop references (reference.hpp).
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "reference.hpp"
 
 #include <cmath>

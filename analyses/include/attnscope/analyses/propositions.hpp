@@ -77,7 +77,8 @@ CheckRow check_mala_eq22(std::uint64_t seed, int trials);
 CheckRow check_mala_eq22_counterexample(std::uint64_t seed, int trials);
 
 /// Linear-time outputs (InLine eq. 5, MALA eq. 13) equal the explicit W V, on awkward sizes
-/// (N = 1, 2, 50, 197; d = 1, 7, 64); error relative to (|W| |V|) entry by entry.
+/// (N = 1, 2, 50, 197; d = 1, 7, 64); error relative to (|Z| |M|) |V| entry by entry, with
+/// W = Z M the library's low-rank form: the size of the terms the linear-time form adds.
 CheckRow check_linear_form(const std::string& variant, std::uint64_t seed, int trials);
 
 /// log cost = exponent log N + log prefactor, least squares; r2 of the fit in log space.
@@ -88,7 +89,8 @@ struct PowerLawFit {
 };
 PowerLawFit fit_power_law(const std::vector<double>& n, const std::vector<double>& cost);
 
-/// Wall-clock seconds (best of `repeats`) of the linear-time and explicit forms over sizes.
+/// Seconds per call (CPU time of the one thread that runs Eigen, best of `repeats` batches) of
+/// the linear-time and explicit forms (float) over sizes.
 struct FormTiming {
   std::string variant;
   int dim = 0;
@@ -108,6 +110,8 @@ struct VerifyOptions {
   std::vector<int> timing_sizes{64, 128, 256, 512, 1024, 2048, 4096};
   int timing_dim = 64;
   int timing_repeats = 3;
+  /// When set, receives the measured times behind the cost rows.
+  std::vector<FormTiming>* timings = nullptr;
 };
 /// Every check above, in report order.
 std::vector<CheckRow> verify_all(const VerifyOptions& opts);

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of `attnscope confusion` / `locality` against the PyTorch CPU script a
+# researcher would write (bench/torch_baseline.py) and our brute-force reference, on the same cores.
+# Prints a markdown table (ms per image: median / min / max, speed ratio, count agreement, peak RSS).
+#
+# Usage: bench/run_comparison.sh            (BUILD=build, DATA=$BUILD/bench-data, CORES=0,1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+DATA=${DATA:-$BUILD/bench-data}
+CORES=${CORES:-0,1}
+IMAGES=${IMAGES:-256}
+REF_IMAGES=${REF_IMAGES:-16}
+A=$BUILD/apps/attnscope
+OUT=$DATA/results
+mkdir -p "$DATA" "$OUT"
+command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
+export OMP_NUM_THREADS=2 OMP_PROC_BIND=false
+pin() { taskset -c "$CORES" "$@"; }
+# run NAME CMD...: runs pinned under /usr/bin/time -v; stdout to $OUT/NAME.out, RSS (KiB) to NAME.rss
+run() {
+  local name=$1; shift
+  pin /usr/bin/time -v "$@" >"$OUT/$name.out" 2>"$OUT/$name.time"
+  grep 'Maximum resident set size' "$OUT/$name.time" | awk '{print $NF}' >"$OUT/$name.rss"
+}
+synth() {  # synth FILE IMAGES ARGS...
+  local f=$1 n=$2; shift 2
+  [ -f "$f" ] && [ "$("$PYTHON" -c "import h5py; print(h5py.File('$f','r')['layers/0/q'].shape[0])")" = "$n" ] && return
+  "$A" synth --out "$f" --images "$n" --dtype f16 --compression 1 --seed 1 "$@" >/dev/null
+}
+deit="--layers 12 --heads 3 --grid-height 14 --grid-width 14 --prefix 1 --head-dim 64"
+deit="$deit --plant-duplicates 1 --plant-collinear 1 --plant-shifted 1 --plant-hyperplane"
+synth "$DATA/deit.h5" "$IMAGES" $deit
+synth "$DATA/deit1024.h5" 1024 $deit
+synth "$DATA/swin.h5" 2 --layers 2 --heads 3 --grid-height 56 --grid-width 56 --prefix 0 --head-dim 32 \
+  --plant-collinear 2 --family linear --feature-map relu
+
+ms() { "$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1]))$2['ms_per_image']; print('%.2f / %.2f / %.2f' % (m['median'], m['min'], m['max']))" "$1"; }
+med() { "$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))$2['ms_per_image']['median'])" "$1"; }
+csvsum() { awk -F, -v v="$2" 'NR > 1 && $1 == v { s += $3 } END { print s + 0 }' "$1"; }
+
+# --- DeiT-T shape, softmax confusion -----------------------------------------------------------
+run conf_fast "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_fast" --variant softmax --threads 2
+run conf_ref "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_ref" --variant softmax --threads 2 \
+  --reference --images 0-$((REF_IMAGES - 1))
+run conf_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task confusion --threads 2
+"$PYTHON" - "$OUT" "$REF_IMAGES" <<'PY' >"$OUT/conf_agree.txt"
+import csv, json, sys
+out, nref = sys.argv[1], int(sys.argv[2])
+fast = [int(r["count"]) for r in csv.DictReader(open(f"{out}/conf_fast/confusion_per_image.csv"))]
+ref = [int(r["count"]) for r in csv.DictReader(open(f"{out}/conf_ref/confusion_per_image.csv"))]
+torch = json.loads(open(f"{out}/conf_torch.out").read())["counts"]
+print("fast=ref on %d images: %s; fast=torch on %d images: %s (%d differ)" % (
+    nref, fast[:nref] == ref, len(torch), fast == torch, sum(a != b for a, b in zip(fast, torch))))
+PY
+
+# --- DeiT-T shape, locality ----------------------------------------------------------------------
+run loc_fast "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_fast" --variant softmax --threads 2
+run loc_ref "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_ref" --variant softmax --threads 2 \
+  --reference --images 0-$((REF_IMAGES - 1))
+run loc_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task locality --threads 2
+
+# --- Swin stage-1 shape (N = 3136), linear families --------------------------------------------
+run swin_fast "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_fast" --variant linear:relu,inline,mala --threads 2
+run swin_ref "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_ref" --variant linear:relu --threads 2 \
+  --reference --images 0 --layers 0 --heads 0
+run swin_fast1 "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_fast1" --variant linear:relu --threads 2 \
+  --images 0 --layers 0 --heads 0
+run swin_soft "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_soft" --variant softmax --threads 2
+
+# --- Peak RSS at 64 and 1024 images (softmax confusion, DeiT-T shape) --------------------------
+run rss64 "$A" confusion --dump "$DATA/deit1024.h5" --out "$OUT/rss64" --variant softmax --threads 2 --images 0-63
+run rss1024 "$A" confusion --dump "$DATA/deit1024.h5" --out "$OUT/rss1024" --variant softmax --threads 2
+
+j=results
+echo "| case | tool | ms/image median / min / max | ratio vs PyTorch | peak RSS (MiB) |"
+echo "|---|---|---|---|---|"
+for pair in "conf:confusion softmax, DeiT-T" "loc:locality softmax, DeiT-T"; do
+  key=${pair%%:*} label=${pair#*:}
+  t=$("$PYTHON" -c "import json; print(json.load(open('$OUT/${key}_torch.out'))['ms_per_image']['median'])")
+  for tool in fast ref torch; do
+    if [ $tool = torch ]; then m=$("$PYTHON" -c "import json; m=json.load(open('$OUT/${key}_torch.out'))['ms_per_image']; print('%.2f / %.2f / %.2f' % (m['median'], m['min'], m['max']))"); r=1
+    else m=$(ms "$OUT/${key}_$tool/$( [ $key = conf ] && echo confusion || echo locality ).json" "['$j']")
+      r=$("$PYTHON" -c "print('%.1fx' % ($t / $(med "$OUT/${key}_$tool/$( [ $key = conf ] && echo confusion || echo locality ).json" "['$j']")))"); fi
+    echo "| $label | $tool | $m | $r | $(( $(cat "$OUT/${key}_$tool.rss") / 1024 )) |"
+  done
+done
+for n in swin_fast swin_fast1 swin_ref swin_soft; do
+  echo "| N=3136 $(grep -o '"variants": \[[^]]*\]' "$OUT/$n/confusion.json" | tr -d '"' | sed 's/variants: //') ($n) | attnscope | $(ms "$OUT/$n/confusion.json" "['$j']") | - | $(( $(cat "$OUT/$n.rss") / 1024 )) |"
+done
+echo
+echo "Counts: $(cat "$OUT/conf_agree.txt")"
+echo "Swin linear:relu image 0 layer 0 head 0: fast $(csvsum "$OUT/swin_fast1/confusion_per_image.csv" linear:relu@paper), reference $(csvsum "$OUT/swin_ref/confusion_per_image.csv" linear:relu@paper)"
+echo "Peak RSS softmax confusion DeiT-T: 64 images $(( $(cat "$OUT/rss64.rss") / 1024 )) MiB, 1024 images $(( $(cat "$OUT/rss1024.rss") / 1024 )) MiB"
