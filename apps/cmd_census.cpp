@@ -28,7 +28,8 @@ po::options_description census_options(CensusFlags& f) {
                   "variants to count (default: inline and mala under the dump's convention, the "
                   "dump's own map where its model is one of them)");
   add_selection_options(d, f.sel, false);
-  d.add_options()("sum-tol", po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
+  d.add_options()("sum-tol",
+                  po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
                   "a row fails to sum to 1 when |sum - 1| > T");
   add_threads_option(d, f.common);
   return d;
@@ -64,21 +65,27 @@ std::vector<analyses::CensusCell> totals(const std::vector<Variant>& variants,
 }
 
 nlohmann::json to_json(const analyses::CensusCell& t) {
-  return {{"variant", t.variant}, {"rows", t.rows}, {"weights", t.weights},
-          {"negative", t.negative}, {"zero", t.zero},
-          {"most_negative", std::isfinite(t.most_negative) ? nlohmann::json(t.most_negative)
-                                                           : nlohmann::json()},
+  return {{"variant", t.variant},
+          {"rows", t.rows},
+          {"weights", t.weights},
+          {"negative", t.negative},
+          {"zero", t.zero},
+          {"most_negative",
+           std::isfinite(t.most_negative) ? nlohmann::json(t.most_negative) : nlohmann::json()},
           {"rows_not_summing_to_one", t.rows_not_summing_to_one},
-          {"max_row_sum_error", t.max_row_sum_error}, {"degenerate_rows", t.degenerate_rows}};
+          {"max_row_sum_error", t.max_row_sum_error},
+          {"degenerate_rows", t.degenerate_rows}};
 }
 
 void print_summary(const std::vector<analyses::CensusCell>& ts, std::size_t images) {
   std::cout << "weight census over " << images << " images\n"
             << std::left << std::setw(26) << "variant" << std::setw(14) << "weights"
             << std::setw(24) << "negative" << std::setw(10) << "zero" << std::setw(15)
-            << "most_negative" << "rows_not_summing_to_one\n";
+            << "most_negative"
+            << "rows_not_summing_to_one\n";
   for (const auto& t : ts) {
-    const double share = t.weights ? 100.0 * static_cast<double>(t.negative) / static_cast<double>(t.weights) : 0.0;
+    const double share =
+        t.weights ? 100.0 * static_cast<double>(t.negative) / static_cast<double>(t.weights) : 0.0;
     std::ostringstream neg;
     neg << t.negative << " (" << std::setprecision(3) << share << "%)";
     std::cout << std::setw(26) << t.variant << std::setw(14) << t.weights << std::setw(24)
@@ -107,9 +114,13 @@ int run_census_cmd(const std::vector<std::string>& args) {
 
   RunMetadata meta("census");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)}, {"sum_tol", f.sum_tol},
-                   {"images", sel.images.size()}, {"layers", sel.layers}, {"heads", sel.heads},
-                   {"precision", "double"}, {"threads", threads}};
+  meta.params() = {{"variants", variant_names(variants)},
+                   {"sum_tol", f.sum_tol},
+                   {"images", sel.images.size()},
+                   {"layers", sel.layers},
+                   {"heads", sel.heads},
+                   {"precision", "double"},
+                   {"threads", threads}};
   Progress progress("census", sel.images.size());
   analyses::for_each_head(
       reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },

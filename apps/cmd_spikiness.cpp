@@ -36,33 +36,32 @@ struct SpikinessFlags {
 
 po::options_description spikiness_options(SpikinessFlags& f) {
   po::options_description d("options");
-  d.add_options()
-      ("dump", po::value(&f.common.dump)->value_name("FILE"),
-       "HDF5 dump to read (docs/dump-format.md); or --synthetic")
-      ("synthetic", po::bool_switch(&f.synthetic),
-       "use synthetic heads (the `synth` model, seeded by --seed) instead of a dump")
-      ("synth-images", po::value(&f.synth_images)->value_name("N")->default_value(f.synth_images),
-       "images of the synthetic model");
+  d.add_options()("dump", po::value(&f.common.dump)->value_name("FILE"),
+                  "HDF5 dump to read (docs/dump-format.md); or --synthetic")(
+      "synthetic", po::bool_switch(&f.synthetic),
+      "use synthetic heads (the `synth` model, seeded by --seed) instead of a dump")(
+      "synth-images", po::value(&f.synth_images)->value_name("N")->default_value(f.synth_images),
+      "images of the synthetic model");
   add_out_option(d, f.common, "results/spikiness");
   d.add_options()("variant", po::value(&f.common.variant)->value_name("SPEC[,SPEC...]"),
                   "families to sweep (default: softmax,linear:relu,inline,mala under the dump's "
                   "convention)");
   add_selection_options(d, f.sel, true);
-  d.add_options()
-      ("tokens", po::value(&f.tokens)->value_name("LIST"),
-       "query tokens of every selected image, layer and head (default: a random sample)")
-      ("samples", po::value(&f.samples)->value_name("N")->default_value(f.samples),
-       "random queries drawn from the selection when --tokens is not given")
-      ("scales", po::value(&f.scales)->value_name("LO:HI:N|A,B,..")->default_value(f.scales),
-       "magnitude factors a: N log-spaced from LO to HI, or a list")
-      ("keys", po::value(&f.keys)->value_name("HIGH,LOW")->default_value(f.keys),
-       "reference keys of the ratio, chosen at a = 1: top, median, bottom or a key index")
-      ("scale-space", po::value(&f.space)->value_name("S")->default_value(f.space),
-       "what a scales for the kernel families: feature (phi(q), the laws' setting), query (q), "
-       "auto (feature; softmax always scales q)")
-      ("topk", po::value(&f.topk)->value_name("K")->default_value(f.topk), "top-k mass")
-      ("dist-samples", po::value(&f.dist_samples)->value_name("N")->default_value(f.dist_samples),
-       "samples whose sorted weights go to spikiness_weights.csv");
+  d.add_options()(
+      "tokens", po::value(&f.tokens)->value_name("LIST"),
+      "query tokens of every selected image, layer and head (default: a random sample)")(
+      "samples", po::value(&f.samples)->value_name("N")->default_value(f.samples),
+      "random queries drawn from the selection when --tokens is not given")(
+      "scales", po::value(&f.scales)->value_name("LO:HI:N|A,B,..")->default_value(f.scales),
+      "magnitude factors a: N log-spaced from LO to HI, or a list")(
+      "keys", po::value(&f.keys)->value_name("HIGH,LOW")->default_value(f.keys),
+      "reference keys of the ratio, chosen at a = 1: top, median, bottom or a key index")(
+      "scale-space", po::value(&f.space)->value_name("S")->default_value(f.space),
+      "what a scales for the kernel families: feature (phi(q), the laws' setting), query (q), "
+      "auto (feature; softmax always scales q)")(
+      "topk", po::value(&f.topk)->value_name("K")->default_value(f.topk), "top-k mass")(
+      "dist-samples", po::value(&f.dist_samples)->value_name("N")->default_value(f.dist_samples),
+      "samples whose sorted weights go to spikiness_weights.csv");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
@@ -72,14 +71,16 @@ po::options_description spikiness_options(SpikinessFlags& f) {
 struct Source {
   std::string name;  ///< "dump" or "synthetic"
   DumpSchema schema;
-  std::function<void(const analyses::Selection&, const std::function<void(const analyses::HeadView&)>&,
+  std::function<void(const analyses::Selection&,
+                     const std::function<void(const analyses::HeadView&)>&,
                      const std::function<void(int)>&)>
       for_each_head;
 };
 
 Source dump_source(DumpReader& reader) {
   Source s{"dump", reader.schema(), {}};
-  s.for_each_head = [&reader](const analyses::Selection& sel, const auto& fn, const auto& on_image) {
+  s.for_each_head = [&reader](const analyses::Selection& sel, const auto& fn,
+                              const auto& on_image) {
     analyses::for_each_head(reader, sel, fn, on_image);
   };
   return s;
@@ -99,7 +100,8 @@ Source synthetic_source(const SynthOptions& so) {
         for (int head : sel.heads) {
           const MatF& raw = img.Q(layer, head);
           const MatF q = sel.transform.apply<float>(raw);
-          fn(analyses::HeadView{image, layer, head, q, img.K(layer, head), img.V(layer, head), &raw});
+          fn(analyses::HeadView{image, layer, head, q, img.K(layer, head), img.V(layer, head),
+                                &raw});
         }
       }
       if (on_image) on_image(image);
@@ -130,9 +132,9 @@ void write_rows(const std::filesystem::path& dir, const std::string& source,
       const auto& s = r.samples[i];
       for (const auto& p : r.sweeps[v][i].points) {
         f.stream() << name << "," << source << "," << i << "," << s.layer << "," << s.head << ","
-                   << s.token << "," << p.scale << "," << p.ratio << "," << p.stats.max_weight << ","
-                   << p.stats.entropy << "," << p.stats.effective_keys << "," << p.stats.topk_mass
-                   << "," << p.stats.negatives << "," << p.stats.zeros << "\n";
+                   << s.token << "," << p.scale << "," << p.ratio << "," << p.stats.max_weight
+                   << "," << p.stats.entropy << "," << p.stats.effective_keys << ","
+                   << p.stats.topk_mass << "," << p.stats.negatives << "," << p.stats.zeros << "\n";
       }
     }
   }
@@ -209,7 +211,8 @@ nlohmann::json medians(const analyses::SpikinessResult& r, std::size_t scales) {
         eff.push_back(sweep.points[s].stats.effective_keys);
       }
       rows.push_back({{"scale", r.sweeps[v].empty() ? 0.0 : r.sweeps[v][0].points[s].scale},
-                      {"median_ratio", num(median(ratio))}, {"median_effective_keys", num(median(eff))}});
+                      {"median_ratio", num(median(ratio))},
+                      {"median_effective_keys", num(median(eff))}});
     }
     j[r.variants[v].name()] = rows;
   }
@@ -227,7 +230,8 @@ void print_summary(const analyses::SpikinessResult& r, const nlohmann::json& med
   std::cout << "median over " << r.samples.size() << " queries at the smallest and largest scale "
             << "(ratio: higher vs lower reference key)\n"
             << std::left << std::setw(26) << "variant" << std::setw(10) << "scale" << std::setw(16)
-            << "ratio" << "effective_keys\n";
+            << "ratio"
+            << "effective_keys\n";
   for (const Variant& v : r.variants) {
     const auto& rows = med.at(v.name());
     if (rows.empty()) continue;
@@ -254,7 +258,8 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   const po::options_description desc = spikiness_options(f);
   po::variables_map vm;
   if (!parse_args("spikiness", "--dump FILE | --synthetic [options]", desc, args, vm)) return 0;
-  if (f.synthetic == !f.common.dump.empty()) throw UsageError("give exactly one of --dump and --synthetic");
+  if (f.synthetic == !f.common.dump.empty())
+    throw UsageError("give exactly one of --dump and --synthetic");
   if (f.topk < 1) throw UsageError("--topk must be >= 1, got " + std::to_string(f.topk));
   if (f.dist_samples < 0) throw UsageError("--dist-samples must be >= 0");
   analyses::SpikinessOptions opt;
@@ -289,11 +294,16 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
 
   RunMetadata meta("spikiness");
   meta.inputs() = {{"source", source.name}, {"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)}, {"scales", opt.scales},
+  meta.params() = {{"variants", variant_names(variants)},
+                   {"scales", opt.scales},
                    {"keys", opt.keys.high.name() + "," + opt.keys.low.name()},
-                   {"scale_space", f.space}, {"topk", opt.topk}, {"transform", sel.transform.name()},
-                   {"samples", samples.size()}, {"dist_samples", f.dist_samples},
-                   {"seed", f.common.seed}, {"threads", threads}};
+                   {"scale_space", f.space},
+                   {"topk", opt.topk},
+                   {"transform", sel.transform.name()},
+                   {"samples", samples.size()},
+                   {"dist_samples", f.dist_samples},
+                   {"seed", f.common.seed},
+                   {"threads", threads}};
   if (f.synthetic) meta.params()["synth_images"] = so.images;
 
   analyses::Selection wanted = sel;  // only the images holding a sample are read
@@ -301,10 +311,12 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   for (const auto& s : samples) {
     if (wanted.images.empty() || wanted.images.back() != s.image) wanted.images.push_back(s.image);
   }
-  analyses::SpikinessCollector collector(variants, samples, schema.attrs.scale, opt, f.dist_samples);
+  analyses::SpikinessCollector collector(variants, samples, schema.attrs.scale, opt,
+                                         f.dist_samples);
   Progress progress("spikiness", wanted.images.size());
-  source.for_each_head(wanted, [&](const analyses::HeadView& h) { collector.add_head(h); },
-                       [&](int) { progress.tick(); });
+  source.for_each_head(
+      wanted, [&](const analyses::HeadView& h) { collector.add_head(h); },
+      [&](int) { progress.tick(); });
   progress.finish();
   const analyses::SpikinessResult r = collector.finish();
 
@@ -317,10 +329,15 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   bool all_pass = true;
   for (const auto& l : r.laws) {
     all_pass = all_pass && l.pass();
-    laws.push_back({{"variant", l.variant}, {"law", analyses::to_string(l.law)},
-                    {"max_deviation", l.max_deviation}, {"queries", l.queries},
-                    {"points", l.points}, {"skipped", l.skipped}, {"threshold", l.threshold},
-                    {"result", law_verdict(l)}, {"why", l.why}});
+    laws.push_back({{"variant", l.variant},
+                    {"law", analyses::to_string(l.law)},
+                    {"max_deviation", l.max_deviation},
+                    {"queries", l.queries},
+                    {"points", l.points},
+                    {"skipped", l.skipped},
+                    {"threshold", l.threshold},
+                    {"result", law_verdict(l)},
+                    {"why", l.why}});
   }
   meta.results() = {{"laws", laws}, {"medians", med}};
   meta.write(dir);
@@ -329,7 +346,8 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
 }
 
 const CommandRegistration kRegistration{
-    {"spikiness", "sweep query magnitude: weight ratio, entropy, top-k mass per family (MALA Fig. 2)",
+    {"spikiness",
+     "sweep query magnitude: weight ratio, entropy, top-k mass per family (MALA Fig. 2)",
      run_spikiness_cmd}};
 
 }  // namespace

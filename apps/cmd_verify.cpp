@@ -25,16 +25,16 @@ struct VerifyFlags {
 po::options_description verify_options(VerifyFlags& f) {
   po::options_description d("options");
   add_out_option(d, f.common, "results/verify");
-  d.add_options()
-      ("trials", po::value(&f.opt.trials)->value_name("N")->default_value(f.opt.trials),
-       "random trials per check")
-      ("json", po::bool_switch(&f.json), "print the report as JSON on stdout instead of a table")
-      ("no-timing", po::bool_switch(&f.no_timing),
-       "skip the measured cost of the linear-time and explicit forms")
-      ("timing-max-n", po::value(&f.timing_max_n)->value_name("N")->default_value(f.timing_max_n),
-       "largest N of the cost measurement (N = 64, 128, ... up to this)")
-      ("timing-repeats", po::value(&f.opt.timing_repeats)->value_name("R")->default_value(f.opt.timing_repeats),
-       "timed runs per size (the best is kept)");
+  d.add_options()("trials", po::value(&f.opt.trials)->value_name("N")->default_value(f.opt.trials),
+                  "random trials per check")(
+      "json", po::bool_switch(&f.json), "print the report as JSON on stdout instead of a table")(
+      "no-timing", po::bool_switch(&f.no_timing),
+      "skip the measured cost of the linear-time and explicit forms")(
+      "timing-max-n", po::value(&f.timing_max_n)->value_name("N")->default_value(f.timing_max_n),
+      "largest N of the cost measurement (N = 64, 128, ... up to this)")(
+      "timing-repeats",
+      po::value(&f.opt.timing_repeats)->value_name("R")->default_value(f.opt.timing_repeats),
+      "timed runs per size (the best is kept)");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
@@ -72,7 +72,9 @@ nlohmann::json to_json(const std::vector<analyses::CheckRow>& rows) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& r : rows) {
     // JSON has no infinity: a margin that is not finite is written as null.
-    j.push_back({{"check", r.check}, {"what", r.what}, {"trials", r.trials},
+    j.push_back({{"check", r.check},
+                 {"what", r.what},
+                 {"trials", r.trials},
                  {"margin", std::isfinite(r.margin) ? nlohmann::json(r.margin) : nlohmann::json()},
                  {"threshold", r.threshold},
                  {"sense", r.sense == analyses::CheckRow::Sense::Above ? "above" : "below"},
@@ -95,7 +97,8 @@ void write_timings(const std::filesystem::path& dir, const std::vector<analyses:
 
 void print_table(const std::vector<analyses::CheckRow>& rows) {
   std::cout << std::left << std::setw(40) << "check" << std::setw(8) << "trials" << std::setw(14)
-            << "margin" << std::setw(12) << "threshold" << std::setw(8) << "result" << "what\n";
+            << "margin" << std::setw(12) << "threshold" << std::setw(8) << "result"
+            << "what\n";
   for (const auto& r : rows) {
     std::cout << std::setw(40) << r.check << std::setw(8) << r.trials << std::setw(14)
               << number(r.margin) << std::setw(12) << condition(r) << std::setw(8)
@@ -108,7 +111,8 @@ int run_verify_cmd(const std::vector<std::string>& args) {
   const po::options_description desc = verify_options(f);
   po::variables_map vm;
   if (!parse_args("verify", "[options]", desc, args, vm)) return 0;
-  if (f.opt.trials < 1) throw UsageError("--trials must be >= 1, got " + std::to_string(f.opt.trials));
+  if (f.opt.trials < 1)
+    throw UsageError("--trials must be >= 1, got " + std::to_string(f.opt.trials));
   if (f.opt.timing_repeats < 1) throw UsageError("--timing-repeats must be >= 1");
   if (f.timing_max_n < 128) throw UsageError("--timing-max-n must be >= 128 (two sizes to fit)");
   f.opt.seed = f.common.seed;
@@ -119,9 +123,13 @@ int run_verify_cmd(const std::vector<std::string>& args) {
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("verify");
-  meta.params() = {{"seed", f.opt.seed}, {"trials", f.opt.trials}, {"timing", f.opt.timing},
-                   {"timing_sizes", f.opt.timing_sizes}, {"timing_dim", f.opt.timing_dim},
-                   {"timing_repeats", f.opt.timing_repeats}, {"threads", threads}};
+  meta.params() = {{"seed", f.opt.seed},
+                   {"trials", f.opt.trials},
+                   {"timing", f.opt.timing},
+                   {"timing_sizes", f.opt.timing_sizes},
+                   {"timing_dim", f.opt.timing_dim},
+                   {"timing_repeats", f.opt.timing_repeats},
+                   {"threads", threads}};
   std::vector<analyses::FormTiming> timings;
   f.opt.timings = &timings;
   const std::vector<analyses::CheckRow> rows = analyses::verify_all(f.opt);

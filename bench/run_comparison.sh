@@ -3,7 +3,12 @@
 # researcher would write (bench/torch_baseline.py) and our brute-force reference, on the same cores.
 # Prints a markdown table (ms per image: median / min / max, speed ratio, count agreement, peak RSS).
 #
-# Usage: bench/run_comparison.sh            (BUILD=build, DATA=$BUILD/bench-data, CORES=0,1)
+# Usage: bench/run_comparison.sh   (env: BUILD=build DATA=$BUILD/bench-data CORES=0,1 IMAGES=256
+#                                   REF_IMAGES=16 DTYPE=f32 COMPRESSION=0)
+# Uncompressed by default: gzip saves ~12% on random synthetic data but its inflate time would
+# dominate both tools' per-image time and hide the analyses being compared.
+# Every tool runs pinned to the same two cores with two OpenMP threads and OMP_WAIT_POLICY=PASSIVE
+# (spinning OpenMP workers collapse when the machine is shared).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -12,11 +17,13 @@ DATA=${DATA:-$BUILD/bench-data}
 CORES=${CORES:-0,1}
 IMAGES=${IMAGES:-256}
 REF_IMAGES=${REF_IMAGES:-16}
+DTYPE=${DTYPE:-f32}
+COMPRESSION=${COMPRESSION:-0}
 A=$BUILD/apps/attnscope
 OUT=$DATA/results
 mkdir -p "$DATA" "$OUT"
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
-export OMP_NUM_THREADS=2 OMP_PROC_BIND=false
+export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE
 pin() { taskset -c "$CORES" "$@"; }
 # run NAME CMD...: runs pinned under /usr/bin/time -v; stdout to $OUT/NAME.out, RSS (KiB) to NAME.rss
 run() {
@@ -26,13 +33,12 @@ run() {
 }
 synth() {  # synth FILE IMAGES ARGS...
   local f=$1 n=$2; shift 2
-  [ -f "$f" ] && [ "$("$PYTHON" -c "import h5py; print(h5py.File('$f','r')['layers/0/q'].shape[0])")" = "$n" ] && return
-  "$A" synth --out "$f" --images "$n" --dtype f16 --compression 1 --seed 1 "$@" >/dev/null
+  [ -f "$f" ] && [ "$("$PYTHON" -c "import h5py; d=h5py.File('$f','r')['layers/0/q']; print(d.shape[0], d.dtype, d.compression_opts or 0)")" = "$n $([ "$DTYPE" = f16 ] && echo float16 || echo float32) $COMPRESSION" ] && return
+  "$A" synth --out "$f" --images "$n" --dtype "$DTYPE" --compression "$COMPRESSION" --seed 1 "$@" >/dev/null
 }
 deit="--layers 12 --heads 3 --grid-height 14 --grid-width 14 --prefix 1 --head-dim 64"
 deit="$deit --plant-duplicates 1 --plant-collinear 1 --plant-shifted 1 --plant-hyperplane"
-synth "$DATA/deit.h5" "$IMAGES" $deit
-synth "$DATA/deit1024.h5" 1024 $deit
+synth "$DATA/deit.h5" 1024 $deit  # the speed runs read its first $IMAGES images
 synth "$DATA/swin.h5" 2 --layers 2 --heads 3 --grid-height 56 --grid-width 56 --prefix 0 --head-dim 32 \
   --plant-collinear 2 --family linear --feature-map relu
 
@@ -41,10 +47,11 @@ med() { "$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))$2['ms_
 csvsum() { awk -F, -v v="$2" 'NR > 1 && $1 == v { s += $3 } END { print s + 0 }' "$1"; }
 
 # --- DeiT-T shape, softmax confusion -----------------------------------------------------------
-run conf_fast "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_fast" --variant softmax --threads 2
+sel="--images 0-$((IMAGES - 1))"
+run conf_fast "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_fast" --variant softmax --threads 2 $sel
 run conf_ref "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_ref" --variant softmax --threads 2 \
   --reference --images 0-$((REF_IMAGES - 1))
-run conf_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task confusion --threads 2
+run conf_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task confusion --threads 2 --images "$IMAGES"
 "$PYTHON" - "$OUT" "$REF_IMAGES" <<'PY' >"$OUT/conf_agree.txt"
 import csv, json, sys
 out, nref = sys.argv[1], int(sys.argv[2])
@@ -56,10 +63,10 @@ print("fast=ref on %d images: %s; fast=torch on %d images: %s (%d differ)" % (
 PY
 
 # --- DeiT-T shape, locality ----------------------------------------------------------------------
-run loc_fast "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_fast" --variant softmax --threads 2
+run loc_fast "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_fast" --variant softmax --threads 2 $sel
 run loc_ref "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_ref" --variant softmax --threads 2 \
   --reference --images 0-$((REF_IMAGES - 1))
-run loc_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task locality --threads 2
+run loc_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task locality --threads 2 --images "$IMAGES"
 
 # --- Swin stage-1 shape (N = 3136), linear families --------------------------------------------
 run swin_fast "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_fast" --variant linear:relu,inline,mala --threads 2
@@ -70,8 +77,8 @@ run swin_fast1 "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_fast1" --v
 run swin_soft "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_soft" --variant softmax --threads 2
 
 # --- Peak RSS at 64 and 1024 images (softmax confusion, DeiT-T shape) --------------------------
-run rss64 "$A" confusion --dump "$DATA/deit1024.h5" --out "$OUT/rss64" --variant softmax --threads 2 --images 0-63
-run rss1024 "$A" confusion --dump "$DATA/deit1024.h5" --out "$OUT/rss1024" --variant softmax --threads 2
+run rss64 "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/rss64" --variant softmax --threads 2 --images 0-63
+run rss1024 "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/rss1024" --variant softmax --threads 2
 
 j=results
 echo "| case | tool | ms/image median / min / max | ratio vs PyTorch | peak RSS (MiB) |"

@@ -57,8 +57,11 @@ std::vector<Variant> default_census_variants(const DumpAttributes& attrs) {
 
 CensusCollector::CensusCollector(std::vector<Variant> variants, const Selection& resolved,
                                  double scale, double sum_tolerance)
-    : variants_(std::move(variants)), layers_(resolved.layers), heads_(resolved.heads),
-      scale_(scale), tolerance_(sum_tolerance) {
+    : variants_(std::move(variants)),
+      layers_(resolved.layers),
+      heads_(resolved.heads),
+      scale_(scale),
+      tolerance_(sum_tolerance) {
   if (!(sum_tolerance >= 0.0)) {
     throw UsageError("--sum-tol must be >= 0, got " + std::to_string(sum_tolerance));
   }

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <array>
-#include <ctime>
 #include <cmath>
+#include <ctime>
 #include <limits>
 #include <sstream>
 
@@ -25,8 +25,9 @@ CheckRow check_linear_form(const std::string& spec, std::uint64_t seed, int tria
   const Variant v = parse_variant(spec);
   CheckRow r = detail::start_row(
       "linear_form." + v.name(),
-      v.name() + ": linear-time outputs vs explicit W V, N = 1, 2, 50, 197, d = 1, 7, 64: max "
-                 "|O_lin - O_exp| / ((|Z| |M|) |V|) entry by entry, W = Z M",
+      v.name() +
+          ": linear-time outputs vs explicit W V, N = 1, 2, 50, 197, d = 1, 7, 64: max "
+          "|O_lin - O_exp| / ((|Z| |M|) |V|) entry by entry, W = Z M",
       kIdentityTolerance, Sense::Below);
   static constexpr std::array<int, 4> kN{1, 2, 50, 197};
   static constexpr std::array<int, 3> kD{1, 7, 64};
@@ -138,9 +139,8 @@ FormTiming time_forms(const std::string& spec, const std::vector<int>& sizes, in
                values = draws.matrix(n, dim).cast<float>();
     // The sink keeps the work from being optimised away.
     volatile float sink = 0.0f;
-    t.linear_s.push_back(best_seconds(repeats, [&] {
-      sink = sink + attention_outputs<float>(v, q, k, values, scale)(0, 0);
-    }));
+    t.linear_s.push_back(best_seconds(
+        repeats, [&] { sink = sink + attention_outputs<float>(v, q, k, values, scale)(0, 0); }));
     t.explicit_s.push_back(best_seconds(repeats, [&] {
       sink = sink + attention_outputs_explicit<float>(v, q, k, values, scale)(0, 0);
     }));
@@ -152,9 +152,9 @@ std::vector<CheckRow> cost_rows(const FormTiming& t) {
   std::vector<double> n(t.sizes.begin(), t.sizes.end());
   const auto describe = [&](const char* form, const PowerLawFit& f) {
     std::ostringstream s;
-    s << t.variant << ": CPU time (one thread) of the " << form << " form over N = " << t.sizes.front()
-      << ".." << t.sizes.back() << ", d = " << t.dim << ", fitted exponent of N (r2 = "
-      << std::round(f.r2 * 1000.0) / 1000.0 << ")";
+    s << t.variant << ": CPU time (one thread) of the " << form
+      << " form over N = " << t.sizes.front() << ".." << t.sizes.back() << ", d = " << t.dim
+      << ", fitted exponent of N (r2 = " << std::round(f.r2 * 1000.0) / 1000.0 << ")";
     return s.str();
   };
   const PowerLawFit lin = fit_power_law(n, t.linear_s);

@@ -123,9 +123,9 @@ CheckRow check_prop1_hyperplane(std::uint64_t seed, int trials) {
 }
 
 CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop2.relu_collinear", "linear:relu, q = c p (c > 0, c != 1): max |L(p) - L(q)|",
-      kEqualRows, Sense::Below);
+  CheckRow r = detail::start_row("prop2.relu_collinear",
+                                 "linear:relu, q = c p (c > 0, c != 1): max |L(p) - L(q)|",
+                                 kEqualRows, Sense::Below);
   const Variant v = parse_variant("linear:relu");
   Draws draws(seed);
   for (int t = 0; t < trials; ++t) {
@@ -182,7 +182,8 @@ CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
   Draws draws(seed);
   for (int t = 0; t < trials; ++t) {
     const auto shape = detail::trial_shape(t, 2);  // one dimension has no other direction
-    Variant v = parse_variant("linear:relu_affine=" + std::to_string(seed + static_cast<unsigned>(t)));
+    Variant v =
+        parse_variant("linear:relu_affine=" + std::to_string(seed + static_cast<unsigned>(t)));
     v.map.ensure_params(shape.d);
     const MatD& A = v.map.A;
     const VecD& b = v.map.b;
@@ -243,8 +244,9 @@ VecD invert_elementwise(const FeatureMap& map, const VecD& y) {
 CheckRow check_lemma1(const std::string& map, std::uint64_t seed, int trials) {
   CheckRow r = detail::start_row(
       "lemma1." + map,
-      "linear:" + map + " (injective): q found by bisection with phi(q) = alpha phi(p), alpha != 1: "
-      "max of |L(p) - L(q)| and |phi(q) - alpha phi(p)| / |alpha phi(p)|",
+      "linear:" + map +
+          " (injective): q found by bisection with phi(q) = alpha phi(p), alpha != 1: "
+          "max of |L(p) - L(q)| and |phi(q) - alpha phi(p)| / |alpha phi(p)|",
       kSolvedRows, Sense::Below);
   const Variant v = parse_variant("linear:" + map);
   Draws draws(seed);

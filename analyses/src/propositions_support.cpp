@@ -75,7 +75,10 @@ VecD weight_row(const Variant& v, const VecD& x, const MatD& k, double scale, bo
 }
 
 MatD hyperplane_keys(Draws& draws, int n, int d, VecD* x0) {
-  const VecD x = draws.vector(d);
+  // |x| in [0.5, 2]: a tiny x would put the keys far out along it, where the rank test's
+  // rounding no longer sees the hyperplane.
+  VecD x = draws.vector(d);
+  x *= draws.uniform(0.5, 2.0) / x.norm();
   MatD k = draws.matrix(n, d);
   // Project each key onto {k : k.x = 1} along x.
   for (Eigen::Index j = 0; j < k.rows(); ++j) {

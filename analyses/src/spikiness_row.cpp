@@ -39,7 +39,8 @@ RowStats row_stats(const VecD& w, int topk) {
   const auto k = static_cast<std::size_t>(std::clamp<Eigen::Index>(topk, 0, n));
   std::partial_sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k), sorted.end(),
                     std::greater<>());
-  s.topk_mass = std::accumulate(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k), 0.0);
+  s.topk_mass =
+      std::accumulate(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k), 0.0);
   return s;
 }
 
@@ -71,8 +72,8 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   std::size_t start = 0;
   while (true) {
     const std::size_t pos = s.find(sep, start);
-    parts.push_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos
-                                                                   : pos - start));
+    parts.push_back(
+        s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
     if (pos == std::string_view::npos) break;
     start = pos + 1;
   }
@@ -118,10 +119,14 @@ std::vector<double> parse_scales(std::string_view spec) {
 
 std::string KeyRef::name() const {
   switch (kind) {
-    case Kind::Top: return "top";
-    case Kind::Median: return "median";
-    case Kind::Bottom: return "bottom";
-    case Kind::Index: return std::to_string(index);
+    case Kind::Top:
+      return "top";
+    case Kind::Median:
+      return "median";
+    case Kind::Bottom:
+      return "bottom";
+    case Kind::Index:
+      return std::to_string(index);
   }
   return "?";
 }
@@ -175,9 +180,12 @@ ScaleSpace parse_scale_space(std::string_view s) {
 
 std::string to_string(ScaleSpace s) {
   switch (s) {
-    case ScaleSpace::Auto: return "auto";
-    case ScaleSpace::Query: return "query";
-    case ScaleSpace::Feature: return "feature";
+    case ScaleSpace::Auto:
+      return "auto";
+    case ScaleSpace::Query:
+      return "query";
+    case ScaleSpace::Feature:
+      return "feature";
   }
   return "?";
 }
@@ -189,11 +197,16 @@ ScaleSpace effective_space(const Variant& v, ScaleSpace s) {
 
 std::string to_string(Law law) {
   switch (law) {
-    case Law::SoftmaxPower: return "softmax_power";
-    case Law::LinearInvariant: return "linear_invariant";
-    case Law::InlineAffine: return "inline_affine";
-    case Law::MalaRatio: return "mala_ratio";
-    case Law::MalaBetaGamma: return "mala_beta_gamma";
+    case Law::SoftmaxPower:
+      return "softmax_power";
+    case Law::LinearInvariant:
+      return "linear_invariant";
+    case Law::InlineAffine:
+      return "inline_affine";
+    case Law::MalaRatio:
+      return "mala_ratio";
+    case Law::MalaBetaGamma:
+      return "mala_beta_gamma";
   }
   return "?";
 }

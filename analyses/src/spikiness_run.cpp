@@ -90,8 +90,7 @@ SpikinessCollector::SpikinessCollector(std::vector<Variant> variants,
   std::sort(samples.begin(), samples.end(), sample_less);
   result_.variants = std::move(variants);
   result_.samples = std::move(samples);
-  result_.sweeps.assign(result_.variants.size(),
-                        std::vector<QuerySweep>(result_.samples.size()));
+  result_.sweeps.assign(result_.variants.size(), std::vector<QuerySweep>(result_.samples.size()));
   done_.assign(result_.samples.size(), 0);
   laws_.resize(result_.variants.size());
 }

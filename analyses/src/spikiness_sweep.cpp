@@ -5,8 +5,18 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 namespace attnscope::analyses {
+
+namespace {
+
+/// phi of one row vector.
+VecD phi_row(const FeatureMap& map, const VecD& x) {
+  return map.apply<double>(MatD(x.transpose())).row(0).transpose();
+}
+
+}  // namespace
 
 MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
   MalaTerms t;
@@ -18,7 +28,11 @@ MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
 }
 
 HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts)
-    : variant_(v), compute_(v), keys_(k), scale_(scale), opts_(std::move(opts)),
+    : variant_(v),
+      compute_(v),
+      keys_(k),
+      scale_(scale),
+      opts_(std::move(opts)),
       space_(effective_space(v, opts_.space)) {
   if (v.family == Family::Softmax) return;
   variant_.map.ensure_params(static_cast<int>(k.cols()));
@@ -41,10 +55,18 @@ MatD HeadSweeper::rows(const MatD& inputs) const {
 std::vector<LawResult> HeadSweeper::laws() const {
   std::vector<Law> which;
   switch (variant_.family) {
-    case Family::Softmax: which = {Law::SoftmaxPower}; break;
-    case Family::Linear: which = {Law::LinearInvariant}; break;
-    case Family::InLine: which = {Law::InlineAffine}; break;
-    case Family::Mala: which = {Law::MalaRatio, Law::MalaBetaGamma}; break;
+    case Family::Softmax:
+      which = {Law::SoftmaxPower};
+      break;
+    case Family::Linear:
+      which = {Law::LinearInvariant};
+      break;
+    case Family::InLine:
+      which = {Law::InlineAffine};
+      break;
+    case Family::Mala:
+      which = {Law::MalaRatio, Law::MalaBetaGamma};
+      break;
   }
   std::vector<LawResult> out;
   for (Law law : which) {
@@ -66,7 +88,7 @@ QuerySweep HeadSweeper::sweep(const VecD& q, bool keep_weights,
                               std::vector<LawResult>* laws) const {
   VecD q_in = q;
   if (variant_.family != Family::Softmax && space_ == ScaleSpace::Feature) {
-    q_in = variant_.map.apply<double>(MatD(q.transpose())).row(0).transpose();
+    q_in = phi_row(variant_.map, q);
   }
   const auto n_scales = static_cast<Eigen::Index>(opts_.scales.size());
   // Row 0 is a = 1 (the reference keys are chosen there); row 1 + s is scale s.
@@ -96,92 +118,85 @@ QuerySweep HeadSweeper::sweep(const VecD& q, bool keep_weights,
 
 namespace {
 
-// NaN must never hide inside a std::max: a deviation that is not a number is infinitely large.
-double finite_or_inf(double x) {
-  return std::isnan(x) ? std::numeric_limits<double>::infinity() : x;
-}
+/// What every law sees of one query: the rows at a = 1 and at the scale, the reference keys, and
+/// (MALA) the terms at a = 1 with the convention's factor in phi(q).
+struct LawInputs {
+  const VecD& w1;
+  int hi = 0;
+  int lo = 0;
+  const MalaTerms& t;
+  const VecD& phi_q;
+  const MatD& phi_keys;
+};
 
-void record(LawResult& r, double deviation) {
-  r.max_deviation = std::max(r.max_deviation, finite_or_inf(deviation));
-  ++r.points;
-}
-
+/// Lower weight at (or, relative to the row, within kPoleGuard of) zero: the ratio is rounding.
 bool near_pole(const VecD& w, int lo) {
   return !(std::abs(w[lo]) > kPoleGuard * w.cwiseAbs().maxCoeff());
+}
+
+/// The deviation of one (query, scale) from the law, or nullopt when it has no trustworthy value.
+std::optional<double> deviation(Law law, const LawInputs& in, double a, const VecD& ws) {
+  const int hi = in.hi, lo = in.lo;
+  switch (law) {
+    case Law::SoftmaxPower: {
+      if (!(ws[lo] > 0.0 && ws[hi] > 0.0 && in.w1[lo] > 0.0)) return std::nullopt;  // underflow
+      const double lnp = std::log(in.w1[hi]) - std::log(in.w1[lo]);
+      const double lnr = std::log(ws[hi]) - std::log(ws[lo]);
+      return std::abs(lnr - a * lnp) / std::max(1.0, std::abs(a * lnp));
+    }
+    case Law::LinearInvariant:
+      if (near_pole(ws, lo) || near_pole(in.w1, lo)) return std::nullopt;
+      return std::abs((ws[hi] / ws[lo]) / (in.w1[hi] / in.w1[lo]) - 1.0);
+    case Law::InlineAffine: {
+      const double n = static_cast<double>(ws.size());
+      const VecD predicted = (a * (in.w1.array() - 1.0 / n) + 1.0 / n).matrix();
+      return (ws - predicted).cwiseAbs().maxCoeff() / std::max(ws.cwiseAbs().maxCoeff(), 1.0 / n);
+    }
+    case Law::MalaRatio: {
+      const MalaTerms& t = in.t;
+      const double x = a * t.beta / (t.beta + a - 1.0);
+      const double pm =
+          (t.beta * t.scores[hi] - x * t.gamma) / (t.beta * t.scores[lo] - x * t.gamma);
+      if (near_pole(ws, lo) || !std::isfinite(pm)) return std::nullopt;
+      return std::abs(ws[hi] / ws[lo] - pm) / std::max(1.0, std::abs(pm));
+    }
+    case Law::MalaBetaGamma: {
+      const MalaTerms ta = mala_terms(VecD(a * in.phi_q), in.phi_keys);
+      if (!std::isfinite(ta.beta) || ta.gamma == 0.0) return std::nullopt;
+      const double beta_pred = (in.t.beta + a - 1.0) / a, gamma_pred = a * in.t.gamma;
+      return std::max(std::abs(ta.beta - beta_pred) / std::abs(ta.beta),
+                      std::abs(ta.gamma - gamma_pred) / std::abs(ta.gamma));
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
 
 void HeadSweeper::check_laws(const VecD& q_in, const MatD& w, const VecD& w1, int hi, int lo,
                              std::vector<LawResult>& laws) const {
-  const double n = static_cast<double>(w.cols());
-  const double r1 = w1[hi] / w1[lo];
-  // MALA's terms at a = 1, on features carrying the convention's factor.
   MalaTerms t;
   VecD phi_q;
   if (variant_.family == Family::Mala) {
-    phi_q = phi_factor_ * (space_ == ScaleSpace::Feature
-                               ? q_in
-                               : VecD(variant_.map.apply<double>(MatD(q_in.transpose()))
-                                          .row(0)
-                                          .transpose()));
+    const VecD raw = space_ == ScaleSpace::Feature ? q_in : phi_row(variant_.map, q_in);
+    phi_q = phi_factor_ * raw;
     t = mala_terms(phi_q, phi_keys_);
   }
+  const LawInputs in{w1, hi, lo, t, phi_q, phi_keys_};
   for (LawResult& r : laws) {
     if (!r.applicable) continue;
     ++r.queries;
     for (std::size_t s = 0; s < opts_.scales.size(); ++s) {
-      const double a = opts_.scales[s];
       const VecD ws = w.row(static_cast<Eigen::Index>(s) + 1).transpose();
-      const double ra = ws[hi] / ws[lo];
-      switch (r.law) {
-        case Law::SoftmaxPower: {
-          if (ws[lo] <= 0.0 || w1[lo] <= 0.0 || ws[hi] <= 0.0) {
-            ++r.skipped;
-            break;
-          }
-          const double lnp = std::log(w1[hi]) - std::log(w1[lo]);
-          const double lnr = std::log(ws[hi]) - std::log(ws[lo]);
-          record(r, std::abs(lnr - a * lnp) / std::max(1.0, std::abs(a * lnp)));
-          break;
-        }
-        case Law::LinearInvariant:
-          if (near_pole(ws, lo) || near_pole(w1, lo)) {
-            ++r.skipped;
-            break;
-          }
-          record(r, std::abs(ra / r1 - 1.0));
-          break;
-        case Law::InlineAffine: {
-          const VecD predicted = (1.0 / n) * VecD::Ones(ws.size()) + a * (w1.array() - 1.0 / n).matrix();
-          const double denom = std::max(ws.cwiseAbs().maxCoeff(), 1.0 / n);
-          record(r, (ws - predicted).cwiseAbs().maxCoeff() / denom);
-          break;
-        }
-        case Law::MalaRatio: {
-          const double x = a * t.beta / (t.beta + a - 1.0);
-          const double pm = (t.beta * t.scores[hi] - x * t.gamma) /
-                            (t.beta * t.scores[lo] - x * t.gamma);
-          if (near_pole(ws, lo) || !std::isfinite(pm)) {
-            ++r.skipped;
-            break;
-          }
-          record(r, std::abs(ra - pm) / std::max(1.0, std::abs(pm)));
-          break;
-        }
-        case Law::MalaBetaGamma: {
-          const MalaTerms ta = mala_terms(VecD(a * phi_q), phi_keys_);
-          const double beta_pred = (t.beta + a - 1.0) / a;
-          const double gamma_pred = a * t.gamma;
-          if (!std::isfinite(ta.beta) || ta.gamma == 0.0) {
-            ++r.skipped;
-            break;
-          }
-          record(r, std::max(std::abs(ta.beta - beta_pred) / std::abs(ta.beta),
-                             std::abs(ta.gamma - gamma_pred) / std::abs(ta.gamma)));
-          break;
-        }
+      const std::optional<double> dev = deviation(r.law, in, opts_.scales[s], ws);
+      if (!dev) {
+        ++r.skipped;
+        continue;
       }
+      // NaN must never hide inside a std::max: a deviation that is not a number is infinite.
+      r.max_deviation = std::max(r.max_deviation,
+                                 std::isnan(*dev) ? std::numeric_limits<double>::infinity() : *dev);
+      ++r.points;
     }
   }
 }

@@ -4,7 +4,8 @@ dump's /layers/L/out, captured by the dumper), for every family.
 Tolerances: float32 dumps of the tiny models, 1e-5 of the head's largest |out|. float16 dumps
 (the committed data/dumps): q, k, v, out each carry a relative rounding of 2^-11, which the
 attention amplifies by up to s|q||k| in the exponent (softmax) or by 1/denominator (linear),
-so the bound is 2e-2 of the head's largest |out| at the worst element, and 2e-3 on average."""
+so the bound is 5e-3 of the head's largest |out| at the worst element, and 5e-4 on average
+(measured on the committed dumps: at most 8.3e-4 and 2.1e-4, data/README.md)."""
 import glob
 import os
 import subprocess
@@ -19,6 +20,7 @@ from attnscope_dump.figures import read_csv
 from conftest import REPO, image_loader, tiny_vit
 from recompute import outputs
 
+F16_WORST, F16_MEAN = 5e-3, 5e-4  # relative to the head's largest |out|
 DATA_DUMPS = sorted(glob.glob(os.path.join(REPO, "data", "dumps", "*.h5")))
 
 
@@ -55,8 +57,8 @@ def test_committed_dumps_float16(path):
         n = f["layers/0/q"].shape[0]
         worst, mean, where = _worst(f, range(0, n, max(1, n // 16)))
         family = f.attrs["attention_family"]
-    assert worst < 2e-2, f"{family} ({os.path.basename(path)}): worst {worst:.3g} at {where}"
-    assert mean < 2e-3, f"{family} ({os.path.basename(path)}): mean relative error {mean:.3g}"
+    assert worst < F16_WORST, f"{family} ({os.path.basename(path)}): worst {worst:.3g} at {where}"
+    assert mean < F16_MEAN, f"{family} ({os.path.basename(path)}): mean relative error {mean:.3g}"
 
 
 # --- through the C++ library: `attnscope maps` recomputes each query's weights over the grid keys
@@ -115,4 +117,4 @@ def test_cpp_weights_give_model_output_committed(tmp_path, path, attnscope_bin):
     worst, mean, skipped, rows = _compare_cpp(attnscope_bin, path, tmp_path, [0, 1])
     name = os.path.basename(path)
     assert skipped <= rows // 20, f"{name}: {skipped}/{rows} rows skipped as degenerate"
-    assert worst < 2e-2 and mean < 2e-3, f"{name}: worst {worst:.3g}, mean {mean:.3g}"
+    assert worst < F16_WORST and mean < F16_MEAN, f"{name}: worst {worst:.3g}, mean {mean:.3g}"

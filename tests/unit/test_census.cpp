@@ -16,7 +16,7 @@ constexpr std::uint64_t kSeed = 777;
 
 TEST(CensusOf, CountsByHand) {
   MatD w(3, 3);
-  w << 0.5, 0.5, 0.0,    // sums to 1, one zero
+  w << 0.5, 0.5, 0.0,     // sums to 1, one zero
       1.5, -0.25, -0.25,  // sums to 1, two negatives
       0.2, 0.2, 0.2;      // sums to 0.6
   const CensusCell c = census_of(w, {}, 1e-6);
@@ -51,8 +51,8 @@ TEST(CensusOf, ToleranceDecidesTheSumCount) {
 /// Plain-loop census of the reference weights, for comparison.
 CensusCell plain_census(const Variant& v, const MatF& q, const MatF& k, double scale) {
   std::vector<int> degenerate;
-  const MatD w = reference::weights(v, q.cast<double>(), k.cast<double>(), scale, nullptr,
-                                    &degenerate);
+  const MatD w =
+      reference::weights(v, q.cast<double>(), k.cast<double>(), scale, nullptr, &degenerate);
   CensusCell c;
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
     if (std::find(degenerate.begin(), degenerate.end(), i) != degenerate.end()) continue;
@@ -86,7 +86,8 @@ TEST(CensusCollector, MatchesPlainCountsOfTheReference) {
     for (int image : sel.images) {
       const ImageQKV& img = images[static_cast<std::size_t>(image)];
       for (int l : sel.layers)
-        for (int h : sel.heads) collector.add_head({image, l, h, img.Q(l, h), img.K(l, h), img.V(l, h)});
+        for (int h : sel.heads)
+          collector.add_head({image, l, h, img.Q(l, h), img.K(l, h), img.V(l, h)});
     }
     const auto cells = collector.cells();
     ASSERT_EQ(cells.size(), variants.size() * 4);
@@ -96,7 +97,8 @@ TEST(CensusCollector, MatchesPlainCountsOfTheReference) {
         for (int h : sel.heads) {
           const CensusCell& got = cells[i++];
           CensusCell want;
-          for (const ImageQKV& img : images) want.merge(plain_census(v, img.Q(l, h), img.K(l, h), so.scale()));
+          for (const ImageQKV& img : images)
+            want.merge(plain_census(v, img.Q(l, h), img.K(l, h), so.scale()));
           const std::string where = v.name() + " layer " + std::to_string(l) + " head " +
                                     std::to_string(h) + " seed " + std::to_string(kSeed);
           EXPECT_EQ(got.variant, v.name()) << where;

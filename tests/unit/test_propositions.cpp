@@ -47,7 +47,9 @@ TEST(Prop2, NegatedQueriesConfuseIdentityLinear) {
 TEST(Prop2, ReluAffineConfusesDistinctDirections) {
   expect_pass(check_prop2_relu_affine(kSeed, kTrials));
 }
-TEST(Lemma1, LeakyReluHasCollinearFeatures) { expect_pass(check_lemma1("leaky_relu", kSeed, kTrials)); }
+TEST(Lemma1, LeakyReluHasCollinearFeatures) {
+  expect_pass(check_lemma1("leaky_relu", kSeed, kTrials));
+}
 TEST(Lemma1, Elu1HasCollinearFeatures) { expect_pass(check_lemma1("elu1", kSeed, kTrials)); }
 TEST(Prop3, InLineRowsOfRandomDistinctQueriesDiffer) {
   expect_pass(check_prop3_random(kSeed, kTrials));
@@ -55,9 +57,7 @@ TEST(Prop3, InLineRowsOfRandomDistinctQueriesDiffer) {
 TEST(Prop3, InLineSeparatesThePairsThatFoolLinear) {
   expect_pass(check_prop3_collinear(kSeed, kTrials));
 }
-TEST(Prop3, KeysOnAHyperplaneConfuseInLine) {
-  expect_pass(check_prop3_hyperplane(kSeed, kTrials));
-}
+TEST(Prop3, KeysOnAHyperplaneConfuseInLine) { expect_pass(check_prop3_hyperplane(kSeed, kTrials)); }
 TEST(Mala, RowsSumToOne) { expect_pass(check_mala_rows_sum(kSeed, kTrials)); }
 TEST(Mala, Eq11BetaGamma) { expect_pass(check_mala_eq11(kSeed, kTrials)); }
 TEST(Mala, Eq19) { expect_pass(check_mala_eq19(kSeed, kTrials)); }

@@ -145,8 +145,8 @@ VecD reference_row(const Variant& v, ScaleSpace space, const VecD& q, double a, 
       .transpose();
 }
 
-const char* const kSweepVariants[] = {"softmax",     "linear:relu", "linear:elu1",
-                                      "inline",      "inline@code", "mala",
+const char* const kSweepVariants[] = {"softmax",        "linear:relu",     "linear:elu1",
+                                      "inline",         "inline@code",     "mala",
                                       "mala:elu1@code", "linear:identity", "mala:relu@code"};
 
 TEST(HeadSweeper, RowsMatchReferenceAndLawsHold) {
@@ -170,9 +170,9 @@ TEST(HeadSweeper, RowsMatchReferenceAndLawsHold) {
           EXPECT_EQ(s.key_high, KeyRef{}.resolve(w1)) << where << " query " << i;
           for (std::size_t j = 0; j < opts.scales.size(); ++j) {
             const VecD want = reference_row(v, sweeper.space(), q, opts.scales[j], in.k, scale);
-            EXPECT_TRUE(test::matrices_near(MatD(s.weights[j]), MatD(want), test::kDoubleTol,
-                                            where + " query " + std::to_string(i) + " a=" +
-                                                std::to_string(opts.scales[j])));
+            EXPECT_TRUE(test::matrices_near(
+                MatD(s.weights[j]), MatD(want), test::kDoubleTol,
+                where + " query " + std::to_string(i) + " a=" + std::to_string(opts.scales[j])));
           }
         }
         for (const LawResult& law : laws) {
@@ -202,7 +202,8 @@ TEST(HeadSweeper, SoftmaxRatioIsPowerOfItsValueAtOne) {
   }
   // More magnitude, spikier row (MALA §3.2).
   for (std::size_t j = 1; j < s.points.size(); ++j) {
-    EXPECT_LT(s.points[j].stats.entropy, s.points[j - 1].stats.entropy) << "a=" << s.points[j].scale;
+    EXPECT_LT(s.points[j].stats.entropy, s.points[j - 1].stats.entropy)
+        << "a=" << s.points[j].scale;
   }
 }
 
@@ -233,7 +234,8 @@ TEST(HeadSweeper, MalaRatioGrowsFractionallyTowardsAFiniteLimit) {
   std::vector<double> score(static_cast<std::size_t>(n), 0.0);
   double total = 0;
   for (int j = 0; j < n; ++j) {
-    for (int t = 0; t < d; ++t) score[static_cast<std::size_t>(j)] += c2 * phi_q(0, t) * phi_k(j, t);
+    for (int t = 0; t < d; ++t)
+      score[static_cast<std::size_t>(j)] += c2 * phi_q(0, t) * phi_k(j, t);
     total += score[static_cast<std::size_t>(j)];
   }
   const double gamma = total / n;
@@ -333,7 +335,8 @@ TEST(Samples, DrawnSamplesAreDistinctSortedInRangeAndSeeded) {
   }
   EXPECT_EQ(seen.size(), a.size());
   EXPECT_TRUE(std::is_sorted(a.begin(), a.end(), [](const auto& x, const auto& y) {
-    return std::tie(x.image, x.layer, x.head, x.token) < std::tie(y.image, y.layer, y.head, y.token);
+    return std::tie(x.image, x.layer, x.head, x.token) <
+           std::tie(y.image, y.layer, y.head, y.token);
   }));
   EXPECT_EQ(draw_samples(sel, 50, 100000, 1).size(), 2u * 2u * 3u * 50u);
 }
@@ -374,9 +377,8 @@ TEST(SpikinessCollector, SweepsEverySampleOfSynthHeadsLikeHeadSweeper) {
       const ImageQKV& img = images[static_cast<std::size_t>(s.image)];
       const HeadSweeper direct(variants[v], img.K(s.layer, s.head).cast<double>(), so.scale(),
                                sweep_options());
-      const QuerySweep want =
-          direct.sweep(img.Q(s.layer, s.head).row(s.token).cast<double>().transpose(), false,
-                       nullptr);
+      const QuerySweep want = direct.sweep(
+          img.Q(s.layer, s.head).row(s.token).cast<double>().transpose(), false, nullptr);
       const QuerySweep& got = r.sweeps[v][i];
       EXPECT_EQ(got.key_high, want.key_high) << variants[v].name() << " sample " << i;
       EXPECT_EQ(got.key_low, want.key_low) << variants[v].name() << " sample " << i;

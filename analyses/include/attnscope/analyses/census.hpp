@@ -26,10 +26,10 @@ struct CensusCell {
   std::string variant;
   int layer = 0;
   int head = 0;
-  long long rows = 0;             ///< rows counted (all images)
-  long long weights = 0;          ///< weights counted = rows x N
-  long long negative = 0;         ///< w < 0
-  long long zero = 0;             ///< w == 0 exactly
+  long long rows = 0;      ///< rows counted (all images)
+  long long weights = 0;   ///< weights counted = rows x N
+  long long negative = 0;  ///< w < 0
+  long long zero = 0;      ///< w == 0 exactly
   /// The smallest weight seen (positive when none is negative; +inf before any row).
   double most_negative = std::numeric_limits<double>::infinity();
   long long rows_not_summing_to_one = 0;  ///< |sum_j w_ij - 1| > tolerance

@@ -30,8 +30,8 @@ struct CheckRow {
 };
 
 // Thresholds (computations in double).
-inline constexpr double kDistinctRows = 1e-9;      ///< rows that must differ: at least this
-inline constexpr double kEqualRows = 1e-12;        ///< rows that must agree: at most this
+inline constexpr double kDistinctRows = 1e-9;        ///< rows that must differ: at least this
+inline constexpr double kEqualRows = 1e-12;          ///< rows that must agree: at most this
 inline constexpr double kIdentityTolerance = 1e-12;  ///< algebraic identities, relative
 
 /// Prop. 1 with random keys meeting the rank conditions: random pairs p != q have softmax rows at

@@ -104,8 +104,9 @@ enum class Law { SoftmaxPower, LinearInvariant, InlineAffine, MalaRatio, MalaBet
 ///   softmax_power     |ln r(a) - a ln r(1)| / max(1, |a ln r(1)|)
 ///   linear_invariant  |r(a) / r(1) - 1|
 ///   inline_affine     max_j |w_j(a) - 1/N - a (w_j(1) - 1/N)| / max(max_j |w_j(a)|, 1/N)
-///   mala_ratio        |r(a) - p_m(a)| / max(1, |p_m(a)|), p_m from eq. 12 with beta, gamma at a = 1
-///   mala_beta_gamma   max(|beta(a) - (beta+a-1)/a| / |beta(a)|, |gamma(a) - a gamma| / |gamma(a)|)
+///   mala_ratio        |r(a) - p_m(a)| / max(1, |p_m(a)|), p_m from eq. 12 with beta, gamma at a =
+///   1 mala_beta_gamma   max(|beta(a) - (beta+a-1)/a| / |beta(a)|, |gamma(a) - a gamma| /
+///   |gamma(a)|)
 /// A ratio whose lower weight is 0 (softmax underflow), or for the kernel families within
 /// kPoleGuard * max_j |w_j| of 0 (where rounding dominates the ratio), has no trustworthy value to
 /// compare: that point is skipped and counted.
@@ -114,8 +115,8 @@ struct LawResult {
   Law law = Law::SoftmaxPower;
   double max_deviation = 0.0;
   long queries = 0;
-  long points = 0;   ///< (query, scale) pairs compared
-  long skipped = 0;  ///< pairs without a finite comparison
+  long points = 0;         ///< (query, scale) pairs compared
+  long skipped = 0;        ///< pairs without a finite comparison
   bool applicable = true;  ///< false: the law does not hold in this setting (see header comment)
   std::string why;         ///< why not applicable
   double threshold = 0.0;
@@ -150,10 +151,10 @@ class HeadSweeper {
   void check_laws(const VecD& q_in, const MatD& w, const VecD& w1, int hi, int lo,
                   std::vector<LawResult>& laws) const;
 
-  Variant variant_;      ///< as given
-  Variant compute_;      ///< what rows() runs: the variant itself, or its identity-map twin
-  MatD keys_;            ///< K (query space) or phi(K) (feature space)
-  MatD phi_keys_;        ///< c phi(K), c the convention's factor (kernel families)
+  Variant variant_;  ///< as given
+  Variant compute_;  ///< what rows() runs: the variant itself, or its identity-map twin
+  MatD keys_;        ///< K (query space) or phi(K) (feature space)
+  MatD phi_keys_;    ///< c phi(K), c the convention's factor (kernel families)
   double scale_;
   double phi_factor_ = 1.0;
   SpikinessOptions opts_;
