@@ -104,7 +104,8 @@ int run_census_cmd(const std::vector<std::string>& args) {
   const int threads = apply_threads(f.common.threads);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, 0);
+  analyses::Selection sel = make_selection(f.sel, schema, 0);
+  sel.need_v = false;  // the census looks at attention weights only
   const std::vector<Variant> variants =
       f.common.variant.empty()
           ? analyses::default_census_variants(schema.attrs)

@@ -307,6 +307,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   if (f.synthetic) meta.params()["synth_images"] = so.images;
 
   analyses::Selection wanted = sel;  // only the images holding a sample are read
+  wanted.need_v = false;              // and only their Q and K
   wanted.images.clear();
   for (const auto& s : samples) {
     if (wanted.images.empty() || wanted.images.back() != s.image) wanted.images.push_back(s.image);

@@ -58,10 +58,11 @@ def main():
         layers = list(range(int(at["num_layers"])))
         n = f["layers/0/q"].shape[0] if a.images == 0 else a.images
         scale = float(at["scale"])
-        times, counts, mass = [], [], None
+        times, read_times, counts, mass = [], [], [], None
         for i in range(n):
             t0 = time.perf_counter()
             q, k = load(f, i, layers)
+            read_times.append(1e3 * (time.perf_counter() - t0))
             if a.task == "confusion":
                 counts.append(confusion(q, k, scale, a.eps, a.query_eps))
             else:
@@ -70,7 +71,8 @@ def main():
                 mass = m if mass is None else mass + m
             times.append(1e3 * (time.perf_counter() - t0))
     out = {"images": n, "ms_per_image": {"median": statistics.median(times), "min": min(times),
-                                         "max": max(times)}}
+                                         "max": max(times)},
+           "read_ms_per_image": {"median": statistics.median(read_times)}}
     if a.task == "confusion":
         out["counts"] = counts
     else:

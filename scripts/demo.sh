@@ -31,13 +31,43 @@ step "synthetic dump with planted structure" \
   --plant-hyperplane --plant-shifted 1
 step "its schema, and every value checked finite" "$A" info "$SYNTH" --check-values
 
-# --- committed dumps (data/dumps/*.h5; data/models holds weights, not dumps), schema only.
+# --- the analyses on the synthetic dump: planted pairs show up as confusion under linear attention.
+ALL4="softmax,linear:relu,inline,mala"
+step "confusion events, all four families (planted collinear pairs)" \
+  "$A" confusion --dump "$SYNTH" --out "$R/synth-confusion" --variant "$ALL4"
+step "local 3x3 attention mass" "$A" locality --dump "$SYNTH" --out "$R/synth-locality" --variant "$ALL4"
+step "the propositions of both papers, checked numerically" "$A" verify --out "$R/verify"
+
+# --- committed dumps of the four trained Fashion-MNIST ViTs (data/dumps; data/README.md).
 shopt -s nullglob
 DUMPS=(data/dumps/*.h5)
+CODE4="softmax@code,linear:relu@code,inline:identity@code,mala:elu1@code"
 for d in "${DUMPS[@]}"; do
+  name=$(basename "$d" .h5)
   step "committed dump $d" "$A" info "$d"
+  step "$name: our recomputation against the model's own attention outputs" \
+    "$A" recompute --dump "$d" --out "$R/$name/recompute"
+  step "$name: confusion under its own family and the three counterfactuals" \
+    "$A" confusion --dump "$d" --out "$R/$name/confusion" --variant "$CODE4"
+  step "$name: local 3x3 attention mass" \
+    "$A" locality --dump "$d" --out "$R/$name/locality" --variant "$CODE4"
+  step "$name: negative and zero InLine/MALA weights" "$A" census --dump "$d" --out "$R/$name/census"
 done
+SOFTMAX_DUMP=data/dumps/vit7-softmax-fmnist.h5
+if [ -f "$SOFTMAX_DUMP" ]; then
+  step "spikiness against query magnitude (MALA Fig. 2) on the softmax model's queries" \
+    "$A" spikiness --dump "$SOFTMAX_DUMP" --out "$R/spikiness" \
+    --variant softmax@code,linear:relu@code,mala:elu1@code --scales 0.25:8:33
+fi
+
+# --- the papers' figures from the committed dumps (notebooks -> figures/*.png)
+if [ ${#DUMPS[@]} -ge 4 ]; then
+  step "the papers' figures from our four models" \
+    env PYTHON="${PYTHON:-/usr/bin/python3}" BUILD="$BUILD" ATTNSCOPE="$A" scripts/figures.sh
+fi
 
 echo
-echo "== done: results in $R/"
-ls -l "$R"
+echo "== done"
+echo "results: $R/ (CSV tables and a JSON record per analysis)"
+if [ ${#DUMPS[@]} -ge 4 ]; then echo "figures: figures/*.png (captions in figures/README.md)"; fi
+ls "$R"

@@ -8,7 +8,7 @@ build_pkgs=(cmake ninja-build g++ make libeigen3-dev libhdf5-dev hdf5-tools
             nlohmann-json3-dev)
 python_pkgs=(python3 python3-numpy python3-h5py python3-torch python3-pytest python3-matplotlib
              python3-nbclient python3-nbconvert python3-nbformat python3-ipykernel
-             dataset-fashion-mnist)
+             libopenblas0-openmp dataset-fashion-mnist)
 case "$what" in
   build) pkgs=("${build_pkgs[@]}") ;;
   python) pkgs=("${python_pkgs[@]}") ;;

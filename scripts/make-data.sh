@@ -3,7 +3,7 @@
 # MALA) with fixed seeds, writes their weights and accuracies to data/models/, dumps the first
 # test images of each to data/dumps/, and validates the dumps with `attnscope info` when built.
 # Settings are those of data/README.md; override with EPOCHS=, IMAGES=, SEED=, THREADS=.
-# Takes about 45 minutes on 2 busy cores (about 25 idle).
+# Takes about 45 minutes on 2 cores busy with other work (about 20 on idle ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}

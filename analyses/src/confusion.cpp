@@ -1,6 +1,4 @@
 // Confusion counting: the exact pair judge, the per-head entry points and the streaming driver.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/analyses/confusion.hpp"
 
 #include "attnscope/error.hpp"
@@ -113,7 +111,9 @@ ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
     ++res.images;
     if (per_image) per_image(image, totals);
   };
-  for_each_head(reader, resolved, on_head, on_image);
+  Selection without_v = resolved;  // confusion compares attention weights only: V is not read
+  without_v.need_v = false;
+  for_each_head(reader, without_v, on_head, on_image);
   return res;
 }
 

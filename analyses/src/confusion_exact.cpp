@@ -1,7 +1,5 @@
 // ExactRows: the double-precision attention rows that define every exact count. Plain loops over
 // the formulas of variant.hpp; nothing here is tuned for speed, everything for predictability.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/analyses/confusion.hpp"
 
 #include "attnscope/attention.hpp"

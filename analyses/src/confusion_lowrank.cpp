@@ -18,8 +18,6 @@
 // 4 delta^2, and symmetrically. We use band = 16 (E + 2 eps delta + delta^2) (a factor 4 of
 // safety on top): a pair further than band from eps^2 is decided by the low-rank distance, a pair
 // inside it by the exact judge.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "confusion_search.hpp"
 
 #include <Eigen/Eigenvalues>

@@ -13,8 +13,6 @@
 // whenever that holds with the rho terms doubled, then again only if the distance of the float
 // rows themselves (accumulated in double) is <= eps + 2 (rho_i + rho_j) + slack: no confused
 // pair is ever discarded, and few unconfused ones reach the exact judge.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "confusion_search.hpp"
 
 #include <algorithm>

@@ -1,7 +1,5 @@
 // Streaming over a dump: the next image is read on a helper thread while OpenMP threads compute
 // the heads of the current one. Only one thread touches the reader at any time.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/analyses/dump_loop.hpp"
 
 #include "attnscope/error.hpp"
@@ -118,7 +116,10 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(int image)>& on_image) {
   if (resolved.images.empty()) return;
   const std::vector<int> layers = resolved.layers;
-  auto read = [&reader, &layers](int image) { return reader.read_image(image, layers); };
+  const bool with_v = resolved.need_v;
+  auto read = [&reader, &layers, with_v](int image) {
+    return reader.read_image(image, layers, with_v);
+  };
   std::future<ImageQKV> next = std::async(std::launch::async, read, resolved.images.front());
   for (std::size_t n = 0; n < resolved.images.size(); ++n) {
     const ImageQKV img = next.get();

@@ -1,8 +1,6 @@
 // Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry);
 // the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
 // columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/analyses/locality.hpp"
 
 #include "attnscope/analyses/confusion.hpp"

@@ -52,7 +52,9 @@ LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
     ++res.images;
     if (on_image) on_image(image);
   };
-  for_each_head(reader, resolved, on_head, done);
+  Selection without_v = resolved;  // locality looks at attention weights only: V is not read
+  without_v.need_v = false;
+  for_each_head(reader, without_v, on_head, done);
   return res;
 }
 

@@ -1,7 +1,5 @@
 // Brute-force confusion count: every pair of every row, with the arithmetic that defines the count
 // (ExactRows, squared_distance). Quadratic memory, cubic time: for tests and benchmarks.
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 kernels.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "attnscope/analyses/confusion.hpp"
 
 namespace attnscope::analyses {

@@ -3,7 +3,9 @@
 #include "hdf5_util.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/half.hpp"
 
+#include <cstdint>
 #include <filesystem>
 
 namespace attnscope {
@@ -107,6 +109,32 @@ std::string filters_of(hid_t dcpl) {
   return out.empty() ? "none" : out;
 }
 
+/// True for the IEEE half layout (h5py's numpy.float16) in either byte order: such data can be
+/// read as raw bits and widened by half_to_float, exactly.
+bool is_ieee_half(hid_t type) {
+  if (H5Tget_class(type) != H5T_FLOAT || H5Tget_size(type) != 2) return false;
+  std::size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+  H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize);
+  return spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 &&
+         H5Tget_ebias(type) == 15 && H5Tget_norm(type) == H5T_NORM_IMPLIED;
+}
+
+/// Reads the selection `fs` of `ds` into `out` (`n` floats laid out as `ms`). IEEE half data is
+/// read with a little-endian half memory type (no conversion, or a plain byte swap) into
+/// `scratch` and widened here: HDF5's own half-to-float path is a slow soft conversion. Anything
+/// else is converted by HDF5. Returns HDF5's status.
+herr_t read_floats(hid_t ds, hid_t ms, hid_t fs, float* out, std::size_t n, hid_t half,
+                   std::vector<std::uint16_t>& scratch) {
+  const h5::Handle t = h5::type(H5Dget_type(ds));
+  if (!t.valid()) return -1;
+  if (!is_ieee_half(t.get())) return H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, out);
+  scratch.resize(n);
+  const herr_t rc = H5Dread(ds, half, ms, fs, H5P_DEFAULT, scratch.data());
+  if (rc < 0) return rc;
+  for (std::size_t i = 0; i < n; ++i) out[i] = half_to_float(scratch[i]);
+  return rc;
+}
+
 }  // namespace
 
 struct DumpReader::Impl {
@@ -114,7 +142,9 @@ struct DumpReader::Impl {
   DumpSchema schema;
   std::vector<LayerSets> layers;
   h5::Handle labels, logits, images;
+  h5::Handle half = h5::half_type();  // little-endian IEEE half, the raw-read memory type
   std::vector<float> buf;
+  std::vector<std::uint16_t> half_buf;
 
   void open_layers();
   void open_optional();
@@ -226,10 +256,12 @@ const float* DumpReader::Impl::read_block(hid_t ds, const std::string& name, int
   hsize_t total = 1;
   for (hsize_t c : count) total *= c;
   buf.resize(static_cast<std::size_t>(total));
+  // The memory space has the selection's own rank and shape: HDF5 then copies the contiguous
+  // block in one piece, where a rank-1 memory space makes it iterate element by element.
   h5::Handle fs = h5::space(H5Dget_space(ds));
-  h5::Handle ms = h5::space(H5Screate_simple(1, &total, nullptr));
+  h5::Handle ms = h5::space(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr));
   if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0 ||
-      H5Dread(ds, H5T_NATIVE_FLOAT, ms.get(), fs.get(), H5P_DEFAULT, buf.data()) < 0) {
+      read_floats(ds, ms.get(), fs.get(), buf.data(), buf.size(), half.get(), half_buf) < 0) {
     throw InputError(schema.path, name, "readable data at image " + std::to_string(image),
                      "a read error (" + h5::last_error() + ")");
   }
@@ -271,7 +303,7 @@ DumpReader::~DumpReader() = default;
 
 const DumpSchema& DumpReader::schema() const { return impl_->schema; }
 
-ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers) {
+ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool with_v) {
   Impl& m = *impl_;
   m.check_image(image);
   ImageQKV img;
@@ -289,13 +321,14 @@ ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers) {
   const std::size_t slots = img.layers.size() * static_cast<std::size_t>(H);
   img.q.resize(slots);
   img.k.resize(slots);
-  img.v.resize(slots);
+  img.v.resize(slots);  // left as empty matrices without with_v
+  const int n_sets = with_v ? 3 : 2;
   for (std::size_t s = 0; s < img.layers.size(); ++s) {
     const LayerSets& ls = m.layers[static_cast<std::size_t>(img.layers[s])];
     const std::pair<const h5::Handle*, std::vector<MatF>*> sets[3] = {
         {&ls.q, &img.q}, {&ls.k, &img.k}, {&ls.v, &img.v}};
     const char* names[3] = {"q", "k", "v"};
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t < n_sets; ++t) {
       const float* p = m.read_block(sets[t].first->get(), layer_path(img.layers[s], names[t]),
                                     image, {0, 0, 0}, count, {"head", "token", "dim"});
       for (int h = 0; h < H; ++h) {
@@ -357,8 +390,10 @@ MatF read_whole(hid_t ds, const std::string& name, const std::string& path, int 
   hsize_t cols = 1;
   for (std::size_t i = 1; i < dims.size(); ++i) cols *= dims[i];
   MatF out(images, static_cast<Eigen::Index>(cols));
-  if (out.size() > 0 &&
-      H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
+  const h5::Handle half = h5::half_type();
+  std::vector<std::uint16_t> scratch;
+  if (out.size() > 0 && read_floats(ds, H5S_ALL, H5S_ALL, out.data(),
+                                    static_cast<std::size_t>(out.size()), half.get(), scratch) < 0) {
     throw InputError(path, name, "readable data", h5::last_error());
   }
   for (Eigen::Index i = 0; i < out.rows(); ++i) {

@@ -61,60 +61,35 @@ def test_committed_dumps_float16(path):
     assert mean < F16_MEAN, f"{family} ({os.path.basename(path)}): mean relative error {mean:.3g}"
 
 
-# --- through the C++ library: `attnscope maps` recomputes each query's weights over the grid keys
-# from the dumped q, k; the prefix (CLS) key's weight is 1 minus their sum (every family's rows sum
-# to 1), and W V with the dumped v must give the model's own output.
+# --- through the C++ library: `attnscope recompute` recomputes every head's output from the dumped
+# q, k, v with the dump's own variant (the library's linear-time form where the family has one)
+# and compares it with the dumped `out`.
 
-def _maps_weights(attnscope_bin, dump, out_dir, images, n_tokens):
-    tokens = ",".join(str(t) for t in range(n_tokens))
-    r = subprocess.run([attnscope_bin, "maps", "--dump", str(dump), "--out", str(out_dir),
-                        "--images", ",".join(map(str, images)), "--tokens", tokens,
-                        "--threads", "1"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"attnscope maps on {dump}: {r.stderr}"
-    c = read_csv(os.path.join(str(out_dir), "maps.csv"))
-    return c
-
-
-def _compare_cpp(attnscope_bin, dump, tmp_path, images):
-    """(worst, mean relative error, rows skipped as degenerate) of C++ W times v against out."""
-    with h5py.File(dump) as f:
-        n, gw, prefix = (int(f.attrs[a]) for a in ("num_tokens", "grid_width", "prefix_tokens"))
-        assert prefix == 1, "this check rebuilds one prefix weight from the row sum"
-        c = _maps_weights(attnscope_bin, dump, tmp_path / "maps", images, n)
-        keys = ["image", "layer", "head", "query"]
-        rows = np.stack([c[k] for k in keys], axis=1).astype(int)
-        key_idx = prefix + (c["row"] * gw + c["col"]).astype(int)
-        W = {}
-        for r, k, w in zip(map(tuple, rows), key_idx, c["weight"]):
-            W.setdefault(r, np.zeros(n))[k] = w
-        worst, errs, skipped = 0.0, [], 0
-        for (image, layer, head, query), w in W.items():
-            if not np.any(w[prefix:]):
-                skipped += 1  # a zeroed (degenerate) row: its prefix weight is unknown here
-                continue
-            w[0] = 1.0 - w[prefix:].sum()
-            v = f[f"layers/{layer}/v"][image, head].astype(np.float64)
-            out = f[f"layers/{layer}/out"][image, head].astype(np.float64)
-            diff = np.abs(w @ v - out[query]).max() / np.abs(out).max()
-            errs.append(diff)
-            worst = max(worst, diff)
-    return worst, float(np.mean(errs)), skipped, len(W)
+def _recompute_cpp(attnscope_bin, dump, out_dir, tol, images=None):
+    """Worst relative output error per (layer, head) from recompute.csv, and the exit code."""
+    cmd = [attnscope_bin, "recompute", "--dump", str(dump), "--out", str(out_dir),
+           "--tol", repr(tol), "--threads", "1"]
+    if images is not None:
+        cmd += ["--images", ",".join(map(str, images))]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    c = read_csv(os.path.join(str(out_dir), "recompute.csv"))
+    return r, np.asarray(c["out_max_rel_error"], dtype=float)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cpp_weights_give_model_output_float32(tmp_path, family, attnscope_bin):
+def test_cpp_recompute_gives_model_output_float32(tmp_path, family, attnscope_bin):
     model = tiny_vit(family, seed=5, depth=2, dim=32, heads=2, image_size=28)
     dump = tmp_path / "d.h5"
     dump_model(model, image_loader(2, size=28), str(dump), dtype="float32")
-    worst, mean, skipped, rows = _compare_cpp(attnscope_bin, dump, tmp_path, [0, 1])
-    assert rows == 2 * 2 * 2 * 50 and skipped <= rows // 20, f"{family}: {skipped}/{rows} skipped"
-    assert worst < 1e-5, f"{family} float32 N=50 d=16: worst relative error {worst:.3g}"
+    r, rel = _recompute_cpp(attnscope_bin, dump, tmp_path / "r", 1e-5)
+    assert r.returncode == 0, f"{family}: attnscope recompute failed: {r.stdout}{r.stderr}"
+    assert rel.size == 2 * 2 and rel.max() < 1e-5, f"{family} float32 N=50 d=16: {rel}"
 
 
 @pytest.mark.skipif(not DATA_DUMPS, reason="no dumps in data/dumps (make data writes them)")
 @pytest.mark.parametrize("path", DATA_DUMPS, ids=[os.path.basename(p) for p in DATA_DUMPS])
-def test_cpp_weights_give_model_output_committed(tmp_path, path, attnscope_bin):
-    worst, mean, skipped, rows = _compare_cpp(attnscope_bin, path, tmp_path, [0, 1])
+def test_cpp_recompute_gives_model_output_committed(tmp_path, path, attnscope_bin):
+    r, rel = _recompute_cpp(attnscope_bin, path, tmp_path / "r", F16_WORST, images=range(0, 16))
     name = os.path.basename(path)
-    assert skipped <= rows // 20, f"{name}: {skipped}/{rows} rows skipped as degenerate"
-    assert worst < F16_WORST and mean < F16_MEAN, f"{name}: worst {worst:.3g}, mean {mean:.3g}"
+    assert r.returncode == 0, f"{name}: attnscope recompute failed: {r.stdout}{r.stderr}"
+    assert rel.max() < F16_WORST, f"{name}: worst relative error {rel.max():.3g}"

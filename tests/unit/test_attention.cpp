@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The four families against the plain-loop reference: weights, outputs (linear time and
 // explicit), row sums, low-rank form, degenerate rows and numerical edge cases.
 #include "attnscope/attention.hpp"

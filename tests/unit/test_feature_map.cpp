@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Feature maps: values against the reference, names and parsing, the drawn affine parameters and
 // the overflow check.
 #include "attnscope/error.hpp"

@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Masks: the grid mask helpers, and masked weights and outputs of every family against the
 // reference (renormalised over kept keys, masked entries exactly 0, empty rows degenerate).
 #include "attnscope/attention.hpp"

@@ -1,5 +1,3 @@
-// GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 matrix-vector kernel.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Query transforms f1, f2, l2norm, none against the reference, zero rows, and f2 sharing its
 // parameters with relu_affine.
 #include "attnscope/error.hpp"

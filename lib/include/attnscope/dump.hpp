@@ -78,8 +78,10 @@ class DumpReader {
   [[nodiscard]] const DumpSchema& schema() const;
   /// Reads one image of the given layers (empty = all). Reads chunk by chunk: memory is bounded by
   /// one image of one layer beyond the result. Throws InputError on NaN/Inf, naming
-  /// dataset, image, head, token and dim of the first one.
-  [[nodiscard]] ImageQKV read_image(int image, const std::vector<int>& layers = {});
+  /// dataset, image, head, token and dim of the first one. Without with_v the V datasets are not
+  /// read: ImageQKV::v then holds empty (0 x 0) matrices, one per slot, so V() stays valid.
+  [[nodiscard]] ImageQKV read_image(int image, const std::vector<int>& layers = {},
+                                    bool with_v = true);
   /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent).
   [[nodiscard]] std::optional<MatF> read_attn(int image, int layer, int head);  ///< N x N
   [[nodiscard]] std::optional<MatF> read_out(int image, int layer, int head);   ///< N x head_dim

@@ -18,6 +18,9 @@ struct Selection {
   std::vector<int> layers;  ///< empty: all layers
   std::vector<int> heads;   ///< empty: all heads
   QueryTransform transform;  ///< applied to every Q before any family (default: none)
+  /// Whether the analysis uses V. When false the V datasets are not read and HeadView::v refers
+  /// to an empty (0 x 0) matrix.
+  bool need_v = true;
 };
 
 /// One (image, layer, head) work item. q already has the selection's transform applied.

@@ -1,0 +1,44 @@
+// Recomputation check: attention outputs (and weights) recomputed by the library from a dump's
+// q, k, v against the model's own tensors that the dumper captured (/layers/L/out, /layers/L/attn).
+// This is how a user learns that attnscope computes exactly what their model computed.
+#pragma once
+
+#include "attnscope/dump.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <string>
+#include <vector>
+
+namespace attnscope::analyses {
+
+/// Error of one (layer, head) accumulated over images. Relative errors are divided by the largest
+/// |value| of the model's tensor for that image and head (a scale-free measure that does not blow
+/// up on entries near zero).
+struct RecomputeCell {
+  int layer = 0;
+  int head = 0;
+  long long images = 0;
+  bool has_out = false, has_attn = false;
+  double out_max_abs = 0.0, out_max_rel = 0.0, out_sum_abs = 0.0;
+  long long out_values = 0;
+  double attn_max_abs = 0.0;
+  long long degenerate_rows = 0;
+
+  [[nodiscard]] double out_mean_abs() const {
+    return out_values ? out_sum_abs / static_cast<double>(out_values) : 0.0;
+  }
+};
+
+/// Compares one head: `out_model` (N x d) and/or `attn_model` (N x N) may be null.
+/// The library's outputs are computed in double with the variant's linear-time form where it has
+/// one (the fast path), the weights explicitly.
+void compare_head(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
+                  double scale, const MatF* out_model, const MatF* attn_model, RecomputeCell& cell);
+
+/// Streams the given images of a dump (empty = all) and returns one cell per (layer, head).
+/// Throws InputError when the dump has neither `out` nor `attn` in any layer.
+[[nodiscard]] std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,
+                                                        const std::vector<int>& images);
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,103 @@
+// attnscope recompute: recomputes each head's attention output (and weights) from the dump's
+// q, k, v with the model's own variant and compares them with the tensors the model produced.
+#include "command.hpp"
+#include "common.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/recompute.hpp"
+
+#include <iomanip>
+#include <iostream>
+
+namespace attnscope::app {
+namespace {
+
+struct RecomputeFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  double tol = -1.0;  // < 0: chosen by the dump's dtype
+};
+
+// Default tolerance on the relative output error: float16 storage of q, k, v and out alone
+// accounts for errors of a few 1e-4 of the head's largest output; float32 for ~1e-6.
+double default_tolerance(DType dtype) { return dtype == DType::F16 ? 5e-3 : 1e-4; }
+
+void write_csv(const std::filesystem::path& dir, const std::string& variant,
+               const std::vector<analyses::RecomputeCell>& cells) {
+  AtomicFile f(dir / "recompute.csv");
+  f.stream() << "variant,layer,head,images,out_max_abs_error,out_max_rel_error,"
+                "out_mean_abs_error,attn_max_abs_error,degenerate_rows\n"
+             << std::setprecision(9);
+  for (const auto& c : cells) {
+    f.stream() << variant << "," << c.layer << "," << c.head << "," << c.images << ",";
+    if (c.has_out) f.stream() << c.out_max_abs << "," << c.out_max_rel << "," << c.out_mean_abs();
+    else f.stream() << ",,";
+    f.stream() << ",";
+    if (c.has_attn) f.stream() << c.attn_max_abs;
+    f.stream() << "," << c.degenerate_rows << "\n";
+  }
+  f.commit();
+}
+
+int run_recompute(const std::vector<std::string>& args) {
+  RecomputeFlags f;
+  po::options_description d("options");
+  add_dump_option(d, f.common);
+  add_out_option(d, f.common, "results/recompute");
+  d.add_options()("images", po::value(&f.sel.images)->value_name("LIST"),
+                  "images, e.g. 0-9,15 (default: all)")(
+      "tol", po::value(&f.tol)->value_name("T"),
+      "largest allowed output error relative to the head's largest |out| (default: 5e-3 for "
+      "float16 dumps, 1e-4 for float32); also the largest absolute error allowed on weights");
+  add_threads_option(d, f.common);
+  po::variables_map vm;
+  if (!parse_args("recompute", "--dump FILE [options]", d, args, vm)) return 0;
+  const int threads = apply_threads(f.common.threads);
+
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  const Variant variant = selected_variants("", schema, f.common.seed).front();
+  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  const double tol = f.tol >= 0.0 ? f.tol : default_tolerance(schema.dtype);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  RunMetadata meta("recompute");
+  meta.inputs() = {{"dump", f.common.dump}};
+  meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
+                   {"images", sel.images.size()}};
+  const auto cells = analyses::recompute_dump(reader, variant, sel.images);
+  write_csv(dir, variant.name(), cells);
+
+  double worst_rel = 0.0, worst_attn = 0.0;
+  bool has_out = false, has_attn = false;
+  for (const auto& c : cells) {
+    has_out = has_out || c.has_out;
+    has_attn = has_attn || c.has_attn;
+    worst_rel = std::max(worst_rel, c.out_max_rel);
+    worst_attn = std::max(worst_attn, c.attn_max_abs);
+  }
+  const bool pass = worst_rel <= tol && worst_attn <= tol;
+  meta.results() = {{"worst_out_rel_error", worst_rel},
+                    {"worst_attn_abs_error", worst_attn},
+                    {"pass", pass}};
+  meta.write(dir);
+  std::cout << "recomputed " << variant.name() << " over " << sel.images.size() << " images, "
+            << cells.size() << " heads\n";
+  if (has_out) {
+    std::cout << "  outputs: worst error " << worst_rel << " of the head's largest |out| (tol "
+              << tol << ") " << (pass ? "PASS" : "FAIL") << "\n";
+  }
+  if (has_attn) {
+    std::cout << "  weights: worst absolute error " << worst_attn << " (tol " << tol << ") "
+              << (worst_attn <= tol ? "PASS" : "FAIL") << "\n";
+  }
+  std::cout << "  per head: " << (dir / "recompute.csv").string() << "\n";
+  return pass ? 0 : kExitCheckFailed;
+}
+
+const CommandRegistration kRegistration{
+    {"recompute", "recompute outputs from q/k/v and compare with the model's own (out, attn)",
+     run_recompute}};
+
+}  // namespace
+}  // namespace attnscope::app

@@ -1,0 +1,281 @@
+// The dump reader's fast paths: float16 read as raw bits and widened by half_to_float must give
+// exactly what HDF5's own half-to-float conversion gives, for every bit pattern; reading without
+// V must give the same Q and K as reading with it.
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/dump.hpp"
+#include "attnscope/half.hpp"
+
+#include "random_inputs.hpp"
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace attnscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::uint32_t kPatterns = 1U << 16;
+
+/// IEEE half in little-endian order, built the way h5py builds numpy.float16.
+hid_t make_half_type() {
+  const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+  H5Tset_fields(t, 15, 10, 5, 0, 10);
+  H5Tset_size(t, 2);
+  H5Tset_ebias(t, 15);
+  return t;
+}
+
+/// HDF5's own conversion of every half bit pattern (index = pattern) to native float.
+std::vector<float> hdf5_widened_patterns() {
+  std::vector<float> buf(kPatterns);  // H5Tconvert converts in place: room for the wider type
+  auto* bits = reinterpret_cast<std::uint16_t*>(buf.data());
+  for (std::uint32_t p = 0; p < kPatterns; ++p) bits[p] = static_cast<std::uint16_t>(p);
+  const hid_t half = make_half_type();
+  const herr_t rc = H5Tconvert(half, H5T_NATIVE_FLOAT, kPatterns, buf.data(), nullptr, H5P_DEFAULT);
+  H5Tclose(half);
+  EXPECT_GE(rc, 0) << "H5Tconvert half -> float failed";
+  return buf;
+}
+
+bool is_half_finite(std::uint32_t p) { return ((p >> 10) & 0x1fU) != 0x1fU; }
+
+std::string hex(std::uint32_t x) {
+  char s[16];
+  std::snprintf(s, sizeof s, "0x%08x", x);
+  return s;
+}
+
+TEST(HalfToFloat, MatchesHdf5ForEveryBitPattern) {
+  const std::vector<float> want = hdf5_widened_patterns();
+  int mismatches = 0;
+  for (std::uint32_t p = 0; p < kPatterns; ++p) {
+    const float got = half_to_float(static_cast<std::uint16_t>(p));
+    const float ref = want[p];
+    if (std::isnan(ref)) {  // NaN payload details are not compared, NaN-ness and sign are
+      if (!std::isnan(got) || std::signbit(got) != std::signbit(ref)) ++mismatches;
+      EXPECT_TRUE(std::isnan(got)) << "half " << hex(p) << ": HDF5 gives NaN, got " << got;
+      continue;
+    }
+    if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(ref)) {
+      ++mismatches;
+      ADD_FAILURE() << "half " << hex(p) << ": HDF5 gives " << ref << " ("
+                    << hex(std::bit_cast<std::uint32_t>(ref)) << "), half_to_float " << got << " ("
+                    << hex(std::bit_cast<std::uint32_t>(got)) << ")";
+      if (mismatches > 20) break;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << kPatterns << " half bit patterns";
+}
+
+TEST(HalfToFloat, TextbookValues) {
+  EXPECT_EQ(half_to_float(0x3c00), 1.0F);
+  EXPECT_EQ(half_to_float(0xc000), -2.0F);
+  EXPECT_EQ(half_to_float(0x7bff), 65504.0F);         // largest half
+  EXPECT_EQ(half_to_float(0x0400), 0x1.0p-14F);       // smallest normal
+  EXPECT_EQ(half_to_float(0x0001), 0x1.0p-24F);       // smallest subnormal
+  EXPECT_EQ(half_to_float(0x03ff), 1023 * 0x1.0p-24F);  // largest subnormal
+  EXPECT_TRUE(std::signbit(half_to_float(0x8000)) && half_to_float(0x8000) == 0.0F);
+  EXPECT_EQ(half_to_float(0xfc00), -INFINITY);
+  EXPECT_TRUE(std::isnan(half_to_float(0x7e00)));
+  EXPECT_TRUE(std::isnan(half_to_float(0x7c01)));  // signalling payload stays NaN
+}
+
+class DumpFastRead : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("attnscope-test-fast-read-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  fs::path dir_;
+};
+
+DumpAttributes attrs(int layers, int heads, int height, int width, int d) {
+  DumpAttributes a;
+  a.model_name = "fast_read";
+  a.num_layers = layers;
+  a.num_heads = heads;
+  a.head_dim = d;
+  a.grid = TokenGrid{1, height, width};  // prefix, height, width
+  a.num_tokens = a.grid.tokens();
+  a.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  return a;
+}
+
+/// One image whose Q holds `values` in file order (head, token, dim) and whose K holds them
+/// reversed; the tail past the values is zero. V is a constant.
+ImageQKV image_of(const DumpAttributes& a, const std::vector<float>& values) {
+  ImageQKV img;
+  img.image = 0;
+  img.heads = a.num_heads;
+  img.layers = {0};
+  const Eigen::Index n = a.num_tokens, d = a.head_dim;
+  std::size_t at = 0;
+  for (int h = 0; h < a.num_heads; ++h) {
+    MatF q = MatF::Zero(n, d), k = MatF::Zero(n, d);
+    for (Eigen::Index i = 0; i < q.size(); ++i, ++at) {
+      if (at < values.size()) {
+        q.data()[i] = values[at];
+        k.data()[i] = values[values.size() - 1 - at];
+      }
+    }
+    img.q.push_back(q);
+    img.k.push_back(k);
+    img.v.push_back(MatF::Constant(n, d, 0.5F));
+  }
+  return img;
+}
+
+/// The dataset as HDF5 reads it into `mem_type` (conversion by HDF5), whole.
+template <typename T>
+std::vector<T> h5_read(const std::string& file, const char* name, hid_t mem_type, std::size_t n) {
+  std::vector<T> out(n);
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
+  EXPECT_GE(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), 0) << file << name;
+  H5Dclose(ds);
+  H5Fclose(f);
+  return out;
+}
+
+TEST_F(DumpFastRead, EveryFiniteHalfReadsAsHdf5ConvertsIt) {
+  // Every finite half pattern (63488) fits in 4 heads x 257 tokens x 64 dims.
+  const DumpAttributes a = attrs(1, 4, 16, 16, 64);
+  const std::vector<float> widened = hdf5_widened_patterns();
+  std::vector<float> values;
+  std::vector<std::uint16_t> patterns;
+  for (std::uint32_t p = 0; p < kPatterns; ++p) {
+    if (!is_half_finite(p)) continue;
+    values.push_back(widened[p]);
+    patterns.push_back(static_cast<std::uint16_t>(p));
+  }
+  const std::size_t total = static_cast<std::size_t>(a.num_heads) * 257 * 64;
+  ASSERT_GE(total, values.size());
+  for (const int compression : {0, 1}) {
+    const std::string p = path("all_halves_gzip" + std::to_string(compression) + ".h5");
+    DumpWriterOptions o;
+    o.dtype = DType::F16;
+    o.compression = compression;
+    DumpWriter w(p, a, o);
+    w.append(image_of(a, values));
+    w.close();
+
+    // The file holds every pattern (the writer rounds exactly representable values to themselves).
+    const hid_t half = make_half_type();
+    const auto stored = h5_read<std::uint16_t>(p, "/layers/0/q", half, total);
+    H5Tclose(half);
+    for (std::size_t i = 0; i < patterns.size(); ++i) {
+      ASSERT_EQ(stored[i], patterns[i]) << "gzip " << compression << ": element " << i;
+    }
+
+    DumpReader r(p);
+    const ImageQKV img = r.read_image(0);
+    for (const char* name : {"/layers/0/q", "/layers/0/k"}) {
+      const auto ref = h5_read<float>(p, name, H5T_NATIVE_FLOAT, total);
+      const std::vector<MatF>& got = name[10] == 'q' ? img.q : img.k;
+      int bad = 0;
+      for (std::size_t i = 0; i < total; ++i) {
+        const std::size_t per_head = 257 * 64;
+        const float g = got[i / per_head].data()[i % per_head];
+        if (std::bit_cast<std::uint32_t>(g) != std::bit_cast<std::uint32_t>(ref[i]) && ++bad <= 5) {
+          ADD_FAILURE() << "gzip " << compression << " " << name << " element " << i << ": read "
+                        << g << ", HDF5 converts to " << ref[i];
+        }
+      }
+      EXPECT_EQ(bad, 0) << "gzip " << compression << " " << name;
+    }
+  }
+}
+
+/// A random dump (N = 50, d = 7) in the given dtype.
+std::string random_dump(const std::string& p, DType dtype, int images) {
+  const DumpAttributes a = attrs(3, 2, 7, 7, 7);
+  DumpWriterOptions o;
+  o.dtype = dtype;
+  DumpWriter w(p, a, o);
+  test::Normal rng(11);
+  for (int i = 0; i < images; ++i) {
+    ImageQKV img;
+    img.image = i;
+    img.heads = a.num_heads;
+    img.layers = {0, 1, 2};
+    for (int s = 0; s < a.num_layers * a.num_heads; ++s) {
+      for (auto* set : {&img.q, &img.k, &img.v}) {
+        MatF m(a.num_tokens, a.head_dim);
+        for (Eigen::Index e = 0; e < m.size(); ++e) m.data()[e] = static_cast<float>(rng());
+        set->push_back(m);
+      }
+    }
+    w.append(img);
+  }
+  w.close();
+  return p;
+}
+
+TEST_F(DumpFastRead, WithoutVGivesTheSameQAndK) {
+  for (const DType dt : {DType::F32, DType::F16}) {
+    const std::string tag = dt == DType::F16 ? "float16" : "float32";
+    DumpReader r(random_dump(path(tag + ".h5"), dt, 3));
+    for (const std::vector<int>& layers : {std::vector<int>{}, std::vector<int>{2, 0}}) {
+      for (int i = 0; i < 3; ++i) {
+        const ImageQKV with = r.read_image(i, layers, true);
+        const ImageQKV without = r.read_image(i, layers, false);
+        const std::string where = tag + " image " + std::to_string(i) + " layers " +
+                                  std::to_string(with.layers.size());
+        ASSERT_EQ(without.layers, with.layers) << where;
+        ASSERT_EQ(without.q.size(), with.q.size()) << where;
+        ASSERT_EQ(without.v.size(), with.v.size()) << where << ": one (empty) V per slot";
+        for (std::size_t s = 0; s < with.q.size(); ++s) {
+          EXPECT_TRUE(without.q[s] == with.q[s]) << where << " slot " << s << ": Q";
+          EXPECT_TRUE(without.k[s] == with.k[s]) << where << " slot " << s << ": K";
+          EXPECT_EQ(without.v[s].size(), 0) << where << " slot " << s << ": V not read";
+          EXPECT_EQ(with.v[s].rows(), 50) << where << " slot " << s << ": V read";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(DumpFastRead, ForEachHeadHonoursNeedV) {
+  DumpReader r(random_dump(path("loop.h5"), DType::F32, 2));
+  analyses::Selection sel = analyses::resolve(r.schema(), {});
+  sel.need_v = false;
+  std::mutex m;
+  std::map<std::tuple<int, int, int>, std::pair<MatF, MatF>> seen;  // (image, layer, head) -> Q, K
+  analyses::for_each_head(r, sel, [&](const analyses::HeadView& h) {
+    const std::lock_guard lock(m);
+    EXPECT_EQ(h.v.size(), 0) << "image " << h.image << " layer " << h.layer << " head " << h.head;
+    seen[{h.image, h.layer, h.head}] = {h.q, h.k};
+  });
+  ASSERT_EQ(seen.size(), 2U * 3U * 2U);
+  for (const auto& [key, qk] : seen) {
+    const auto [image, layer, head] = key;
+    const ImageQKV full = r.read_image(image);
+    EXPECT_TRUE(qk.first == full.Q(layer, head)) << "image " << image << " layer " << layer
+                                                 << " head " << head << ": Q";
+    EXPECT_TRUE(qk.second == full.K(layer, head)) << "image " << image << " layer " << layer
+                                                  << " head " << head << ": K";
+  }
+}
+
+}  // namespace
+}  // namespace attnscope
