@@ -167,9 +167,15 @@ std::string iso8601_now() {
 
 }  // namespace
 
+std::vector<std::string>& command_line() {
+  static std::vector<std::string> args;
+  return args;
+}
+
 RunMetadata::RunMetadata(std::string command) : start_(std::chrono::steady_clock::now()) {
   j_["command"] = std::move(command);
   j_["version"] = ATTNSCOPE_VERSION;
+  j_["command_line"] = command_line();
   j_["start_time"] = iso8601_now();
   j_["inputs"] = nlohmann::json::object();
   j_["parameters"] = nlohmann::json::object();

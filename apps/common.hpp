@@ -73,8 +73,12 @@ class AtomicFile {
 /// Creates the results folder (and parents); throws InputError if it cannot.
 std::filesystem::path ensure_out_dir(const std::string& dir);
 
-/// Run metadata written as <out>/<command>.json: command, attnscope version, inputs, parameters,
-/// start time, elapsed seconds, threads, and anything added under "results".
+/// The whole command line as typed (argv), set by main(); recorded in every run's metadata.
+std::vector<std::string>& command_line();
+
+/// Run metadata written as <out>/<command>.json: command, the full command line, attnscope
+/// version, inputs, parameters, start time, elapsed seconds, threads, and anything added under
+/// "results".
 class RunMetadata {
  public:
   explicit RunMetadata(std::string command);

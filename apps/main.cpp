@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     std::cerr << "attnscope: unknown command '" << name << "' (see attnscope --help)\n";
     return 2;
   }
+  command_line().assign(argv, argv + argc);
   std::vector<std::string> args(argv + 2, argv + argc);
   return run_guarded(it->second.name, [&] { return it->second.run(args); });
 }

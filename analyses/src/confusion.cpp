@@ -4,48 +4,94 @@
 #include "attnscope/error.hpp"
 #include "confusion_search.hpp"
 
+#include <algorithm>
 #include <mutex>
+#include <utility>
 
 namespace attnscope::analyses {
 
 namespace detail {
 
-PairJudge::PairJudge(const ExactRows& rows, const MatF& q_raw, const ConfusionOptions& opt)
-    : rows_(rows),
-      q_raw_(q_raw.cast<double>()),
-      eps_(opt.eps),
-      eps2_(opt.eps * opt.eps),
-      query_eps2_(opt.query_eps * opt.query_eps),
-      cache_(static_cast<std::size_t>(rows.tokens())) {
-  if (q_raw.rows() != rows.tokens()) throw UsageError("confusion: raw queries do not match the head");
+void PairJudge::reset(int tokens, const MatF& q_raw, const ConfusionOptions& opt, RowFn row) {
+  if (q_raw.rows() != tokens) throw UsageError("confusion: raw queries do not match the head");
+  row_ = std::move(row);
+  q_raw_ = &q_raw;
+  n_ = tokens;
+  used_ = 0;
+  eps_ = opt.eps;
+  eps2_ = opt.eps * opt.eps;
+  query_eps2_ = opt.query_eps * opt.query_eps;
+  slot_.assign(static_cast<std::size_t>(tokens), -1);
 }
 
 bool PairJudge::queries_differ(int i, int j) const {
-  return squared_distance(q_raw_.row(i).data(), q_raw_.row(j).data(), static_cast<int>(q_raw_.cols())) >
-         query_eps2_;
+  const auto d = static_cast<int>(q_raw_->cols());
+  return squared_distance_of(q_raw_->row(i).data(), q_raw_->row(j).data(), d) > query_eps2_;
 }
 
 bool PairJudge::rows_within(int i, int j) {
-  return squared_distance(cached_row(i), cached_row(j), rows_.tokens()) <= eps2_;
+  // Both slots first: computing row j may grow the pool and move row i.
+  const std::size_t a = slot(i), b = slot(j);
+  return squared_distance(pool_.data() + a, pool_.data() + b, n_) <= eps2_;
 }
 
-const double* PairJudge::cached_row(int i) {
-  auto& r = cache_[static_cast<std::size_t>(i)];
-  if (r.empty()) {
-    r.resize(static_cast<std::size_t>(rows_.tokens()));
-    rows_.row(i, r.data());
+std::size_t PairJudge::slot(int i) {
+  int& s = slot_[static_cast<std::size_t>(i)];
+  if (s < 0) {
+    s = used_++;
+    const auto need = static_cast<std::size_t>(used_) * static_cast<std::size_t>(n_);
+    if (pool_.size() < need) pool_.resize(std::max(need, 2 * pool_.size()));
+    row_(i, pool_.data() + static_cast<std::size_t>(s) * static_cast<std::size_t>(n_));
   }
-  return r.data();
+  return static_cast<std::size_t>(s) * static_cast<std::size_t>(n_);
 }
+
+namespace {
+
+/// One per thread: the judge's row cache and the softmax buffers outlive the head, so a thread
+/// allocates (and the kernel zero-fills pages) only when it meets a larger head than before.
+struct Workspace {
+  PairJudge judge;
+  SoftmaxWorkspace softmax;
+};
+
+Workspace& thread_workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
+HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k, double scale,
+                            const ConfusionOptions& opt) {
+  if (q.rows() != k.rows() || q.cols() != k.cols()) {
+    throw UsageError("confusion: q and k of one head must have the same shape");
+  }
+  std::string why;
+  if (!v.supports(&why)) throw UsageError(v.name() + ": " + why);
+  Workspace& ws = thread_workspace();
+  SoftmaxWorkspace& sw = ws.softmax;
+  const int n = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
+  sw.k = k.cast<double>();
+  sw.qi.resize(static_cast<std::size_t>(d));
+  // Exact rows exactly as ExactRows computes them, for the rows the search asks about only.
+  auto row = [&q, &sw, n, d, scale](int i, double* out) {
+    for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
+    softmax_exact_row(sw.qi.data(), sw.k.data(), n, d, scale, out);
+  };
+  ws.judge.reset(n, q_raw, opt, row);
+  return search_softmax(q, k, scale, ws.judge, sw);
+}
+
+}  // namespace
 
 }  // namespace detail
 
 HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
                               double scale, const ConfusionOptions& opt) {
+  if (v.family == Family::Softmax) return detail::count_softmax(v, q, q_raw, k, scale, opt);
   const ExactRows rows(v, q, k, scale);
-  detail::PairJudge judge(rows, q_raw, opt);
-  HeadConfusion out = v.family == Family::Softmax ? detail::search_softmax(q, k, scale, judge)
-                                                  : detail::search_low_rank(rows, judge);
+  detail::PairJudge& judge = detail::thread_workspace().judge;
+  judge.reset(rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
+  HeadConfusion out = detail::search_low_rank(rows, judge);
   out.degenerate_rows = rows.degenerate_count();
   return out;
 }

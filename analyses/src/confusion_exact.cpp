@@ -4,6 +4,7 @@
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "confusion_search.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -61,15 +62,7 @@ void ExactRows::row(int i, double* out) const {
     return;
   }
   if (variant_.family == Family::Softmax) {
-    const Eigen::Index d = q_.cols();
-    double max_logit = -HUGE_VAL;
-    for (int j = 0; j < n_; ++j) {
-      out[j] = scale_ * dot(q_.row(i).data(), k_.row(j).data(), d);
-      max_logit = std::max(max_logit, out[j]);
-    }
-    double sum = 0.0;
-    for (std::size_t j = 0; j < n; ++j) sum += (out[j] = std::exp(out[j] - max_logit));
-    for (std::size_t j = 0; j < n; ++j) out[j] /= sum;
+    detail::softmax_exact_row(q_.row(i).data(), k_.data(), n_, static_cast<int>(q_.cols()), scale_, out);
     return;
   }
   const Eigen::Index d = phi_q_.cols();
@@ -94,12 +87,39 @@ VecD ExactRows::row(int i) const {
 }
 
 double squared_distance(const double* a, const double* b, int n) {
-  double s = 0.0;
-  for (int t = 0; t < n; ++t) {
-    const double diff = a[t] - b[t];
-    s += diff * diff;
-  }
-  return s;
+  return detail::squared_distance_of(a, b, n);
 }
+
+namespace detail {
+
+void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out) {
+  // Four keys at a time: four independent sums, each still accumulated in index order exactly as
+  // dot() does, so the logits are dot()'s without waiting on one chain of dependent additions.
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const double* k0 = k + static_cast<std::ptrdiff_t>(j) * d;
+    const double *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int t = 0; t < d; ++t) {
+      const double a = qi[t];
+      s0 += a * k0[t];
+      s1 += a * k1[t];
+      s2 += a * k2[t];
+      s3 += a * k3[t];
+    }
+    out[j] = scale * s0;
+    out[j + 1] = scale * s1;
+    out[j + 2] = scale * s2;
+    out[j + 3] = scale * s3;
+  }
+  for (; j < n; ++j) out[j] = scale * dot(qi, k + static_cast<std::ptrdiff_t>(j) * d, d);
+  double max_logit = -HUGE_VAL;
+  for (int t = 0; t < n; ++t) max_logit = std::max(max_logit, out[t]);
+  double sum = 0.0;
+  for (int t = 0; t < n; ++t) sum += (out[t] = std::exp(out[t] - max_logit));
+  for (int t = 0; t < n; ++t) out[t] /= sum;
+}
+
+}  // namespace detail
 
 }  // namespace attnscope::analyses

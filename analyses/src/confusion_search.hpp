@@ -1,16 +1,41 @@
-// Internal pieces of the confusion search: the exact pair judge and the two candidate searches.
+// Internal pieces of the confusion search: the exact pair judge, the per-thread workspace and the
+// two candidate searches.
 #pragma once
 
 #include "attnscope/analyses/confusion.hpp"
 
+#include <functional>
 #include <vector>
 
 namespace attnscope::analyses::detail {
 
-/// Decides pairs with the arithmetic of confusion.hpp. Rows are computed once and cached.
+/// squared_distance's arithmetic on any element type: each element is converted to double
+/// (exactly, for float) before the difference, so float inputs give the same sum as their
+/// double copies would.
+template <typename T>
+double squared_distance_of(const T* a, const T* b, int n) {
+  double s = 0.0;
+  for (int t = 0; t < n; ++t) {
+    const double diff = static_cast<double>(a[t]) - static_cast<double>(b[t]);
+    s += diff * diff;
+  }
+  return s;
+}
+
+/// The exact softmax row of ExactRows: logits scale * (q_i . k_j) summed in index order, the max
+/// subtracted, exp, divided by the sum. k is N x d row-major. ExactRows::row and the fast search
+/// both call this one function, so their rows agree bit for bit.
+void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out);
+
+/// Decides pairs with the arithmetic of confusion.hpp. Rows are computed on first use only and
+/// cached; the cache and its index live as long as the judge, so one judge per thread serves
+/// every head without allocating again (reset() prepares it for the next head).
 class PairJudge {
  public:
-  PairJudge(const ExactRows& rows, const MatF& q_raw, const ConfusionOptions& opt);
+  /// Writes exact row i (N entries) to out.
+  using RowFn = std::function<void(int i, double* out)>;
+
+  void reset(int tokens, const MatF& q_raw, const ConfusionOptions& opt, RowFn row);
   /// Raw queries further apart than query_eps.
   [[nodiscard]] bool queries_differ(int i, int j) const;
   /// Exact rows within eps.
@@ -18,16 +43,33 @@ class PairJudge {
   [[nodiscard]] bool confused(int i, int j) { return queries_differ(i, j) && rows_within(i, j); }
   [[nodiscard]] double eps() const { return eps_; }
   [[nodiscard]] double eps2() const { return eps2_; }
+  /// Rows computed since reset() (search statistics).
+  [[nodiscard]] int rows_computed() const { return used_; }
 
  private:
-  const double* cached_row(int i);
-  const ExactRows& rows_;
-  MatD q_raw_;
-  double eps_, eps2_, query_eps2_;
-  std::vector<std::vector<double>> cache_;
+  std::size_t slot(int i);
+  RowFn row_;
+  const MatF* q_raw_ = nullptr;
+  int n_ = 0, used_ = 0;
+  double eps_ = 0.0, eps2_ = 0.0, query_eps2_ = 0.0;
+  std::vector<int> slot_;      // row i -> its place in pool_, or -1
+  std::vector<double> pool_;   // computed rows, N entries each; capacity kept across heads
 };
 
-/// Float softmax rows of one head: one GEMM and one exp per entry (a filter, not a result).
+/// Buffers of the softmax search, reused across heads by one thread (no per-head allocation once
+/// the largest head has been seen; every buffer is fully overwritten before it is read).
+struct SoftmaxWorkspace {
+  MatF w;                       // float rows
+  MatD dist;                    // N x pivots
+  VecD nearest;
+  std::vector<double> rho;
+  std::vector<Eigen::Index> order, pivots;
+  MatD k;                       // keys in double, for the exact rows
+  std::vector<double> qi;       // one query in double
+};
+
+/// Float softmax rows of one head into w: one GEMM and one exp per entry (a filter, not a result).
+void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w);
 MatF softmax_rows_float(const MatF& q, const MatF& k, double scale);
 
 /// The low-rank form of a linear-family head, centred: W_ij = z_i . m_j + 1/N with m_j the
@@ -43,8 +85,10 @@ struct LowRank {
 };
 LowRank build_low_rank(const ExactRows& rows);
 
-/// Softmax: float rows, pivot lower bounds with a float-error margin, exact re-check.
-HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge);
+/// Softmax: float rows, pivot lower bounds with a float-error margin, exact re-check. The judge
+/// must already be reset for this head.
+HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
+                             SoftmaxWorkspace& ws);
 /// Linear, InLine, MALA: radius search on y_i = z_i L with M M^T = L L^T, exact re-check of the
 /// pairs whose low-rank distance is within its error bound of the threshold.
 HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge);

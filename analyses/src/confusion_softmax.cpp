@@ -28,47 +28,46 @@ constexpr double kSlack = 1e-9;                       // double rounding of dist
 constexpr int kPivots = 4;
 
 /// Each row's error bound rho_i (see the margin argument).
-std::vector<double> row_error_bounds(const MatF& q, const MatF& k, double scale) {
+void row_error_bounds(const MatF& q, const MatF& k, double scale, std::vector<double>& rho) {
   const Eigen::Index n = q.rows(), d = q.cols();
   const double kmax = k.rowwise().norm().maxCoeff();
-  std::vector<double> rho(static_cast<std::size_t>(n));
+  rho.resize(static_cast<std::size_t>(n));
   for (Eigen::Index i = 0; i < n; ++i) {
     const double delta = std::abs(scale) * q.row(i).norm() * kmax * static_cast<double>(d + 6) * kFloatUnit;
     rho[static_cast<std::size_t>(i)] = std::expm1(2.0 * delta) + 16.0 * kFloatUnit;
   }
-  return rho;
 }
 
-/// Distances (in double) from every row to one pivot row.
-VecD pivot_distances(const MatF& w, Eigen::Index p) {
-  const Eigen::RowVectorXd pivot = w.row(p).cast<double>();
-  VecD out(w.rows());
-  for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    out(i) = std::sqrt((w.row(i).cast<double>() - pivot).squaredNorm());
-  }
-  return out;
+/// Squared distance (in double) between two float rows: each entry widened, differences squared
+/// and summed in double by Eigen's vectorised reduction.
+double row_distance2(const float* a, const float* b, Eigen::Index n) {
+  using Map = Eigen::Map<const Eigen::VectorXf>;
+  return (Map(a, n).cast<double>() - Map(b, n).cast<double>()).squaredNorm();
 }
 
 /// Farthest-first pivots: each new pivot is the row farthest from the pivots chosen so far.
-MatD choose_pivots(const MatF& w, std::vector<Eigen::Index>& pivots) {
+/// Fills ws.pivots and ws.dist (N x pivots, distances accumulated in double).
+void choose_pivots(const MatF& w, SoftmaxWorkspace& ws) {
   const Eigen::Index n = w.rows();
-  const int count = static_cast<int>(std::min<Eigen::Index>(kPivots, n));
-  MatD dist(n, count);
-  VecD nearest = VecD::Constant(n, HUGE_VAL);
+  const auto count = std::min<Eigen::Index>(kPivots, n);
+  ws.dist.resize(n, count);
+  ws.nearest.setConstant(n, HUGE_VAL);
+  ws.pivots.clear();
   Eigen::Index p = 0;
-  for (int c = 0; c < count; ++c) {
-    pivots.push_back(p);
-    dist.col(c) = pivot_distances(w, p);
-    nearest = nearest.cwiseMin(dist.col(c));
-    nearest.maxCoeff(&p);
+  for (Eigen::Index c = 0; c < count; ++c) {
+    ws.pivots.push_back(p);
+    for (Eigen::Index i = 0; i < n; ++i) {
+      ws.dist(i, c) = std::sqrt(row_distance2(w.row(i).data(), w.row(p).data(), w.cols()));
+      ws.nearest(i) = std::min(ws.nearest(i), ws.dist(i, c));
+    }
+    ws.nearest.maxCoeff(&p);
   }
-  return dist;
 }
 
 }  // namespace
 
-MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
-  MatF w(q.rows(), k.rows());
+void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
+  w.resize(q.rows(), k.rows());
   w.noalias() = q * k.transpose();
   w *= static_cast<float>(scale);
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
@@ -76,24 +75,38 @@ MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
     r = (r - r.maxCoeff()).exp();
     r /= static_cast<float>(r.template cast<double>().sum());
   }
+}
+
+MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
+  MatF w;
+  softmax_rows_float(q, k, scale, w);
   return w;
 }
 
-HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge) {
+HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
+                             SoftmaxWorkspace& ws) {
   HeadConfusion out;
   const Eigen::Index n = q.rows();
   if (n < 2) return out;
-  const std::vector<double> rho = row_error_bounds(q, k, scale);
-  const MatF w = softmax_rows_float(q, k, scale);
-  std::vector<Eigen::Index> pivots;
-  const MatD dist = choose_pivots(w, pivots);
+  std::vector<double>& rho = ws.rho;
+  row_error_bounds(q, k, scale, rho);
+  softmax_rows_float(q, k, scale, ws.w);
+  const MatF& w = ws.w;
+  choose_pivots(w, ws);
+  const MatD& dist = ws.dist;
+  const std::vector<Eigen::Index>& pivots = ws.pivots;
   const double rho_max = *std::max_element(rho.begin(), rho.end());
   const double base = judge.eps() * (1.0 + kSlack) + kSlack;
 
-  std::vector<Eigen::Index> order(static_cast<std::size_t>(n));
+  // Sweep in order of the distance to the first pivot: only pairs within the window of that
+  // lower bound are looked at, the other pivots' bounds and then the float rows' own distance
+  // discard most of those.
+  std::vector<Eigen::Index>& order = ws.order;
+  order.resize(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), Eigen::Index{0});
   std::sort(order.begin(), order.end(), [&](auto a, auto b) { return dist(a, 0) < dist(b, 0); });
   const double window = base + 2.0 * (2.0 * rho_max + 2.0 * rho[static_cast<std::size_t>(pivots[0])]);
+  const auto rho_of = [&rho](Eigen::Index i) { return rho[static_cast<std::size_t>(i)]; };
 
   for (std::size_t a = 0; a < order.size(); ++a) {
     const Eigen::Index i = order[a];
@@ -101,14 +114,13 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
       const Eigen::Index j = order[b];
       bool keep = true;
       for (std::size_t c = 0; c < pivots.size() && keep; ++c) {
-        const double margin = 2.0 * (rho[static_cast<std::size_t>(i)] + rho[static_cast<std::size_t>(j)] +
-                                     2.0 * rho[static_cast<std::size_t>(pivots[c])]);
-        keep = std::abs(dist(i, static_cast<Eigen::Index>(c)) - dist(j, static_cast<Eigen::Index>(c))) <=
-               base + margin;
+        const auto col = static_cast<Eigen::Index>(c);
+        const double margin = 2.0 * (rho_of(i) + rho_of(j) + 2.0 * rho_of(pivots[c]));
+        keep = std::abs(dist(i, col) - dist(j, col)) <= base + margin;
       }
       if (!keep) continue;
-      const double rows_bound = base + 2.0 * (rho[static_cast<std::size_t>(i)] + rho[static_cast<std::size_t>(j)]);
-      if ((w.row(i) - w.row(j)).cast<double>().squaredNorm() > rows_bound * rows_bound) continue;
+      const double rows_bound = base + 2.0 * (rho_of(i) + rho_of(j));
+      if (row_distance2(w.row(i).data(), w.row(j).data(), n) > rows_bound * rows_bound) continue;
       ++out.candidates;
       if (judge.confused(static_cast<int>(std::min(i, j)), static_cast<int>(std::max(i, j)))) ++out.pairs;
     }

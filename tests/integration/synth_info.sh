@@ -35,6 +35,8 @@ expect_no_file "$WORK/s.h5.tmp"
 import json, sys
 m = json.load(open(sys.argv[1]))
 assert m["command"] == "synth", m
+cl = m["command_line"]
+assert cl[1] == "synth" and "--out" in cl and cl[cl.index("--out") + 1].endswith("s.h5"), cl
 for key in ("version", "start_time", "elapsed_s", "threads", "inputs", "parameters", "results"):
     assert key in m, key
 p = m["parameters"]
