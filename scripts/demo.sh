@@ -32,7 +32,9 @@ step "synthetic dump with planted structure" \
 step "its schema, and every value checked finite" "$A" info "$SYNTH" --check-values
 
 # --- the analyses on the synthetic dump: planted pairs show up as confusion under linear attention.
-ALL4="softmax,linear:relu,inline,mala"
+# The code convention scales phi by (s/N)^1/2, so InLine and MALA rows have the magnitudes of
+# probability rows (under the paper convention their weights reach far outside [0, 1]).
+ALL4="softmax@code,linear:relu@code,inline@code,mala@code"
 step "confusion events, all four families (planted collinear pairs)" \
   "$A" confusion --dump "$SYNTH" --out "$R/synth-confusion" --variant "$ALL4"
 step "local 3x3 attention mass" "$A" locality --dump "$SYNTH" --out "$R/synth-locality" --variant "$ALL4"

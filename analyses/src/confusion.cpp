@@ -60,8 +60,8 @@ Workspace& thread_workspace() {
   return ws;
 }
 
-HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k, double scale,
-                            const ConfusionOptions& opt) {
+HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
+                            double scale, const ConfusionOptions& opt) {
   if (q.rows() != k.rows() || q.cols() != k.cols()) {
     throw UsageError("confusion: q and k of one head must have the same shape");
   }
@@ -70,10 +70,12 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   Workspace& ws = thread_workspace();
   SoftmaxWorkspace& sw = ws.softmax;
   const int n = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
-  sw.k = k.cast<double>();
   sw.qi.resize(static_cast<std::size_t>(d));
-  // Exact rows exactly as ExactRows computes them, for the rows the search asks about only.
-  auto row = [&q, &sw, n, d, scale](int i, double* out) {
+  // Exact rows exactly as ExactRows computes them, for the rows the search asks about only; the
+  // keys are widened to double when the first such row is needed (most heads need none or few).
+  bool keys_ready = false;
+  auto row = [&q, &k, &sw, &keys_ready, n, d, scale](int i, double* out) {
+    if (!keys_ready) sw.k = k.cast<double>(), keys_ready = true;
     for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
     softmax_exact_row(sw.qi.data(), sw.k.data(), n, d, scale, out);
   };

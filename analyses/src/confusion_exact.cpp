@@ -62,7 +62,8 @@ void ExactRows::row(int i, double* out) const {
     return;
   }
   if (variant_.family == Family::Softmax) {
-    detail::softmax_exact_row(q_.row(i).data(), k_.data(), n_, static_cast<int>(q_.cols()), scale_, out);
+    const auto d = static_cast<int>(q_.cols());
+    detail::softmax_exact_row(q_.row(i).data(), k_.data(), n_, d, scale_, out);
     return;
   }
   const Eigen::Index d = phi_q_.cols();

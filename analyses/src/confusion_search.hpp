@@ -5,6 +5,7 @@
 #include "attnscope/analyses/confusion.hpp"
 
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace attnscope::analyses::detail {
@@ -43,8 +44,6 @@ class PairJudge {
   [[nodiscard]] bool confused(int i, int j) { return queries_differ(i, j) && rows_within(i, j); }
   [[nodiscard]] double eps() const { return eps_; }
   [[nodiscard]] double eps2() const { return eps2_; }
-  /// Rows computed since reset() (search statistics).
-  [[nodiscard]] int rows_computed() const { return used_; }
 
  private:
   std::size_t slot(int i);
@@ -63,7 +62,10 @@ struct SoftmaxWorkspace {
   MatD dist;                    // N x pivots
   VecD nearest;
   std::vector<double> rho;
-  std::vector<Eigen::Index> order, pivots;
+  std::vector<Eigen::Index> pivots;
+  std::vector<std::pair<double, Eigen::Index>> keyed;  // first-pivot distance, row; sorted
+  MatD sorted_dist;             // dist's rows in sorted order
+  std::vector<double> sorted_rho;
   MatD k;                       // keys in double, for the exact rows
   std::vector<double> qi;       // one query in double
 };

@@ -16,8 +16,10 @@
 #include "confusion_search.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cmath>
-#include <numeric>
+#include <utility>
 
 namespace attnscope::analyses::detail {
 
@@ -38,30 +40,79 @@ void row_error_bounds(const MatF& q, const MatF& k, double scale, std::vector<do
   }
 }
 
-/// Squared distance (in double) between two float rows: each entry widened, differences squared
-/// and summed in double by Eigen's vectorised reduction.
-double row_distance2(const float* a, const float* b, Eigen::Index n) {
-  using Map = Eigen::Map<const Eigen::VectorXf>;
-  return (Map(a, n).cast<double>() - Map(b, n).cast<double>()).squaredNorm();
+// Float-row reductions in double. kLanes independent partial sums (combined at the end) let the
+// compiler widen and accumulate whole vectors at a time: one running sum would serialise every
+// addition. The order of a double sum of at most a few thousand terms moves it by far less than
+// the 1e-12 and kSlack the margin argument allows for.
+constexpr int kLanes = 16;
+constexpr Eigen::Index kCheckEvery = 64;  // entries between early-exit checks of a row distance
+
+template <typename Term>
+double lane_sum(Eigen::Index n, Term term) {
+  std::array<double, kLanes> acc{};
+  Eigen::Index t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[static_cast<std::size_t>(l)] += term(t + l);
+  }
+  double s = 0.0;
+  for (; t < n; ++t) s += term(t);
+  for (const double a : acc) s += a;
+  return s;
+}
+
+/// Squared distance between two float rows, entries widened to double. With a finite
+/// stop_above it sums kCheckEvery entries at a time and returns the partial sum as soon as that
+/// exceeds stop_above (partial sums of squares only grow).
+double row_distance2(const float* a, const float* b, Eigen::Index n, double stop_above = HUGE_VAL) {
+  const Eigen::Index step = stop_above < HUGE_VAL ? kCheckEvery : n;
+  double s = 0.0;
+  for (Eigen::Index t0 = 0; t0 < n && s <= stop_above; t0 += step) {
+    const float *pa = a + t0, *pb = b + t0;
+    s += lane_sum(std::min(step, n - t0), [pa, pb](Eigen::Index t) {
+      const double diff = static_cast<double>(pa[t]) - static_cast<double>(pb[t]);
+      return diff * diff;
+    });
+  }
+  return s;
+}
+
+/// Sum of a float row in double.
+double row_sum(const float* a, Eigen::Index n) {
+  return lane_sum(n, [a](Eigen::Index t) { return static_cast<double>(a[t]); });
 }
 
 /// Farthest-first pivots: each new pivot is the row farthest from the pivots chosen so far.
-/// Fills ws.pivots and ws.dist (N x pivots, distances accumulated in double).
-void choose_pivots(const MatF& w, SoftmaxWorkspace& ws) {
+/// Adds pivots to ws.pivots and their columns to ws.dist (distances accumulated in double) until
+/// there are `count`; ws.nearest holds each row's distance to its nearest pivot.
+void add_pivots(const MatF& w, SoftmaxWorkspace& ws, Eigen::Index count) {
   const Eigen::Index n = w.rows();
-  const auto count = std::min<Eigen::Index>(kPivots, n);
-  ws.dist.resize(n, count);
-  ws.nearest.setConstant(n, HUGE_VAL);
-  ws.pivots.clear();
-  Eigen::Index p = 0;
-  for (Eigen::Index c = 0; c < count; ++c) {
+  if (ws.pivots.empty()) {
+    ws.dist.resize(n, kPivots);
+    ws.nearest.setConstant(n, HUGE_VAL);
+  }
+  while (static_cast<Eigen::Index>(ws.pivots.size()) < std::min(count, n)) {
+    const auto c = static_cast<Eigen::Index>(ws.pivots.size());
+    Eigen::Index p = 0;
+    if (c > 0) ws.nearest.maxCoeff(&p);
     ws.pivots.push_back(p);
     for (Eigen::Index i = 0; i < n; ++i) {
       ws.dist(i, c) = std::sqrt(row_distance2(w.row(i).data(), w.row(p).data(), w.cols()));
       ws.nearest(i) = std::min(ws.nearest(i), ws.dist(i, c));
     }
-    ws.nearest.maxCoeff(&p);
   }
+}
+
+/// Pairs of rows whose first-pivot distances (sorted ascending) lie within `window`.
+std::int64_t window_pairs(const std::vector<std::pair<double, Eigen::Index>>& keyed,
+                          double window) {
+  std::int64_t pairs = 0;
+  std::size_t b = 0;
+  for (std::size_t a = 0; a < keyed.size(); ++a) {
+    b = std::max(b, a + 1);
+    while (b < keyed.size() && keyed[b].first - keyed[a].first <= window) ++b;
+    pairs += static_cast<std::int64_t>(b - a - 1);
+  }
+  return pairs;
 }
 
 }  // namespace
@@ -70,10 +121,11 @@ void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
   w.resize(q.rows(), k.rows());
   w.noalias() = q * k.transpose();
   w *= static_cast<float>(scale);
+  for (Eigen::Index i = 0; i < w.rows(); ++i) w.row(i).array() -= w.row(i).maxCoeff();
+  // One exp over the whole matrix: the vectorised exp leaves one short tail, not one per row.
+  w.array() = w.array().exp();
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    auto r = w.row(i).array();
-    r = (r - r.maxCoeff()).exp();
-    r /= static_cast<float>(r.template cast<double>().sum());
+    w.row(i) /= static_cast<float>(row_sum(w.row(i).data(), w.cols()));
   }
 }
 
@@ -92,35 +144,53 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
   row_error_bounds(q, k, scale, rho);
   softmax_rows_float(q, k, scale, ws.w);
   const MatF& w = ws.w;
-  choose_pivots(w, ws);
-  const MatD& dist = ws.dist;
+  ws.pivots.clear();
+  add_pivots(w, ws, 1);
   const std::vector<Eigen::Index>& pivots = ws.pivots;
   const double rho_max = *std::max_element(rho.begin(), rho.end());
   const double base = judge.eps() * (1.0 + kSlack) + kSlack;
 
   // Sweep in order of the distance to the first pivot: only pairs within the window of that
-  // lower bound are looked at, the other pivots' bounds and then the float rows' own distance
-  // discard most of those.
-  std::vector<Eigen::Index>& order = ws.order;
-  order.resize(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), Eigen::Index{0});
-  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return dist(a, 0) < dist(b, 0); });
+  // lower bound are looked at. When that window holds more pairs than a few row distances per
+  // row would cost, the other pivots (N row distances each) are computed and their bounds
+  // discard most pairs first; either way the float rows' own distance comes last.
+  // Rows sorted by that first distance, with their pivot distances and rho copied in the same
+  // order so that the sweep reads contiguous memory.
+  auto& keyed = ws.keyed;
+  keyed.resize(static_cast<std::size_t>(n));
+  for (Eigen::Index i = 0; i < n; ++i) keyed[static_cast<std::size_t>(i)] = {ws.dist(i, 0), i};
+  std::sort(keyed.begin(), keyed.end());
   const double window = base + 2.0 * (2.0 * rho_max + 2.0 * rho[static_cast<std::size_t>(pivots[0])]);
-  const auto rho_of = [&rho](Eigen::Index i) { return rho[static_cast<std::size_t>(i)]; };
+  if (window_pairs(keyed, window) > (kPivots - 1) * n) add_pivots(w, ws, kPivots);
+  const auto np = static_cast<Eigen::Index>(pivots.size());
+  MatD& sd = ws.sorted_dist;
+  sd.resize(n, np);
+  ws.sorted_rho.resize(static_cast<std::size_t>(n));
+  for (Eigen::Index a = 0; a < n; ++a) {
+    const Eigen::Index i = keyed[static_cast<std::size_t>(a)].second;
+    sd.row(a) = ws.dist.row(i).head(np);
+    ws.sorted_rho[static_cast<std::size_t>(a)] = rho[static_cast<std::size_t>(i)];
+  }
+  const std::vector<double>& srho = ws.sorted_rho;
+  std::array<double, kPivots> rho_pivot{};  // 2 rho_p of each pivot
+  for (std::size_t c = 0; c < pivots.size(); ++c) {
+    rho_pivot[c] = 2.0 * rho[static_cast<std::size_t>(pivots[c])];
+  }
 
-  for (std::size_t a = 0; a < order.size(); ++a) {
-    const Eigen::Index i = order[a];
-    for (std::size_t b = a + 1; b < order.size() && dist(order[b], 0) - dist(i, 0) <= window; ++b) {
-      const Eigen::Index j = order[b];
+  for (Eigen::Index a = 0; a < n; ++a) {
+    const double rho_a = srho[static_cast<std::size_t>(a)];
+    for (Eigen::Index b = a + 1; b < n && sd(b, 0) - sd(a, 0) <= window; ++b) {
+      const double rho_ab = rho_a + srho[static_cast<std::size_t>(b)];
       bool keep = true;
-      for (std::size_t c = 0; c < pivots.size() && keep; ++c) {
-        const auto col = static_cast<Eigen::Index>(c);
-        const double margin = 2.0 * (rho_of(i) + rho_of(j) + 2.0 * rho_of(pivots[c]));
-        keep = std::abs(dist(i, col) - dist(j, col)) <= base + margin;
+      for (Eigen::Index c = 0; c < np && keep; ++c) {
+        const double margin = 2.0 * (rho_ab + rho_pivot[static_cast<std::size_t>(c)]);
+        keep = std::abs(sd(a, c) - sd(b, c)) <= base + margin;
       }
       if (!keep) continue;
-      const double rows_bound = base + 2.0 * (rho_of(i) + rho_of(j));
-      if (row_distance2(w.row(i).data(), w.row(j).data(), n) > rows_bound * rows_bound) continue;
+      const Eigen::Index i = keyed[static_cast<std::size_t>(a)].second;
+      const Eigen::Index j = keyed[static_cast<std::size_t>(b)].second;
+      const double rows_bound2 = std::pow(base + 2.0 * rho_ab, 2);
+      if (row_distance2(w.row(i).data(), w.row(j).data(), n, rows_bound2) > rows_bound2) continue;
       ++out.candidates;
       if (judge.confused(static_cast<int>(std::min(i, j)), static_cast<int>(std::max(i, j)))) ++out.pairs;
     }

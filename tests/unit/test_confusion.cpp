@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <sstream>
+#include <thread>
 
 namespace attnscope::analyses {
 namespace {
@@ -92,6 +93,60 @@ TEST(Confusion, FastEqualsBruteForceOnRandomHeads) {
         const MatF q = normal(n, d, seed * 7, mean), k = normal(n, d, seed * 7 + 1, mean);
         expect_same_count(v, q, q, k, 1.0 / std::sqrt(static_cast<double>(d)), config(v, n, d, seed));
       }
+    }
+  }
+}
+
+// Each thread keeps its search buffers from head to head: heads that grow and shrink, met in
+// different orders on several threads at once, must each still count exactly as the brute force.
+TEST(Confusion, ReusedBuffersAcrossHeadSizesAndThreads) {
+  struct Head {
+    std::string spec;
+    int n, d;
+    std::uint64_t seed;
+  };
+  std::vector<Head> heads;
+  for (const char* spec : {"softmax", "linear:relu", "inline"}) {
+    for (auto [n, d] : {std::pair{197, 64}, {2, 7}, {50, 1}, {1, 1}, {197, 7}, {50, 64}}) {
+      heads.push_back({spec, n, d, static_cast<std::uint64_t>(n * 100 + d)});
+    }
+  }
+  const ConfusionOptions opt;
+  auto count = [&](const Head& h, bool reference) {
+    const Variant v = parse_variant(h.spec, Convention::Paper, h.seed);
+    const double mean = test::input_mean(v);
+    // Every second query a near copy of its predecessor: many rows reach the exact judge.
+    MatF q = normal(h.n, h.d, h.seed, mean);
+    for (int i = 1; i < h.n; i += 2) q.row(i) = q.row(i - 1) * 1.0001F;
+    const MatF k = normal(h.n, h.d, h.seed + 1, mean);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(h.d));
+    return reference ? count_confusion_reference(v, q, q, k, scale, opt).pairs
+                     : count_confusion(v, q, q, k, scale, opt).pairs;
+  };
+  std::vector<std::int64_t> want;
+  std::int64_t confused = 0;
+  for (const Head& h : heads) confused += want.emplace_back(count(h, true));
+  ASSERT_GT(confused, static_cast<std::int64_t>(heads.size()))
+      << "the near copies should give confused pairs to check";
+  constexpr int kThreads = 3;
+  std::vector<std::vector<std::int64_t>> got(kThreads, std::vector<std::int64_t>(heads.size()));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Thread t walks the heads starting at a different place, so sizes alternate differently.
+      for (std::size_t s = 0; s < heads.size(); ++s) {
+        const std::size_t h = (s * 5 + static_cast<std::size_t>(t) * 7) % heads.size();
+        got[static_cast<std::size_t>(t)][h] = count(heads[h], false);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      const Head& c = heads[h];
+      const Variant v = parse_variant(c.spec, Convention::Paper, c.seed);
+      EXPECT_EQ(got[static_cast<std::size_t>(t)][h], want[h])
+          << config(v, c.n, c.d, c.seed) << " thread " << t << " near-copy queries";
     }
   }
 }
