@@ -117,7 +117,8 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const TokenGrid grid = schema.attrs.grid;
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  sel.need_v = false;  // maps are weights only
   const std::vector<Variant> variants = selected_variants(f.common.variant, schema, f.common.seed);
   const std::vector<int> tokens = analyses::parse_tokens(f.tokens, grid);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
