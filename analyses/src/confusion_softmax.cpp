@@ -6,8 +6,15 @@
 // is computed with absolute error <= |s| |q_i| max|k| (d + 6) u (dot product, scaling, the max
 // subtraction; u = 2^-24), which exp turns into a relative error <= expm1(2 delta_i) on each
 // entry; the exp itself (a few ulp), the sum (accumulated in double, then rounded to float) and
-// the division add less than 16 u relative. As rows are probability vectors (|W_i|_2 <= 1), |W~_i - W_i|_2 <= rho_i
-// with rho_i the sum of the two. Pivot distances are then accumulated in double from W~, so
+// the division add less than 16 u relative. So every entry has W~_ij = W_ij (1 + a_ij) with
+// |a_ij| <= r_i = (1 + expm1(2 delta_i))(1 + 16 u) - 1, hence |W~_i - W_i|_2 <= r_i |W_i|_2. The
+// exact norm is unknown, but |W_i|_2 <= |W~_i|_2 + r_i |W_i|_2 gives
+// |W_i|_2 <= |W~_i|_2 / (1 - r_i) when r_i < 1, and |W_i|_2 <= 1 always (probability vector), so
+// rho_i = r_i min(1, |W~_i|_2 / (1 - r_i)), the norm of the float row taken in double and
+// rounded up by kSlack (relative); entries that underflow in float are off by less than 1e-37
+// each, which the absolute kSlack in every comparison covers. Spread-out rows have |W_i|_2 well
+// below 1, which shrinks the first-pivot window to little more than eps on real dumps. Pivot
+// distances are then accumulated in double from W~, so
 // |d~(i,p) - d(i,p)| <= rho_i + rho_p + 1e-12, and a confused pair (|W_i - W_j| <= eps) has
 // |d~(i,p) - d~(j,p)| <= eps + rho_i + rho_j + 2 rho_p + 2e-12 for every pivot. We keep a pair
 // whenever that holds with the rho terms doubled, then again only if the distance of the float
@@ -28,17 +35,6 @@ namespace {
 constexpr double kFloatUnit = 5.9604644775390625e-8;  // 2^-24
 constexpr double kSlack = 1e-9;                       // double rounding of distances, generous
 constexpr int kPivots = 4;
-
-/// Each row's error bound rho_i (see the margin argument).
-void row_error_bounds(const MatF& q, const MatF& k, double scale, std::vector<double>& rho) {
-  const Eigen::Index n = q.rows(), d = q.cols();
-  const double kmax = k.rowwise().norm().maxCoeff();
-  rho.resize(static_cast<std::size_t>(n));
-  for (Eigen::Index i = 0; i < n; ++i) {
-    const double delta = std::abs(scale) * q.row(i).norm() * kmax * static_cast<double>(d + 6) * kFloatUnit;
-    rho[static_cast<std::size_t>(i)] = std::expm1(2.0 * delta) + 16.0 * kFloatUnit;
-  }
-}
 
 // Float-row reductions in double. kLanes independent partial sums (combined at the end) let the
 // compiler widen and accumulate whole vectors at a time: one running sum would serialise every
@@ -76,9 +72,36 @@ double row_distance2(const float* a, const float* b, Eigen::Index n, double stop
   return s;
 }
 
+/// Squared Euclidean norm of a float row in double.
+double row_norm2(const float* a, Eigen::Index n) {
+  return lane_sum(n, [a](Eigen::Index t) {
+    const double x = static_cast<double>(a[t]);
+    return x * x;
+  });
+}
+
 /// Sum of a float row in double.
 double row_sum(const float* a, Eigen::Index n) {
   return lane_sum(n, [a](Eigen::Index t) { return static_cast<double>(a[t]); });
+}
+
+/// Each row's error bound rho_i (see the margin argument), from the float rows w already
+/// computed from q and k.
+void row_error_bounds(const MatF& q, const MatF& k, double scale, const MatF& w,
+                      std::vector<double>& rho) {
+  const Eigen::Index n = q.rows(), d = q.cols();
+  const double kmax = k.rowwise().norm().maxCoeff();
+  rho.resize(static_cast<std::size_t>(n));
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double delta = std::abs(scale) * q.row(i).norm() * kmax * static_cast<double>(d + 6) * kFloatUnit;
+    // expm1(x) <= x + x^2 for 0 <= x <= 1 (the series' tail is x^2 (e - 2) at most), and far
+    // cheaper than expm1 itself.
+    const double x = 2.0 * delta;
+    const double bound_expm1 = x <= 1.0 ? x + x * x : std::expm1(x);
+    const double rel = (1.0 + bound_expm1) * (1.0 + 16.0 * kFloatUnit) - 1.0;
+    const double norm_w = std::sqrt(row_norm2(w.row(i).data(), w.cols())) * (1.0 + kSlack);
+    rho[static_cast<std::size_t>(i)] = rel < 1.0 ? rel * std::min(1.0, norm_w / (1.0 - rel)) : rel;
+  }
 }
 
 /// Farthest-first pivots: each new pivot is the row farthest from the pivots chosen so far.
@@ -141,9 +164,9 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
   const Eigen::Index n = q.rows();
   if (n < 2) return out;
   std::vector<double>& rho = ws.rho;
-  row_error_bounds(q, k, scale, rho);
   softmax_rows_float(q, k, scale, ws.w);
   const MatF& w = ws.w;
+  row_error_bounds(q, k, scale, w, rho);
   ws.pivots.clear();
   add_pivots(w, ws, 1);
   const std::vector<Eigen::Index>& pivots = ws.pivots;

@@ -1,5 +1,6 @@
 // Streaming over a dump: the next image is read on a helper thread while OpenMP threads compute
-// the heads of the current one. Only one thread touches the reader at any time.
+// the heads of the current one. Only one thread touches the reader at any time, and the two
+// images in flight reuse their storage.
 #include "attnscope/analyses/dump_loop.hpp"
 
 #include "attnscope/error.hpp"
@@ -117,14 +118,19 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
   if (resolved.images.empty()) return;
   const std::vector<int> layers = resolved.layers;
   const bool with_v = resolved.need_v;
-  auto read = [&reader, &layers, with_v](int image) {
-    return reader.read_image(image, layers, with_v);
+  // Two images in flight, their storage reused: the reader fills one while the other is
+  // computed, so no matrix is allocated (and page-faulted in) again after the first two images.
+  ImageQKV buffers[2];
+  auto read = [&reader, &layers, with_v, &buffers](std::size_t slot, int image) {
+    reader.read_image_into(buffers[slot], image, layers, with_v);
   };
-  std::future<ImageQKV> next = std::async(std::launch::async, read, resolved.images.front());
+  std::future<void> next =
+      std::async(std::launch::async, read, std::size_t{0}, resolved.images.front());
   for (std::size_t n = 0; n < resolved.images.size(); ++n) {
-    const ImageQKV img = next.get();
+    next.get();
+    const ImageQKV& img = buffers[n % 2];
     if (n + 1 < resolved.images.size()) {
-      next = std::async(std::launch::async, read, resolved.images[n + 1]);
+      next = std::async(std::launch::async, read, (n + 1) % 2, resolved.images[n + 1]);
     }
     compute_image(img, resolved, fn);
     if (on_image) on_image(img.image);

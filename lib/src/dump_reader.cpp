@@ -304,11 +304,18 @@ DumpReader::~DumpReader() = default;
 const DumpSchema& DumpReader::schema() const { return impl_->schema; }
 
 ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool with_v) {
+  ImageQKV img;
+  read_image_into(img, image, layers, with_v);
+  return img;
+}
+
+void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers,
+                                 bool with_v) {
   Impl& m = *impl_;
   m.check_image(image);
-  ImageQKV img;
   img.image = image;
   img.heads = m.schema.attrs.num_heads;
+  img.layers.clear();
   if (layers.empty()) {
     for (int l = 0; l < m.schema.attrs.num_layers; ++l) img.layers.push_back(l);
   } else {
@@ -321,7 +328,10 @@ ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool 
   const std::size_t slots = img.layers.size() * static_cast<std::size_t>(H);
   img.q.resize(slots);
   img.k.resize(slots);
-  img.v.resize(slots);  // left as empty matrices without with_v
+  img.v.resize(slots);
+  if (!with_v) {
+    for (MatF& v : img.v) v.resize(0, 0);  // empty matrices without with_v
+  }
   const int n_sets = with_v ? 3 : 2;
   for (std::size_t s = 0; s < img.layers.size(); ++s) {
     const LayerSets& ls = m.layers[static_cast<std::size_t>(img.layers[s])];
@@ -337,7 +347,6 @@ ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool 
       }
     }
   }
-  return img;
 }
 
 std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {

@@ -82,6 +82,10 @@ class DumpReader {
   /// read: ImageQKV::v then holds empty (0 x 0) matrices, one per slot, so V() stays valid.
   [[nodiscard]] ImageQKV read_image(int image, const std::vector<int>& layers = {},
                                     bool with_v = true);
+  /// The same into `img`, reusing its matrices' storage when the shapes match (a streaming
+  /// loop then allocates, and page-faults, nothing per image).
+  void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers = {},
+                       bool with_v = true);
   /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent).
   [[nodiscard]] std::optional<MatF> read_attn(int image, int layer, int head);  ///< N x N
   [[nodiscard]] std::optional<MatF> read_out(int image, int layer, int head);   ///< N x head_dim
