@@ -159,8 +159,11 @@ std::vector<CheckRow> cost_rows(const FormTiming& t) {
   };
   const PowerLawFit lin = fit_power_law(n, t.linear_s);
   const PowerLawFit exp = fit_power_law(n, t.explicit_s);
+  // 1.5, not a tighter bound: the linear-time form's double intermediates leave the L2 cache
+  // between N = 1024 and 2048, which lifts the fitted exponent over 64..4096 to 1.2-1.4 on a
+  // 2-core EPYC (still linear per element beyond that; the explicit form fits 1.9-2.0).
   CheckRow a = detail::start_row("cost." + t.variant + ".linear_time", describe("linear-time", lin),
-                                 1.4, Sense::Below);
+                                 1.5, Sense::Below);
   CheckRow b = detail::start_row("cost." + t.variant + ".explicit", describe("explicit", exp), 1.6,
                                  Sense::Above);
   a.trials = b.trials = static_cast<long>(t.sizes.size());

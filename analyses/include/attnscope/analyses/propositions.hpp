@@ -100,7 +100,7 @@ struct FormTiming {
 };
 FormTiming time_forms(const std::string& variant, const std::vector<int>& sizes, int dim,
                       int repeats, std::uint64_t seed);
-/// Two rows: the linear form's exponent (pass below 1.4) and the explicit form's (above 1.6).
+/// Two rows: the linear form's exponent (pass at or below 1.5) and the explicit form's (above 1.6).
 std::vector<CheckRow> cost_rows(const FormTiming& t);
 
 struct VerifyOptions {
