@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace attnscope::analyses {
@@ -123,96 +124,82 @@ CheckRow check_prop1_hyperplane(std::uint64_t seed, int trials) {
 }
 
 CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row("prop2.relu_collinear",
-                                 "linear:relu, q = c p (c > 0, c != 1): max |L(p) - L(q)|",
-                                 kEqualRows, Sense::Below);
   const Variant v = parse_variant("linear:relu");
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    double gap = std::numeric_limits<double>::infinity();
-    for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
-      const MatD k = draws.matrix(shape.n, shape.d);
-      const VecD p = draws.vector(shape.d);
-      double c = std::exp(draws.uniform(-2.0, 2.0));
-      if (std::abs(c - 1.0) < 1e-2) c = 2.0;
-      bool degenerate = false;
-      const double g = row_gap(v, p, c * p, k, 1.0, &degenerate);
-      if (degenerate) continue;  // ReLU killed the query or its keys: redraw
-      gap = g;
-      break;
-    }
-    detail::fold(r, gap);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row("prop2.relu_collinear",
+                        "linear:relu, q = c p (c > 0, c != 1): max |L(p) - L(q)|", kEqualRows,
+                        Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<double> {
+          const MatD k = draws.matrix(shape.n, shape.d);
+          const VecD p = draws.vector(shape.d);
+          double c = std::exp(draws.uniform(-2.0, 2.0));
+          if (std::abs(c - 1.0) < 1e-2) c = 2.0;
+          bool degenerate = false;
+          const double g = row_gap(v, p, c * p, k, 1.0, &degenerate);
+          if (degenerate) return std::nullopt;  // ReLU killed the query or its keys: redraw
+          return g;
+        });
+      });
 }
 
 CheckRow check_prop2_identity_negation(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row("prop2.identity_negation",
-                                 "linear:identity, q = -p: max |L(p) - L(q)| / max(1, |L(p)|)",
-                                 kEqualRows, Sense::Below);
   const Variant v = parse_variant("linear:identity");
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    double gap = std::numeric_limits<double>::infinity();
-    for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
-      const MatD k = draws.matrix(shape.n, shape.d);
-      const VecD p = draws.vector(shape.d);
-      bool degenerate = false;
-      const double g = row_gap(v, p, -p, k, 1.0, &degenerate);
-      if (degenerate) continue;
-      gap = g / std::max(1.0, detail::weight_row(v, p, k, 1.0).norm());
-      break;
-    }
-    detail::fold(r, gap);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row("prop2.identity_negation",
+                        "linear:identity, q = -p: max |L(p) - L(q)| / max(1, |L(p)|)", kEqualRows,
+                        Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<double> {
+          const MatD k = draws.matrix(shape.n, shape.d);
+          const VecD p = draws.vector(shape.d);
+          bool degenerate = false;
+          const double g = row_gap(v, p, -p, k, 1.0, &degenerate);
+          if (degenerate) return std::nullopt;
+          return g / std::max(1.0, detail::weight_row(v, p, k, 1.0).norm());
+        });
+      });
 }
 
 CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop2.relu_affine",
-      "linear:relu_affine, q != p of another direction with phi(q) = c phi(p): max |L(p) - L(q)|",
-      kSolvedRows, Sense::Below);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t, 2);  // one dimension has no other direction
-    Variant v =
-        parse_variant("linear:relu_affine=" + std::to_string(seed + static_cast<unsigned>(t)));
-    v.map.ensure_params(shape.d);
-    const MatD& A = v.map.A;
-    const VecD& b = v.map.b;
-    double gap = std::numeric_limits<double>::infinity();
-    for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
-      // A very negative b can leave ReLU(A x + b) = 0 for most draws: widen them as we retry.
-      const double spread = 1.0 + attempt;
-      const MatD k = draws.matrix(shape.n, shape.d, spread);
-      const VecD p = draws.vector(shape.d, spread);
-      const VecD z = A * p + b;
-      // ReLU(z') = c ReLU(z): scale the live coordinates by c, move the dead ones within z < 0.
-      const double c = std::exp(draws.uniform(-1.0, 1.0));
-      VecD target = z;
-      for (Eigen::Index i = 0; i < z.size(); ++i) {
-        target[i] = z[i] > 0.0 ? c * z[i] : z[i] * draws.uniform(0.5, 2.0);
-      }
-      const VecD q = A.partialPivLu().solve(target - b);
-      const double cosine = p.dot(q) / (p.norm() * q.norm());
-      bool degenerate = false;
-      const double g = row_gap(v, p, q, k, 1.0, &degenerate);
-      if (degenerate || !(cosine < 1.0 - 1e-9)) continue;  // need a live query, a new direction
-      gap = g;
-      break;
-    }
-    detail::fold(r, gap);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row(
+          "prop2.relu_affine",
+          "linear:relu_affine, q != p of another direction with phi(q) = c phi(p): max |L(p) - L(q)|",
+          kSolvedRows, Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t, 2);  // one dimension has no other direction
+        Variant v =
+            parse_variant("linear:relu_affine=" + std::to_string(seed + static_cast<unsigned>(t)));
+        v.map.ensure_params(shape.d);
+        const MatD& A = v.map.A;
+        const VecD& b = v.map.b;
+        return detail::first_usable(kMaxRedraws, [&](int attempt) -> std::optional<double> {
+          // A very negative b can leave ReLU(A x + b) = 0 for most draws: widen them as we retry.
+          const double spread = 1.0 + attempt;
+          const MatD k = draws.matrix(shape.n, shape.d, spread);
+          const VecD p = draws.vector(shape.d, spread);
+          const VecD z = A * p + b;
+          // ReLU(z') = c ReLU(z): scale the live coordinates by c, move the dead ones within z < 0.
+          const double c = std::exp(draws.uniform(-1.0, 1.0));
+          VecD target = z;
+          for (Eigen::Index i = 0; i < z.size(); ++i) {
+            target[i] = z[i] > 0.0 ? c * z[i] : z[i] * draws.uniform(0.5, 2.0);
+          }
+          const VecD q = A.partialPivLu().solve(target - b);
+          const double cosine = p.dot(q) / (p.norm() * q.norm());
+          bool degenerate = false;
+          const double g = row_gap(v, p, q, k, 1.0, &degenerate);
+          // Need a live query and a new direction.
+          if (degenerate || !(cosine < 1.0 - 1e-9)) return std::nullopt;
+          return g;
+        });
+      });
 }
 
 namespace {

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <limits>
+#include <optional>
 #include <string>
 
 namespace attnscope::analyses::detail {
@@ -70,5 +72,28 @@ CheckRow start_row(std::string check, std::string what, double threshold, CheckR
 /// Folds one value into the row's margin (min for Above, max for Below; NaN poisons). Trials are
 /// counted by the caller.
 void fold(CheckRow& row, double value);
+
+/// Runs `trials` trials of a check: trial(t) returns the value folded into the row's margin.
+/// Counts the trials and decides the row.
+template <typename Trial>
+CheckRow run_trials(CheckRow row, int trials, Trial&& trial) {
+  for (int t = 0; t < trials; ++t) {
+    fold(row, trial(t));
+    ++row.trials;
+  }
+  row.decide();
+  return row;
+}
+
+/// The value of the first of up to `max_draws` draws that is usable (draw(attempt) returns
+/// nullopt for a degenerate one, e.g. a query that ReLU kills), or +inf when none was: a check
+/// that never got a usable draw must not pass quietly.
+template <typename Draw>
+double first_usable(int max_draws, Draw&& draw) {
+  for (int attempt = 0; attempt < max_draws; ++attempt) {
+    if (const std::optional<double> v = draw(attempt)) return *v;
+  }
+  return std::numeric_limits<double>::infinity();
+}
 
 }  // namespace attnscope::analyses::detail
