@@ -56,20 +56,18 @@ MatD softmax_jacobian(const VecD& w, const MatD& k, double scale) {
 }  // namespace
 
 CheckRow check_prop1_random(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop1.random", "softmax, rank(K) = d, rank([K,1]) = d+1: |S(p) - S(q)| for random p != q",
-      kDistinctRows, Sense::Above);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    bool ok = false;
-    const MatD k = generic_keys(draws, shape, nullptr, &ok);
-    const VecD p = draws.vector(shape.d), q = draws.vector(shape.d);
-    detail::fold(r, ok ? row_gap(softmax(), p, q, k, detail::default_scale(shape.d)) : 0.0);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row("prop1.random",
+                        "softmax, rank(K) = d, rank([K,1]) = d+1: |S(p) - S(q)| for random p != q",
+                        kDistinctRows, Sense::Above),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        bool ok = false;
+        const MatD k = generic_keys(draws, shape, nullptr, &ok);
+        const VecD p = draws.vector(shape.d), q = draws.vector(shape.d);
+        return ok ? row_gap(softmax(), p, q, k, detail::default_scale(shape.d)) : 0.0;
+      });
 }
 
 CheckRow check_prop1_adversarial(std::uint64_t seed, int trials) {
@@ -101,26 +99,24 @@ CheckRow check_prop1_adversarial(std::uint64_t seed, int trials) {
 }
 
 CheckRow check_prop1_hyperplane(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop1.hyperplane",
-      "converse: keys with K x = 1 (rank([K,1]) = d) give S(p) = S(p + t x): max |S(p) - S(q)|",
-      kEqualRows, Sense::Below);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    VecD x0;
-    const MatD k = detail::hyperplane_keys(draws, shape.n, shape.d, &x0);
-    MatD k1(k.rows(), k.cols() + 1);
-    k1 << k, MatD::Ones(k.rows(), 1);
-    const bool confined = detail::numerical_rank(k1) == shape.d;
-    const VecD p = draws.vector(shape.d);
-    const VecD q = p + draws.uniform(0.5, 2.0) * x0;
-    const double gap = row_gap(softmax(), p, q, k, detail::default_scale(shape.d));
-    detail::fold(r, confined ? gap : std::numeric_limits<double>::infinity());
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row(
+          "prop1.hyperplane",
+          "converse: keys with K x = 1 (rank([K,1]) = d) give S(p) = S(p + t x): max |S(p) - S(q)|",
+          kEqualRows, Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        VecD x0;
+        const MatD k = detail::hyperplane_keys(draws, shape.n, shape.d, &x0);
+        MatD k1(k.rows(), k.cols() + 1);
+        k1 << k, MatD::Ones(k.rows(), 1);
+        const bool confined = detail::numerical_rank(k1) == shape.d;
+        const VecD p = draws.vector(shape.d);
+        const VecD q = p + draws.uniform(0.5, 2.0) * x0;
+        const double gap = row_gap(softmax(), p, q, k, detail::default_scale(shape.d));
+        return confined ? gap : std::numeric_limits<double>::infinity();
+      });
 }
 
 CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials) {
@@ -168,10 +164,10 @@ CheckRow check_prop2_identity_negation(std::uint64_t seed, int trials) {
 CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
   Draws draws(seed);
   return detail::run_trials(
-      detail::start_row(
-          "prop2.relu_affine",
-          "linear:relu_affine, q != p of another direction with phi(q) = c phi(p): max |L(p) - L(q)|",
-          kSolvedRows, Sense::Below),
+      detail::start_row("prop2.relu_affine",
+                        "linear:relu_affine, q != p of another direction with phi(q) = c phi(p): "
+                        "max |L(p) - L(q)|",
+                        kSolvedRows, Sense::Below),
       trials, [&](int t) {
         const auto shape = detail::trial_shape(t, 2);  // one dimension has no other direction
         Variant v =
@@ -229,33 +225,31 @@ VecD invert_elementwise(const FeatureMap& map, const VecD& y) {
 }  // namespace
 
 CheckRow check_lemma1(const std::string& map, std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "lemma1." + map,
-      "linear:" + map +
-          " (injective): q found by bisection with phi(q) = alpha phi(p), alpha != 1: "
-          "max of |L(p) - L(q)| and |phi(q) - alpha phi(p)| / |alpha phi(p)|",
-      kSolvedRows, Sense::Below);
   const Variant v = parse_variant("linear:" + map);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    const MatD k = draws.matrix(shape.n, shape.d);
-    const VecD p = draws.vector(shape.d);
-    double alpha = std::exp(draws.uniform(-1.5, 1.5));
-    if (std::abs(alpha - 1.0) < 0.05) alpha = 0.5;
-    const VecD phi_p = v.map.apply<double>(MatD(p.transpose())).row(0).transpose();
-    const VecD q = invert_elementwise(v.map, alpha * phi_p);
-    const VecD phi_q = v.map.apply<double>(MatD(q.transpose())).row(0).transpose();
-    const double residual = (phi_q - alpha * phi_p).norm() / (alpha * phi_p).norm();
-    bool degenerate = false;
-    const double gap = row_gap(v, p, q, k, 1.0, &degenerate);
-    const bool distinct = (q - p).norm() > 1e-9 * p.norm();
-    detail::fold(r, degenerate || !distinct ? std::numeric_limits<double>::infinity()
-                                            : std::max(gap, residual));
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row(
+          "lemma1." + map,
+          "linear:" + map +
+              " (injective): q found by bisection with phi(q) = alpha phi(p), alpha != 1: "
+              "max of |L(p) - L(q)| and |phi(q) - alpha phi(p)| / |alpha phi(p)|",
+          kSolvedRows, Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        const MatD k = draws.matrix(shape.n, shape.d);
+        const VecD p = draws.vector(shape.d);
+        double alpha = std::exp(draws.uniform(-1.5, 1.5));
+        if (std::abs(alpha - 1.0) < 0.05) alpha = 0.5;
+        const VecD phi_p = v.map.apply<double>(MatD(p.transpose())).row(0).transpose();
+        const VecD q = invert_elementwise(v.map, alpha * phi_p);
+        const VecD phi_q = v.map.apply<double>(MatD(q.transpose())).row(0).transpose();
+        const double residual = (phi_q - alpha * phi_p).norm() / (alpha * phi_p).norm();
+        bool degenerate = false;
+        const double gap = row_gap(v, p, q, k, 1.0, &degenerate);
+        const bool distinct = (q - p).norm() > 1e-9 * p.norm();
+        return degenerate || !distinct ? std::numeric_limits<double>::infinity()
+                                       : std::max(gap, residual);
+      });
 }
 
 namespace {
@@ -269,23 +263,21 @@ Variant inline_with(int trial) {
 }  // namespace
 
 CheckRow check_prop3_random(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop3.random",
-      "inline (identity, leaky_relu, elu1), rank conditions on phi(K): |InL(p) - InL(q)| for "
-      "random p != q",
-      kDistinctRows, Sense::Above);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    const Variant v = inline_with(t);
-    bool ok = false;
-    const MatD k = generic_keys(draws, shape, &v.map, &ok);
-    const VecD p = draws.vector(shape.d), q = draws.vector(shape.d);
-    detail::fold(r, ok ? row_gap(v, p, q, k, 1.0) : 0.0);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row(
+          "prop3.random",
+          "inline (identity, leaky_relu, elu1), rank conditions on phi(K): |InL(p) - InL(q)| for "
+          "random p != q",
+          kDistinctRows, Sense::Above),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        const Variant v = inline_with(t);
+        bool ok = false;
+        const MatD k = generic_keys(draws, shape, &v.map, &ok);
+        const VecD p = draws.vector(shape.d), q = draws.vector(shape.d);
+        return ok ? row_gap(v, p, q, k, 1.0) : 0.0;
+      });
 }
 
 CheckRow check_prop3_collinear(std::uint64_t seed, int trials) {
@@ -318,25 +310,23 @@ CheckRow check_prop3_collinear(std::uint64_t seed, int trials) {
 }
 
 CheckRow check_prop3_hyperplane(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop3.hyperplane",
-      "converse: inline:identity with K x = 1 solvable gives InL(p) = InL(p + t x): max gap",
-      kEqualRows, Sense::Below);
   const Variant v = parse_variant("inline:identity");
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    VecD x0;
-    const MatD k = detail::hyperplane_keys(draws, shape.n, shape.d, &x0);
-    const VecD p = draws.vector(shape.d);
-    const VecD q = p + draws.uniform(0.5, 2.0) * x0;
-    // Relative to the rows' size: InLine weights grow with |p| |K|.
-    const double size = std::max(1.0, detail::weight_row(v, p, k, 1.0).norm());
-    detail::fold(r, row_gap(v, p, q, k, 1.0) / size);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row(
+          "prop3.hyperplane",
+          "converse: inline:identity with K x = 1 solvable gives InL(p) = InL(p + t x): max gap",
+          kEqualRows, Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        VecD x0;
+        const MatD k = detail::hyperplane_keys(draws, shape.n, shape.d, &x0);
+        const VecD p = draws.vector(shape.d);
+        const VecD q = p + draws.uniform(0.5, 2.0) * x0;
+        // Relative to the rows' size: InLine weights grow with |p| |K|.
+        const double size = std::max(1.0, detail::weight_row(v, p, k, 1.0).norm());
+        return row_gap(v, p, q, k, 1.0) / size;
+      });
 }
 
 }  // namespace attnscope::analyses

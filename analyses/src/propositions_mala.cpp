@@ -39,72 +39,66 @@ MatD elu1(const MatD& x) {
 }  // namespace
 
 CheckRow check_mala_rows_sum(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "mala.rows_sum_to_one",
-      "eq. 9, mala:elu1 paper and code, random Q, K: max_i |sum_j w_ij - 1| / max(1, sum_j |w_ij|)",
-      kIdentityTolerance, Sense::Below);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    const Variant v = parse_variant(t % 2 == 0 ? "mala:elu1@paper" : "mala:elu1@code");
-    const MatD q = draws.matrix(shape.n, shape.d), k = draws.matrix(shape.n, shape.d);
-    const MatD w = detail::weight_rows(v, q, k, detail::default_scale(shape.d));
-    const VecD error = (w.rowwise().sum().array() - 1.0).abs();
-    const VecD size = w.cwiseAbs().rowwise().sum().cwiseMax(1.0);
-    detail::fold(r, error.cwiseQuotient(size).maxCoeff());
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row("mala.rows_sum_to_one",
+                        "eq. 9, mala:elu1 paper and code, random Q, K: max_i |sum_j w_ij - 1| / "
+                        "max(1, sum_j |w_ij|)",
+                        kIdentityTolerance, Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        const Variant v = parse_variant(t % 2 == 0 ? "mala:elu1@paper" : "mala:elu1@code");
+        const MatD q = draws.matrix(shape.n, shape.d), k = draws.matrix(shape.n, shape.d);
+        const MatD w = detail::weight_rows(v, q, k, detail::default_scale(shape.d));
+        const VecD error = (w.rowwise().sum().array() - 1.0).abs();
+        const VecD size = w.cwiseAbs().rowwise().sum().cwiseMax(1.0);
+        return error.cwiseQuotient(size).maxCoeff();
+      });
 }
 
 CheckRow check_mala_eq11(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "mala.eq11",
-      "eq. 11: beta, gamma of a phi(q) (from the library's low-rank form) vs (beta + a - 1)/a and "
-      "a gamma, a in (1, 8]: max relative error",
-      kIdentityTolerance, Sense::Below);
   const Variant twin = parse_variant("mala:identity@paper");
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    const VecD phi_q = elu1(draws.vector(shape.d));
-    const MatD phi_k = elu1(draws.matrix(shape.n, shape.d));
-    const double a = draws.uniform(1.0, 8.0);
-    MatD x(2, shape.d);
-    x.row(0) = phi_q.transpose();
-    x.row(1) = a * phi_q.transpose();
-    // z_i = [beta_i phi(q_i), gamma_i] (attention.hpp): read beta by projecting on phi(q_i).
-    const MatD z = low_rank_form<double>(twin, x, phi_k, 1.0).Z;
-    const auto beta = [&](int i) {
-      return z.row(i).head(shape.d).dot(x.row(i)) / x.row(i).squaredNorm();
-    };
-    const double gamma0 = z(0, shape.d), gamma_a = z(1, shape.d);
-    const double beta0 = beta(0), beta_a = beta(1);
-    const double e_beta = std::abs(beta_a - (beta0 + a - 1.0) / a) / std::abs(beta_a);
-    const double e_gamma = std::abs(gamma_a - a * gamma0) / std::abs(gamma_a);
-    detail::fold(r, std::max(e_beta, e_gamma));
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row("mala.eq11",
+                        "eq. 11: beta, gamma of a phi(q) (from the library's low-rank form) vs "
+                        "(beta + a - 1)/a and "
+                        "a gamma, a in (1, 8]: max relative error",
+                        kIdentityTolerance, Sense::Below),
+      trials, [&](int t) {
+        const auto shape = detail::trial_shape(t);
+        const VecD phi_q = elu1(draws.vector(shape.d));
+        const MatD phi_k = elu1(draws.matrix(shape.n, shape.d));
+        const double a = draws.uniform(1.0, 8.0);
+        MatD x(2, shape.d);
+        x.row(0) = phi_q.transpose();
+        x.row(1) = a * phi_q.transpose();
+        // z_i = [beta_i phi(q_i), gamma_i] (attention.hpp): read beta by projecting on phi(q_i).
+        const MatD z = low_rank_form<double>(twin, x, phi_k, 1.0).Z;
+        const auto beta = [&](int i) {
+          return z.row(i).head(shape.d).dot(x.row(i)) / x.row(i).squaredNorm();
+        };
+        const double gamma0 = z(0, shape.d), gamma_a = z(1, shape.d);
+        const double beta0 = beta(0), beta_a = beta(1);
+        const double e_beta = std::abs(beta_a - (beta0 + a - 1.0) / a) / std::abs(beta_a);
+        const double e_gamma = std::abs(gamma_a - a * gamma0) / std::abs(gamma_a);
+        return std::max(e_beta, e_gamma);
+      });
 }
 
 CheckRow check_mala_eq19(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "mala.eq19",
-      "eq. 19: a beta / (a + beta - 1) - 1 for beta in 1 + [1e-6, 1e3], a in 1 + [1e-6, 7]: "
-      "smallest excess",
-      0.0, Sense::Above);
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const double beta = 1.0 + std::pow(10.0, draws.uniform(-6.0, 3.0));
-    const double a = 1.0 + std::pow(10.0, draws.uniform(-6.0, std::log10(7.0)));
-    detail::fold(r, a * beta / (a + beta - 1.0) - 1.0);
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row(
+          "mala.eq19",
+          "eq. 19: a beta / (a + beta - 1) - 1 for beta in 1 + [1e-6, 1e3], a in 1 + [1e-6, 7]: "
+          "smallest excess",
+          0.0, Sense::Above),
+      trials, [&](int) {
+        const double beta = 1.0 + std::pow(10.0, draws.uniform(-6.0, 3.0));
+        const double a = 1.0 + std::pow(10.0, draws.uniform(-6.0, std::log10(7.0)));
+        return a * beta / (a + beta - 1.0) - 1.0;
+      });
 }
 
 CheckRow check_mala_eq22(std::uint64_t seed, int trials) {
