@@ -10,8 +10,10 @@ every row sums to 1. With c = (s / N) ** 0.5:
   mala (elu1)      W_ij = beta_i a_ij - gamma_i,  a_ij = c^2 phi(q_i).phi(k_j),  phi = ELU + 1,
                    S_i = sum_m a_im,  beta_i = 1 + 1/S_i,  gamma_i = S_i / N
 
-A linear-attention row whose denominator is zero (ReLU killed the whole query) gets weights 0,
-as the C++ library reports such a row as degenerate and zeroes it.
+Degenerate rows (linear and MALA): with S_i = phi(q_i).sum_m phi(k_m) (times c^2 for MALA), a row
+with |S_i| <= 1e-12 |phi(q_i)| |sum_m phi(k_m)| (times c^2) has no usable denominator and gets
+weights 0, the rule of the C++ library (kTinyDenominator in lib/src/linear_rows.hpp): e.g. a query
+that ReLU kills entirely. A negative S_i (phi = identity) is a legitimate row and is kept as is.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 FAMILIES = ("softmax", "linear", "inline", "mala")
 # The feature map each family uses in this project's models (the dump's `feature_map` attribute).
 FEATURE_MAPS = {"softmax": "none", "linear": "relu", "inline": "identity", "mala": "elu1"}
-# Denominators at or below this are treated as zero (matches kTinyDenominator in spirit: a row
-# with phi(q) == 0 has an exactly zero numerator, so clamping yields a zero row).
+# kTinyDenominator of lib/include/attnscope/attention.hpp: |S| at or below this times its magnitude
+# makes a degenerate row.
 _TINY = 1e-12
 
 
@@ -43,17 +45,27 @@ def attention_weights(family: str, q: torch.Tensor, k: torch.Tensor, scale: floa
     n = k.shape[-2]  # number of keys (N of the formulas)
     if family == "softmax":
         return torch.softmax(scale * (q @ k.transpose(-2, -1)), dim=-1)
-    if family == "linear":
-        a = feature_map(fmap, q) @ feature_map(fmap, k).transpose(-2, -1)
-        return a / a.sum(dim=-1, keepdim=True).clamp_min(_TINY)
-    c2 = scale / n
-    a = c2 * (feature_map(fmap, q) @ feature_map(fmap, k).transpose(-2, -1))
+    if family not in FAMILIES:
+        raise ValueError(f"unknown attention family '{family}' (expected one of {FAMILIES})")
+    fq, fk = feature_map(fmap, q), feature_map(fmap, k)
+    c2 = 1.0 if family == "linear" else scale / n
+    a = c2 * (fq @ fk.transpose(-2, -1))
     if family == "inline":
         return a - a.mean(dim=-1, keepdim=True) + 1.0 / n
-    if family == "mala":
-        s = a.sum(dim=-1, keepdim=True)
-        return (1.0 + 1.0 / s) * a - s / n
-    raise ValueError(f"unknown attention family '{family}' (expected one of {FAMILIES})")
+    s, dead = _denominators(fq, fk, c2)
+    s = torch.where(dead, torch.ones_like(s), s)  # keeps 0/0 out of the backward pass too
+    w = a / s if family == "linear" else (1.0 + 1.0 / s) * a - s / n
+    return torch.where(dead, torch.zeros_like(w), w)
+
+
+def _denominators(fq: torch.Tensor, fk: torch.Tensor, c2: float):
+    """S [B, H, n, 1] and whether each row is degenerate (see the module docstring)."""
+    ksum = fk.sum(dim=-2, keepdim=True)  # [B, H, 1, d]
+    s = c2 * (fq @ ksum.transpose(-2, -1))
+    with torch.no_grad():  # a decision, not a value: no gradient through the norms
+        magnitude = c2 * fq.norm(dim=-1, keepdim=True) * ksum.norm(dim=-1, keepdim=True)
+        dead = ~(s.abs() > _TINY * magnitude)
+    return s, dead
 
 
 def attention_outputs(family: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

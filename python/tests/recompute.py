@@ -22,18 +22,20 @@ def weights(family, fmap, q, k, scale):
         e = np.exp(s - s.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
     fq, fk = _phi(fmap, q), _phi(fmap, k)
-    if family == "linear":
-        a = fq @ fk.T
-        den = a.sum(axis=1, keepdims=True)
-        return np.divide(a, den, out=np.zeros_like(a), where=den > 0)
-    c2 = scale / n_keys
+    c2 = 1.0 if family == "linear" else scale / n_keys
     a = c2 * fq @ fk.T
     if family == "inline":
         return a - a.mean(axis=1, keepdims=True) + 1.0 / n_keys
-    if family == "mala":
-        s = a.sum(axis=1, keepdims=True)
-        return (1.0 + 1.0 / s) * a - s / n_keys
-    raise ValueError(family)
+    if family not in ("linear", "mala"):
+        raise ValueError(family)
+    # A row is degenerate (zero) when |S| <= 1e-12 |S|'s magnitude (lib/src/linear_rows.hpp);
+    # a negative S (phi = identity) is a real row.
+    ksum = fk.sum(axis=0)
+    s = c2 * fq @ ksum[:, None]
+    live = np.abs(s) > 1e-12 * c2 * np.linalg.norm(fq, axis=1, keepdims=True) * np.linalg.norm(ksum)
+    s = np.where(live, s, 1.0)
+    w = a / s if family == "linear" else (1.0 + 1.0 / s) * a - s / n_keys
+    return np.where(live, w, 0.0)
 
 
 def outputs(f, layer, image, head):

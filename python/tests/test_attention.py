@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+import recompute
 from attnscope_dump.attention import FAMILIES, attention_outputs, attention_weights
 
 
@@ -105,3 +106,57 @@ def test_n_is_the_number_of_keys(family):
     want = _paper_linear_family(family, c * phi(q[0, 0].numpy()), c * phi(k[0, 0].numpy()))
     err = np.abs(attention_weights(family, q, k, s)[0, 0].numpy() - want).max()
     assert err < 1e-12, f"{family} 3 queries x 17 keys: worst error {err}"
+
+
+def _plain_linear_family(family, phi_q, phi_k, c2=1.0):
+    """Row by row in float64: a_ij = c2 phi(q_i).phi(k_j), S_i = sum_j a_ij; a row whose
+    |S_i| is not above 1e-12 |c2 phi(q_i)| |sum_j phi(k_j)| is degenerate and zero (the C++
+    library's rule, lib/src/linear_rows.hpp); otherwise linear gives a_ij / S_i and MALA
+    (1 + 1/S_i) a_ij - S_i / N, whatever the sign of S_i (S_i taken as c2 phi(q_i).sum_j phi(k_j),
+    as the library does)."""
+    n = phi_k.shape[0]
+    ksum = phi_k.sum(axis=0)
+    w = np.zeros((phi_q.shape[0], n))
+    for i in range(phi_q.shape[0]):
+        a = np.array([c2 * phi_q[i] @ phi_k[j] for j in range(n)])
+        s = c2 * phi_q[i] @ ksum
+        if not abs(s) > 1e-12 * c2 * np.linalg.norm(phi_q[i]) * np.linalg.norm(ksum):
+            continue
+        w[i] = a / s if family == "linear" else (1 + 1 / s) * a - s / n
+    return w
+
+
+@pytest.mark.parametrize("family", ["linear", "mala"])
+def test_identity_map_with_negative_denominators(family):
+    """phi = identity changes sign: rows with a negative denominator are legitimate rows (they
+    still sum to 1), not degenerate ones; only a denominator that is zero relative to its
+    magnitude makes a zero row."""
+    n, d, s = 12, 5, 0.5
+    q, k = _qk(21, n, d)
+    q[0, 0, 3] = 0.0                      # zero query: S = 0, degenerate
+    half = torch.randint(-3, 4, (n // 2, d), generator=torch.Generator().manual_seed(5))
+    k[0, 1] = torch.cat([half, -half]).double()  # keys summing exactly to 0: head 1 degenerate
+    fq, fk = q[0, 0].numpy(), k[0, 0].numpy()
+    den = fq @ fk.sum(0)
+    assert (den < 0).sum() >= 3 and (den > 0).sum() >= 3, f"seed gives no mixed signs: {den}"
+    got = attention_weights(family, q, k, s, "identity")
+    c2 = 1.0 if family == "linear" else s / n
+    for head in range(2):
+        want = _plain_linear_family(family, q[0, head].numpy(), k[0, head].numpy(), c2)
+        err = np.abs(got[0, head].numpy() - want).max()
+        assert err < 1e-12, f"{family}:identity N={n} d={d} head {head}: worst error {err}"
+        helper = recompute.weights(family, "identity", q[0, head].numpy(), k[0, head].numpy(), s)
+        err = np.abs(helper - want).max()
+        assert err < 1e-12, f"tests/recompute.py {family}:identity head {head}: worst error {err}"
+    assert torch.all(got[0, 0, 3] == 0) and torch.all(got[0, 1] == 0), "degenerate rows not zero"
+    live = got[0, 0].sum(-1)[torch.arange(n) != 3]
+    assert (live - 1).abs().max() < 1e-12, f"{family}:identity row sums {live}"
+
+
+def test_identity_map_gradients_are_finite():
+    """The zero-row guard must not put NaN into the backward pass (the models train through it)."""
+    q, k = _qk(22, 6, 3)
+    q[0, 0, 1] = 0.0
+    q.requires_grad_(True)
+    attention_weights("linear", q, k, 1.0, "identity").sum().backward()
+    assert torch.isfinite(q.grad).all(), f"non-finite gradient: {q.grad}"
