@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import torch
 
-from .hooks import find_sites, token_layout
+from .hooks import call_kwargs, check_rotary, check_supported, find_sites, token_layout
 
 _DTYPES = {"float16": np.float16, "float32": np.float32}
 _F16_MAX = float(np.finfo(np.float16).max)
@@ -92,18 +92,24 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
                model_name: str | None = None, attention_family: str | None = None,
                feature_map: str | None = None, convention: str = "code", grid=None,
                prefix_tokens: int | None = None, compression: int = 4,
-               device: str | torch.device | None = None) -> DumpSummary:
+               device: str | torch.device | None = None,
+               allow_rotary: bool = False) -> DumpSummary:
     """Writes the dump of `model` over `loader` to `path` (atomically: a temporary name, renamed
     when complete). `loader` yields tensors, (images, labels) pairs or dicts with pixel_values.
 
     layers: source layer indices to keep (default all); they become /layers/0.. in order and the
     source indices are stored in the `source_layers` attribute. grid / prefix_tokens override
     what is read from the model ((height, width) and the number of prefix tokens).
+
+    A model that rotates q and k (RoPE) is refused: q and k are read before the rotation, so they
+    are not the vectors the attention used. allow_rotary=True dumps them anyway, with a warning.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float16 or float32, not {dtype!r}")
     np_dtype = _DTYPES[dtype]
     style, sites = find_sites(model)
+    check_supported(sites)
+    check_rotary(model, sites, allow_rotary)
     keep = list(range(len(sites))) if layers is None else [int(i) for i in layers]
     for i in keep:
         if not 0 <= i < len(sites):
@@ -124,7 +130,8 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
             f.attrs.update(attrs)
             f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
             n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_images,
-                        with_out, with_attn, with_labels, with_logits, with_images, device)
+                        with_out, with_attn, with_labels, with_logits, with_images, device,
+                        call_kwargs(model, style, with_attn), [sites[i].hint for i in keep])
             if n == 0:
                 raise ValueError("the loader yielded no images")
         os.replace(tmp, path)
@@ -140,7 +147,7 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
 
 
 def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_images, with_out,
-            with_attn, with_labels, with_logits, with_images, device) -> int:
+            with_attn, with_labels, with_logits, with_images, device, kwargs, hints) -> int:
     w = _Writer(f, np_dtype, compression)
     shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
     n = 0
@@ -154,13 +161,12 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_im
                 break
             for s in stores:
                 s.clear()
-            output = model(x.to(device) if device is not None else x)
+            output = model(x.to(device) if device is not None else x, **kwargs)
             names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
             for slot, (src, s) in enumerate(zip(keep, stores)):
                 for name in names:
                     if name not in s:
-                        raise ValueError(f"layer {src}: no '{name}' was captured (the model took "
-                                         "a path the hooks do not see, e.g. fused attention)")
+                        raise ValueError(f"layer {src}: no '{name}' was captured ({hints[slot]})")
                     a = _checked(name, src, s[name], np_dtype)
                     want = shape if name != "attn" else shape[:2] + (shape[1],)
                     if a.shape[1:] != want:

@@ -10,15 +10,26 @@ and leaves the captured tensors, shaped [B, H, N, d] (weights [B, H, N, N]), in 
   of `norm` where timm has one, is the per-head output).
 * Hugging Face ViT: `encoder.layer[i].attention.attention` (a ViTSelfAttention) with separate
   `query`, `key`, `value` Linears of output [B, N, H*d]; the module's first output is the per-head
-  output; its `dropout` module, when called, sees the weights (eager attention only).
+  output. The weights exist only on the eager attention path: where they are wanted, the config's
+  `_attn_implementation` is set to "eager" for the run (and restored), the model is called with
+  `output_attentions=True`, and they are read from the module's second output (current releases,
+  where eager_attention_forward is a function with functional dropout) or from the input of its
+  `dropout` module (older releases, which call that module on the weights).
+* torchvision ViT: `encoder.layers[i].self_attention`, an nn.MultiheadAttention called with
+  query = key = value. q, k, v are its in_proj applied to that input; where weights or outputs
+  are wanted its forward is wrapped for the run to ask for per-head weights, and the per-head
+  output is those weights times v, checked against the module's own (projected) output.
 
 q and k are captured before any scale is applied; the scale is recorded separately.
 """
 from __future__ import annotations
 
+import inspect
+import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -39,6 +50,8 @@ def _heads(t: torch.Tensor, h: int) -> torch.Tensor:
 
 class TimmSite:
     """One timm-style attention module (`blocks[i].attn`)."""
+
+    hint = "the model took a path the hooks do not see, e.g. fused attention"
 
     def __init__(self, attn: nn.Module):
         self.m = attn
@@ -92,12 +105,17 @@ class TimmSite:
 class HFViTSite:
     """One Hugging Face ViTSelfAttention (`encoder.layer[i].attention.attention`)."""
 
-    def __init__(self, sa: nn.Module):
+    hint = ("Hugging Face attention returned no weights: load the model with "
+            "attn_implementation=\"eager\"")
+
+    def __init__(self, sa: nn.Module, config=None):
         self.m = sa
         h = int(sa.num_attention_heads)
         d = int(sa.attention_head_size)
         scale = float(getattr(sa, "scaling", d ** -0.5))
         self.info = LayerInfo(h, d, scale, "softmax", "none")
+        self._configs = [c for c in (config, getattr(sa, "config", None)) if c is not None]
+        self._saved_impl = []
 
     def install(self, store: dict, want_attn: bool, want_out: bool) -> list:
         m, h = self.m, self.info.num_heads
@@ -105,18 +123,117 @@ class HFViTSite:
             lambda _m, _i, o, name=name: store.update({name[0]: _heads(o, h)}))
             for name in ("query", "key", "value")]
         if want_attn:
-            if not isinstance(getattr(m, "dropout", None), nn.Module):
-                raise ValueError("attention weights asked for, but the module has no dropout")
-            hooks.append(m.dropout.register_forward_hook(
-                lambda _m, inp, _o: store.update(attn=inp[0])))
-        if want_out:
-            hooks.append(m.register_forward_hook(
-                lambda _m, _i, o: store.update(out=_heads(o[0] if isinstance(o, tuple) else o,
-                                                          h))))
+            self._force_eager()
+            if isinstance(getattr(m, "dropout", None), nn.Module):  # releases that call it
+                hooks.append(m.dropout.register_forward_hook(
+                    lambda _m, inp, _o: store.update(attn=inp[0])))
+
+        def on_output(_m, _i, o):
+            if want_out:
+                store["out"] = _heads(o[0] if isinstance(o, tuple) else o, h)
+            if want_attn and isinstance(o, tuple) and len(o) > 1 and torch.is_tensor(o[1]):
+                store["attn"] = o[1]
+
+        if want_out or want_attn:
+            hooks.append(m.register_forward_hook(on_output))
         return hooks
 
+    def _force_eager(self) -> None:
+        """SDPA and flash kernels never form the weights: use eager attention for this run."""
+        for cfg in self._configs:
+            impl = getattr(cfg, "_attn_implementation", None)
+            if impl is None or impl == "eager":
+                continue
+            try:
+                cfg._attn_implementation = "eager"
+            except (AttributeError, TypeError, ValueError) as e:
+                raise ValueError(f"attention weights asked for, but the model uses {impl!r} "
+                                 f"attention and its config refused 'eager' ({e}); load the "
+                                 "model with attn_implementation=\"eager\"") from e
+            self._saved_impl.append((cfg, impl))
+
     def restore(self) -> None:
-        pass
+        for cfg, impl in reversed(self._saved_impl):
+            cfg._attn_implementation = impl
+        self._saved_impl = []
+
+
+class TorchvisionSite:
+    """One nn.MultiheadAttention of torchvision's ViT (`encoder.layers[i].self_attention`)."""
+
+    hint = "the MultiheadAttention was not called"
+
+    def __init__(self, mha: nn.MultiheadAttention):
+        if mha.bias_k is not None or mha.bias_v is not None or mha.add_zero_attn:
+            raise ValueError("nn.MultiheadAttention with add_bias_kv or add_zero_attn attends to "
+                             "extra key tokens; not supported")
+        self.m = mha
+        h, d = int(mha.num_heads), int(mha.head_dim)
+        self.info = LayerInfo(h, d, d ** -0.5, "softmax", "none")  # F.multi_head_attention_forward
+
+    def _qkv(self, x: torch.Tensor):
+        m = self.m
+        b = m.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
+        if m._qkv_same_embed_dim:
+            wq, wk, wv = m.in_proj_weight.chunk(3)
+        else:
+            wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+        h = self.info.num_heads
+        return tuple(_heads(F.linear(x, w, bias), h) for w, bias in ((wq, bq), (wk, bk), (wv, bv)))
+
+    def install(self, store: dict, want_attn: bool, want_out: bool) -> list:
+        m, h = self.m, self.info.num_heads
+        original = type(m).forward
+        names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                 "average_attn_weights")
+
+        def forward(*args, **kwargs):
+            call = dict(zip(names, args), **kwargs)
+            x = call["query"]
+            if call.get("key") is not x or call.get("value") is not x:
+                raise ValueError("nn.MultiheadAttention called with key/value other than its "
+                                 "query: only self-attention over the tokens is supported")
+            if call.get("attn_mask") is not None or call.get("key_padding_mask") is not None \
+                    or call.get("is_causal"):
+                raise ValueError("nn.MultiheadAttention called with a mask: not supported")
+            tokens = x if m.batch_first else x.transpose(0, 1)
+            q, k, v = self._qkv(tokens)
+            store.update(q=q, k=k, v=v)
+            if not (want_attn or want_out):
+                return original(m, *args, **kwargs)
+            wanted = call.get("need_weights", True)
+            averaged = call.get("average_attn_weights", True)
+            call.update(need_weights=True, average_attn_weights=False)
+            y, w = original(m, **call)
+            per_head = w.to(v.dtype) @ v
+            _check_projection(m, per_head, y if m.batch_first else y.transpose(0, 1))
+            if want_attn:
+                store["attn"] = w
+            if want_out:
+                store["out"] = per_head
+            if not wanted:
+                return y, None
+            return y, (w.mean(dim=1) if averaged else w)
+
+        m.forward = forward  # an instance attribute: nn.Module.__call__ looks it up first
+        return []
+
+    def restore(self) -> None:
+        self.m.__dict__.pop("forward", None)
+
+
+def _check_projection(m: nn.MultiheadAttention, per_head: torch.Tensor, y: torch.Tensor) -> None:
+    """out_proj of the merged per-head outputs must give the module's own output."""
+    b, h, n, d = per_head.shape
+    merged = per_head.transpose(1, 2).reshape(b, n, h * d)
+    mine = F.linear(merged, m.out_proj.weight, m.out_proj.bias)
+    err = (mine - y).abs().max().item()
+    bound = 1e-4 * max(1.0, y.abs().max().item())
+    if not err <= bound:
+        raise ValueError(f"nn.MultiheadAttention: out_proj(weights @ v) differs from the module's "
+                         f"output by {err:.3g}: the module computes something other than "
+                         "softmax self-attention")
 
 
 def find_sites(model: nn.Module):
@@ -130,10 +247,74 @@ def find_sites(model: nn.Module):
     layers = getattr(enc, "layer", None)
     if layers is not None and len(layers) and hasattr(layers[0], "attention") \
             and hasattr(layers[0].attention, "attention"):
-        return "hf_vit", [HFViTSite(layer.attention.attention) for layer in layers]
+        cfg = getattr(root, "config", None)
+        return "hf_vit", [HFViTSite(layer.attention.attention, cfg) for layer in layers]
+    layers = getattr(enc, "layers", None)
+    if layers is not None and len(layers) \
+            and isinstance(getattr(layers[0], "self_attention", None), nn.MultiheadAttention):
+        return "torchvision", [TorchvisionSite(layer.self_attention) for layer in layers]
     raise ValueError(f"{type(model).__name__}: no supported attention layers found (expected "
-                     "blocks[i].attn.qkv (timm style) or encoder.layer[i].attention.attention "
-                     "(Hugging Face ViT))")
+                     "blocks[i].attn.qkv (timm style), encoder.layer[i].attention.attention "
+                     "(Hugging Face ViT) or encoder.layers[i].self_attention (torchvision ViT))")
+
+
+def call_kwargs(model: nn.Module, style: str, want_attn: bool) -> dict:
+    """Keyword arguments for model(x): Hugging Face models return weights only when asked."""
+    if style != "hf_vit" or not want_attn:
+        return {}
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    if "output_attentions" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return {"output_attentions": True}
+    return {}
+
+
+_ROTARY = ("rope", "rotary", "rot_pos")
+
+
+def _rotary_name(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1].lower()
+    return any(r in leaf for r in _ROTARY)
+
+
+def rotary_sources(model: nn.Module, sites) -> list:
+    """Where the model rotates q and k (RoPE): its rotary submodules, parameters or buffers (timm's
+    EVA and vit_*_rope_* models keep one at `model.rope` and pass its output to every attention
+    as `rope=`), and rotary tensors or functions held by the attention modules themselves.
+    Empty when there is none; a `rope` argument that no such source can feed is no rotation."""
+    found = [n for n, mod in model.named_modules() if n and _rotary_name(n) and mod is not None]
+    found += [n for n, _ in model.named_parameters() if _rotary_name(n)]
+    found += [n for n, _ in model.named_buffers() if _rotary_name(n)]
+    names = {id(mod): n for n, mod in model.named_modules()}
+    for site in sites:
+        for attr, value in vars(site.m).items():
+            if _rotary_name(attr) and (torch.is_tensor(value) or callable(value)):
+                found.append(f"{names.get(id(site.m), type(site.m).__name__)}.{attr}")
+    return sorted(set(found))
+
+
+def check_rotary(model: nn.Module, sites, allow: bool) -> None:
+    """Refuses (ValueError) a model that rotates q and k, unless `allow`, which warns instead."""
+    where = rotary_sources(model, sites)
+    if not where:
+        return
+    msg = (f"{type(model).__name__} rotates q and k (RoPE: {', '.join(where[:3])}"
+           f"{', ...' if len(where) > 3 else ''}); the dumper reads q and k before the rotation, "
+           "so their dot products are not the ones the model's attention used")
+    if not allow:
+        raise ValueError(msg + "; pass allow_rotary=True to dump the unrotated q and k anyway")
+    warnings.warn(msg + " (allow_rotary=True: dumping them anyway; recompute, confusion and every "
+                  "analysis of q and k will not match the model)", stacklevel=3)
+
+
+def check_supported(sites) -> None:
+    """Attention modules that have timm's names but compute something else."""
+    for i, site in enumerate(sites):
+        if hasattr(site.m, "lambda_q1") or hasattr(site.m, "lambda_init"):
+            raise ValueError(f"layer {i}: {type(site.m).__name__} is differential attention "
+                             "(two softmax maps subtracted), not one of the four families")
 
 
 def token_layout(model: nn.Module, style: str):
@@ -145,6 +326,12 @@ def token_layout(model: nn.Module, style: str):
         if grid is not None and prefix is not None:
             return int(grid[0]), int(grid[1]), int(prefix)
         return None
+    if style == "torchvision":
+        size, patch = getattr(model, "image_size", None), getattr(model, "patch_size", None)
+        if size is None or patch is None:
+            return None
+        prefix = 1 if getattr(model, "class_token", None) is not None else 0
+        return int(size) // int(patch), int(size) // int(patch), prefix
     cfg = getattr(getattr(model, "vit", model), "config", None)
     if cfg is not None and hasattr(cfg, "image_size") and hasattr(cfg, "patch_size"):
         g = int(cfg.image_size) // int(cfg.patch_size)
