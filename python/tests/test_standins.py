@@ -1,5 +1,7 @@
 """The timm and Hugging Face paths, on stand-in modules with the libraries' structure and names
-(tests/standins.py; neither library is installable here)."""
+(tests/standins.py, tests/standins_hf_current.py; neither library is installable here)."""
+from types import SimpleNamespace
+
 import h5py
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ import torch
 
 from attnscope_dump import dump_model
 from conftest import image_loader
+import standins_hf_current as hf_current
 from standins import TimmVisionTransformer, ViTForImageClassification, ViTModel, hf_config
 
 
@@ -95,3 +98,77 @@ def test_hf_vit(tmp_path, cls):
         assert f.attrs["num_tokens"] == 17 and f.attrs["num_heads"] == 2
         assert f["labels"].shape == (5,)
         assert ("logits" in f) == (cls is ViTForImageClassification)
+
+
+# --- the current Hugging Face structure (standins_hf_current.py): SDPA by default, eager attention
+# as a function with functional dropout, ViTSelfAttention returning (context, weights).
+
+def _hf_current_reference(vit, x):
+    h = vit.embeddings(x)
+    out = []
+    for layer in vit.encoder.layer:
+        sa = layer.attention.attention
+        hb = layer.layernorm_before(h)
+        q, k, v = (m(hb).view(len(x), -1, sa.num_attention_heads, sa.attention_head_size)
+                   .transpose(1, 2) for m in (sa.query, sa.key, sa.value))
+        w = torch.softmax(q @ k.transpose(-2, -1) * sa.scaling, dim=-1)
+        out.append(dict(q=q, k=k, v=v, attn=w, out=w @ v))
+        h = layer(h)
+    return out
+
+
+@pytest.mark.parametrize("cls", [hf_current.ViTModel, hf_current.ViTForImageClassification])
+def test_hf_vit_current_weights(tmp_path, cls):
+    torch.manual_seed(3)
+    model = cls(hf_current.hf_config()).eval()
+    assert model.config._attn_implementation == "sdpa"
+    assert not hasattr(model.vit if hasattr(model, "vit") else model, "dropout")
+    batches = [{"pixel_values": b[0], "labels": b[1]} for b in image_loader(5, batch=2)]
+    path = tmp_path / "hf.h5"
+    dump_model(model, batches, str(path), dtype="float32", with_attn=True)
+    assert model.config._attn_implementation == "sdpa", "attention implementation not restored"
+    vit = getattr(model, "vit", model)
+    x = torch.cat([b["pixel_values"] for b in batches])
+    with torch.no_grad():
+        _check(path, _hf_current_reference(vit, x), f"current {cls.__name__}")
+        model.config._attn_implementation = "eager"  # the library's own weights, via its outputs
+        own = model(x, output_attentions=True).attentions
+        model.config._attn_implementation = "sdpa"
+    with h5py.File(path) as f:
+        for layer, w in enumerate(own):
+            err = np.abs(f[f"layers/{layer}/attn"][()] - w.numpy()).max()
+            assert err < 1e-6, f"current {cls.__name__} layer {layer}: dump vs outputs.attentions {err}"
+        assert ("logits" in f) == (cls is hf_current.ViTForImageClassification)
+
+
+def test_hf_vit_current_without_weights_keeps_sdpa(tmp_path, monkeypatch):
+    """q, k, v and out need no weights: the model keeps its SDPA path."""
+    torch.manual_seed(4)
+    model = hf_current.ViTForImageClassification(hf_current.hf_config()).eval()
+    calls = []
+    sdpa = hf_current.ATTENTION_FUNCTIONS["sdpa"]
+    monkeypatch.setitem(hf_current.ATTENTION_FUNCTIONS, "sdpa",
+                        lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    batches = image_loader(3)
+    dump_model(model, batches, str(tmp_path / "d.h5"), dtype="float32", with_out=True)
+    assert len(calls) == 2, f"SDPA called {len(calls)} times, expected once per layer"
+    with torch.no_grad():
+        ref = _hf_current_reference(model.vit, batches[0][0])
+    _check(tmp_path / "d.h5", [{n: t for n, t in r.items() if n != "attn"} for r in ref],
+           "current HF (sdpa)")
+
+
+def test_hf_vit_config_that_refuses_eager(tmp_path):
+    """A config whose attention implementation cannot be switched: a plain error that says what
+    to do, and nothing written."""
+    class FixedConfig(SimpleNamespace):
+        @property
+        def _attn_implementation(self):
+            return "sdpa"
+
+    torch.manual_seed(5)
+    cfg = FixedConfig(**vars(hf_current.hf_config()))
+    model = hf_current.ViTModel(cfg).eval()
+    with pytest.raises(ValueError, match='attn_implementation="eager"'):
+        dump_model(model, image_loader(2), str(tmp_path / "d.h5"), with_attn=True)
+    assert not (tmp_path / "d.h5").exists()
