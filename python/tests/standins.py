@@ -235,3 +235,90 @@ class ViTForImageClassification(nn.Module):
     def forward(self, pixel_values):
         h = self.vit(pixel_values).last_hidden_state
         return SimpleNamespace(logits=self.classifier(h[:, 0]))
+
+
+# ----------------------------------------------------------------------------- timm with RoPE
+class TimmRotaryEmbedding(nn.Module):
+    """Like timm's rotary embeddings for EVA / vit_*_rope_* models: the model holds it as `rope`
+    and passes its output (sin and cos per patch token, concatenated) to every attention."""
+
+    def __init__(self, head_dim, grid):
+        super().__init__()
+        self.head_dim, self.grid = head_dim, grid
+
+    def forward(self):
+        quarter = self.head_dim // 4
+        freqs = 1.0 / (10.0 ** (torch.arange(quarter, dtype=torch.float32) / quarter))
+        ys, xs = torch.meshgrid(torch.arange(self.grid[0]), torch.arange(self.grid[1]),
+                                indexing="ij")
+        ang = torch.cat([ys.reshape(-1, 1) * freqs, xs.reshape(-1, 1) * freqs], dim=1)
+        ang = ang.repeat_interleave(2, dim=1)  # [tokens, head_dim]
+        return torch.cat([ang.sin(), ang.cos()], dim=-1)
+
+
+def _rotate(x, rope):
+    sin, cos = rope.chunk(2, dim=-1)
+    pairs = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
+    return x * cos + pairs * sin
+
+
+class TimmRopeAttention(TimmAttention):
+    """timm's AttentionRope: q and k of the patch tokens are rotated after q_norm/k_norm."""
+
+    def __init__(self, dim, num_heads, num_prefix_tokens=1):
+        super().__init__(dim, num_heads)
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def forward(self, x, rope=None):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim) \
+            .permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            p = self.num_prefix_tokens
+            q = torch.cat([q[:, :, :p], _rotate(q[:, :, p:], rope)], dim=2)
+            k = torch.cat([k[:, :, :p], _rotate(k[:, :, p:], rope)], dim=2)
+        if self.fused_attn:
+            x = _fused_sdpa(q, k, v, self.scale)
+        else:
+            attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
+            x = attn @ v
+        return self.proj(self.norm(x.transpose(1, 2).reshape(B, N, C)))
+
+
+class TimmRopeBlock(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = TimmRopeAttention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = TimmMlp(dim, 2 * dim)
+
+    def forward(self, x, rope=None):
+        x = x + self.attn(self.norm1(x), rope=rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class TimmEva(nn.Module):
+    """The shape of timm's Eva with use_rot_pos_emb (rope=True) or without (rope=False)."""
+
+    def __init__(self, img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=16,
+                 depth=2, num_heads=2, rope=True):
+        super().__init__()
+        self.num_prefix_tokens = 1
+        self.patch_embed = TimmPatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, embed_dim) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.rope = TimmRotaryEmbedding(embed_dim // num_heads, self.patch_embed.grid_size) \
+            if rope else None
+        self.blocks = nn.ModuleList([TimmRopeBlock(embed_dim, num_heads) for _ in range(depth)])
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head = nn.Linear(embed_dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        rope = self.rope() if self.rope is not None else None
+        for blk in self.blocks:
+            x = blk(x, rope=rope)
+        return self.head(self.norm(x)[:, 0])
