@@ -172,3 +172,15 @@ def test_hf_vit_config_that_refuses_eager(tmp_path):
     with pytest.raises(ValueError, match='attn_implementation="eager"'):
         dump_model(model, image_loader(2), str(tmp_path / "d.h5"), with_attn=True)
     assert not (tmp_path / "d.h5").exists()
+
+
+def test_hf_vit_without_weights_names_the_fix(tmp_path, monkeypatch):
+    """An attention that returns no weights even on the eager path (here: eager replaced by a
+    kernel): the error says what was missing and how to load the model instead."""
+    torch.manual_seed(6)
+    model = hf_current.ViTModel(hf_current.hf_config()).eval()
+    monkeypatch.setattr(hf_current, "eager_attention_forward", hf_current.sdpa_attention_forward)
+    with pytest.raises(ValueError, match=r"no 'attn' was captured .*attn_implementation=\"eager\""):
+        dump_model(model, image_loader(2), str(tmp_path / "d.h5"), with_attn=True)
+    assert not (tmp_path / "d.h5").exists()
+    assert model.config._attn_implementation == "sdpa"
