@@ -320,6 +320,16 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
       [&](int) { progress.tick(); });
   progress.finish();
   const analyses::SpikinessResult r = collector.finish();
+  bool any_ratio = false;
+  for (const auto& sweeps : r.sweeps) {
+    for (const auto& sweep : sweeps) {
+      for (const auto& p : sweep.points) any_ratio = any_ratio || !std::isnan(p.ratio);
+    }
+  }
+  if (!any_ratio) {
+    throw NothingToMeasure("no valid queries: no sampled row has a positive weight on its reference "
+                           "keys at any scale (every row is degenerate), so there is no ratio to report");
+  }
 
   write_rows(dir, source.name, r);
   write_samples(dir, r);
