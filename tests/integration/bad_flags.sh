@@ -100,3 +100,5 @@ expect_exit 2 "--tokens: token 8 is listed twice (again as '1:0')" "$ATTNSCOPE" 
 expect_exit 2 "factor 2 is listed twice" "$ATTNSCOPE" spikiness --synthetic --out r --scales 1,2,2
 expect_exit 2 "HIGH and LOW are the same key ('top')" "$ATTNSCOPE" spikiness --synthetic --out r --keys top,top
 expect_no_file r
+expect_exit 2 "--synth-images must be >= 1, got 0" "$ATTNSCOPE" spikiness --synthetic --synth-images 0 --out r
+expect_no_file r
