@@ -51,12 +51,22 @@ void add_seed_option(po::options_description& d, CommonOptions& o) {
 
 namespace {
 
-// Without a positional description Boost keeps a bare word as an option with no name, and store()
-// drops it: `--variant softmax linear:relu` would run softmax alone.
-void reject_stray_arguments(const std::string& command, const po::parsed_options& parsed) {
-  for (const po::option& o : parsed.options) {
+// Boost keeps a bare word as an option with no name, and store() drops it: `--variant softmax
+// linear:relu` would run softmax alone. Bare words get the names `pos` gives them, in order (as
+// Boost would); any other is refused by name.
+void name_positional_arguments(const std::string& command, po::parsed_options& parsed,
+                               const po::positional_options_description* pos) {
+  unsigned position = 0;
+  for (po::option& o : parsed.options) {
     if (!o.string_key.empty()) continue;
+    if (pos != nullptr && position < pos->max_total_count()) {
+      o.string_key = pos->name_for_position(position++);
+      continue;
+    }
     const std::string word = o.original_tokens.empty() ? std::string() : o.original_tokens.front();
+    if (pos != nullptr) {
+      throw UsageError("unexpected argument '" + word + "' (see attnscope " + command + " --help)");
+    }
     throw UsageError("unexpected argument '" + word + "': every value follows its flag, and a " +
                      "list is one comma-separated value (e.g. --variant softmax,linear:relu; see " +
                      "attnscope " + command + " --help)");
@@ -85,9 +95,8 @@ bool parse_args(const std::string& command, const std::string& synopsis,
   try {
     po::command_line_parser parser(args);
     parser.options(all);
-    if (pos != nullptr) parser.positional(*pos);
-    const po::parsed_options parsed = parser.run();
-    reject_stray_arguments(command, parsed);
+    po::parsed_options parsed = parser.run();
+    name_positional_arguments(command, parsed, pos);
     po::store(parsed, vm);
     if (vm.count("help") != 0) {
       std::cout << "usage: attnscope " << command << " " << synopsis << "\n\n" << all;
