@@ -128,6 +128,12 @@ int run_census_cmd(const std::vector<std::string>& args) {
       [&](int) { progress.tick(); });
   progress.finish();
   const auto cells = collector.cells();
+  long long rows = 0;
+  for (const auto& c : cells) rows += c.rows;
+  if (rows == 0) {
+    throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
+                           "(a zero or tiny denominator), so there are no weights to count");
+  }
   write_csv(dir, cells);
   const auto ts = totals(variants, cells);
   nlohmann::json jt = nlohmann::json::array();

@@ -104,6 +104,15 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   };
   const analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
   progress.finish();
+  std::int64_t degenerate = 0, slots = 0;
+  for (const auto& heads : r.per_head) {
+    slots += static_cast<std::int64_t>(heads.size());
+    for (const auto& h : heads) degenerate += h.degenerate_rows;
+  }
+  if (degenerate == r.images * slots * schema.attrs.num_tokens) {
+    throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
+                           "(a zero or tiny denominator), so no pair can be compared");
+  }
   write_per_head(dir, r);
   write_histogram(dir, r);
   per_image.commit();

@@ -93,6 +93,14 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     progress.tick();
   });
   progress.finish();
+  std::int64_t measured = 0;
+  for (const auto& heads : r.per_head) {
+    for (const auto& h : heads) measured += h.mass.count;
+  }
+  if (measured == 0) {
+    throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
+                           "(a zero or tiny denominator), so there is no mass to measure");
+  }
   write_csv(dir, r);
   meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
                     {"ms_per_image", timer.summary()}};

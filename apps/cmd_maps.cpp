@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <mutex>
 #include <tuple>
@@ -138,10 +139,15 @@ int run_maps_cmd(const std::vector<std::string>& args) {
 
   std::vector<MapEntry> pending;
   std::mutex pending_mutex;
+  std::atomic<long long> degenerate{0};  // rows without weights: no map rather than a map of zeros
   auto on_head = [&](const analyses::HeadView& hv) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
       const analyses::ExactRows rows(variants[v], hv.q, hv.k, schema.attrs.scale);
       for (int t : tokens) {
+        if (rows.degenerate(t)) {
+          degenerate.fetch_add(1);
+          continue;
+        }
         MapEntry e{v, hv.image, hv.layer, hv.head, analyses::attention_map(rows, grid, t)};
         std::lock_guard<std::mutex> lock(pending_mutex);
         pending.push_back(std::move(e));
@@ -173,12 +179,20 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   };
   analyses::for_each_head(reader, sel, on_head, on_image);
   progress.finish();
+  if (written == 0) {
+    throw NothingToMeasure("no valid queries: the row of every selected query is degenerate (a "
+                           "zero or tiny denominator), so there is no map to draw");
+  }
   h5.commit();
   csv.commit();
-  meta.results() = {{"maps", written}, {"files", {"maps.csv", "maps.h5"}}};
+  meta.results() = {{"maps", written}, {"degenerate_rows_skipped", degenerate.load()},
+                    {"files", {"maps.csv", "maps.h5"}}};
   meta.write(dir);
   std::cout << "wrote " << written << " maps (" << grid.height << "x" << grid.width << ") to " << (dir / "maps.h5").string()
             << " and maps.csv\n";
+  if (degenerate > 0) {
+    std::cout << "skipped " << degenerate << " degenerate rows (a zero or tiny denominator: no weights)\n";
+  }
   return 0;
 }
 

@@ -262,6 +262,9 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
     throw UsageError("give exactly one of --dump and --synthetic");
   if (f.topk < 1) throw UsageError("--topk must be >= 1, got " + std::to_string(f.topk));
   if (f.dist_samples < 0) throw UsageError("--dist-samples must be >= 0");
+  if (f.synthetic && f.synth_images < 1) {
+    throw UsageError("--synth-images must be >= 1, got " + std::to_string(f.synth_images));
+  }
   analyses::SpikinessOptions opt;
   opt.scales = analyses::parse_scales(f.scales);
   opt.keys = analyses::parse_key_pair(f.keys);
@@ -320,6 +323,16 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
       [&](int) { progress.tick(); });
   progress.finish();
   const analyses::SpikinessResult r = collector.finish();
+  bool any_ratio = false;
+  for (const auto& sweeps : r.sweeps) {
+    for (const auto& sweep : sweeps) {
+      for (const auto& p : sweep.points) any_ratio = any_ratio || !std::isnan(p.ratio);
+    }
+  }
+  if (!any_ratio) {
+    throw NothingToMeasure("no valid queries: no sampled row has a positive weight on its reference "
+                           "keys at any scale (every row is degenerate), so there is no ratio to report");
+  }
 
   write_rows(dir, source.name, r);
   write_samples(dir, r);

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <new>
 #include <sstream>
+#include <typeinfo>
 
 namespace attnscope::app {
 
@@ -48,6 +49,44 @@ void add_seed_option(po::options_description& d, CommonOptions& o) {
                   "random seed (results are reproducible for a given seed)");
 }
 
+namespace {
+
+// Boost keeps a bare word as an option with no name, and store() drops it: `--variant softmax
+// linear:relu` would run softmax alone. Bare words get the names `pos` gives them, in order (as
+// Boost would); any other is refused by name.
+void name_positional_arguments(const std::string& command, po::parsed_options& parsed,
+                               const po::positional_options_description* pos) {
+  unsigned position = 0;
+  for (po::option& o : parsed.options) {
+    if (!o.string_key.empty()) continue;
+    if (pos != nullptr && position < pos->max_total_count()) {
+      o.string_key = pos->name_for_position(position++);
+      continue;
+    }
+    const std::string word = o.original_tokens.empty() ? std::string() : o.original_tokens.front();
+    if (pos != nullptr) {
+      throw UsageError("unexpected argument '" + word + "' (see attnscope " + command + " --help)");
+    }
+    throw UsageError("unexpected argument '" + word + "': every value follows its flag, and a " +
+                     "list is one comma-separated value (e.g. --variant softmax,linear:relu; see " +
+                     "attnscope " + command + " --help)");
+  }
+}
+
+// An empty value never means "the default": a flag left out does. `--out ""` would write into the
+// current folder and `--images ""` would select every image.
+void reject_empty_values(const po::variables_map& vm) {
+  for (const auto& [name, value] : vm) {
+    if (value.defaulted() || value.empty()) continue;
+    if (value.value().type() == typeid(std::string) && value.as<std::string>().empty()) {
+      throw UsageError("--" + name + " was given an empty value (give a value, or leave the " +
+                       "flag out for its default)");
+    }
+  }
+}
+
+}  // namespace
+
 bool parse_args(const std::string& command, const std::string& synopsis,
                 const po::options_description& desc, const std::vector<std::string>& args,
                 po::variables_map& vm, const po::positional_options_description* pos) {
@@ -56,12 +95,14 @@ bool parse_args(const std::string& command, const std::string& synopsis,
   try {
     po::command_line_parser parser(args);
     parser.options(all);
-    if (pos != nullptr) parser.positional(*pos);
-    po::store(parser.run(), vm);
+    po::parsed_options parsed = parser.run();
+    name_positional_arguments(command, parsed, pos);
+    po::store(parsed, vm);
     if (vm.count("help") != 0) {
       std::cout << "usage: attnscope " << command << " " << synopsis << "\n\n" << all;
       return false;
     }
+    reject_empty_values(vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(std::string(e.what()) + " (see attnscope " + command + " --help)");
@@ -69,9 +110,50 @@ bool parse_args(const std::string& command, const std::string& synopsis,
   return true;
 }
 
+namespace {
+
+// OMP_NUM_THREADS as OpenMP reads it: a comma-separated list of positive counts, one per nesting
+// level. Anything else is refused here rather than left to the OpenMP runtime, which ignores
+// garbage with a warning and crashes on huge counts.
+void check_omp_num_threads() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env == nullptr) return;
+  const std::string text(env);
+  const auto refuse = [&text]() {
+    throw UsageError("OMP_NUM_THREADS='" + text + "': expected a thread count from 1 to " +
+                     std::to_string(kMaxThreads) + " (or a list such as 4,2); fix or unset it, " +
+                     "or pass --threads N");
+  };
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string item = text.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty() || item.size() > 5 ||
+        item.find_first_not_of("0123456789") != std::string::npos) {
+      refuse();
+    }
+    const int n = std::stoi(item);
+    if (n < 1 || n > kMaxThreads) refuse();
+    if (comma == text.size()) break;
+    start = comma + 1;
+  }
+}
+
+}  // namespace
+
 int apply_threads(int threads) {
   if (threads < 0) throw UsageError("--threads must be >= 0, got " + std::to_string(threads));
-  if (threads > 0) omp_set_num_threads(threads);
+  if (threads > kMaxThreads) {
+    throw UsageError("--threads must be at most " + std::to_string(kMaxThreads) + ", got " +
+                     std::to_string(threads));
+  }
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+  } else {
+    check_omp_num_threads();
+  }
   return omp_get_max_threads();
 }
 
@@ -96,6 +178,8 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
     return body();
   } catch (const UsageError& e) {
     return report(command, e.what(), kExitUsage);
+  } catch (const NothingToMeasure& e) {
+    return report(command, e.what(), kExitNothingToMeasure);
   } catch (const po::error& e) {
     return report(command, e.what(), kExitUsage);
   } catch (const std::bad_alloc&) {

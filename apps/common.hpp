@@ -3,6 +3,7 @@
 // a progress bar on stderr when it is a terminal.
 #pragma once
 
+#include "attnscope/error.hpp"
 #include "attnscope/variant.hpp"
 
 #include <boost/program_options.hpp>
@@ -20,10 +21,23 @@ namespace attnscope::app {
 
 namespace po = boost::program_options;
 
-/// Exit codes: 0 ok, 1 input/numerical error, 2 usage error, 3 a check failed (verify).
+/// Exit codes: 0 ok, 1 input/numerical error, 2 usage error, 3 a check failed (verify),
+/// 4 nothing to measure (no images selected, or no row of the selection could be measured).
 inline constexpr int kExitInput = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitCheckFailed = 3;
+inline constexpr int kExitNothingToMeasure = 4;
+
+/// Thrown when a run has nothing to measure (a dump without images, every row degenerate):
+/// run_guarded reports it on one line with exit 4, before any result file is written.
+class NothingToMeasure : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The most OpenMP threads --threads or OMP_NUM_THREADS may ask for. Work is split per head, so
+/// more never helps, and far more makes the OpenMP runtime crash instead of failing cleanly.
+inline constexpr int kMaxThreads = 1024;
 
 /// The shared flags. Each subcommand adds the ones it uses, so the spelling is one place.
 struct CommonOptions {
@@ -40,16 +54,20 @@ void add_threads_option(po::options_description& d, CommonOptions& o);
 void add_seed_option(po::options_description& d, CommonOptions& o);
 
 /// Parses args against `desc` (and positional names, if any). Prints help and returns false on
-/// --help (the caller returns 0). Throws UsageError on unknown or malformed flags.
+/// --help (the caller returns 0). Throws UsageError on unknown or malformed flags, on a
+/// positional argument that `pos` does not name, and on a flag given an empty value.
 bool parse_args(const std::string& command, const std::string& synopsis,
                 const po::options_description& desc, const std::vector<std::string>& args,
                 po::variables_map& vm, const po::positional_options_description* pos = nullptr);
 
 /// Applies --threads (omp_set_num_threads) when > 0; returns the thread count in effect.
+/// Throws UsageError when threads is outside [0, kMaxThreads] or, with threads == 0, when
+/// OMP_NUM_THREADS is set to anything but a list of counts in [1, kMaxThreads].
 int apply_threads(int threads);
 
-/// Runs a subcommand body, turning attnscope::UsageError into exit 2, InputError/NumericalError
-/// and other std::exceptions into exit 1, each as one line "attnscope <command>: <what>" on stderr.
+/// Runs a subcommand body, turning attnscope::UsageError into exit 2, NothingToMeasure into exit
+/// 4, InputError/NumericalError and other std::exceptions into exit 1, each as one line
+/// "attnscope <command>: <what>" on stderr.
 int run_guarded(const std::string& command, const std::function<int()>& body);
 
 /// A file written under a temporary name and renamed into place by commit(); destroyed without

@@ -32,9 +32,13 @@ inline void add_selection_options(po::options_description& d, SelectionFlags& f,
   }
 }
 
-/// The selection resolved against the dump (UsageError on a bad index).
+/// The selection resolved against the dump (UsageError on a bad index; NothingToMeasure when the
+/// dump holds no image, so that no analysis reports zeros over nothing).
 inline analyses::Selection make_selection(const SelectionFlags& f, const DumpSchema& schema,
                                           std::uint64_t seed) {
+  if (schema.num_images == 0) {
+    throw NothingToMeasure("no images: " + schema.path + " holds 0 images, nothing to measure");
+  }
   analyses::Selection sel;
   sel.images = analyses::parse_index_list(f.images, "--images");
   sel.layers = analyses::parse_index_list(f.layers, "--layers");

@@ -4,12 +4,11 @@
 #include "attnscope/analyses/dump_loop.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/parallel.hpp"
 
 #include <algorithm>
 #include <charconv>
-#include <exception>
 #include <future>
-#include <mutex>
 #include <numeric>
 #include <set>
 
@@ -24,6 +23,10 @@ void fill_or_check(std::vector<int>& idx, int count, const char* what) {
     return;
   }
   for (int i : idx) {
+    if (count == 0) {
+      throw UsageError(std::string(what) + " index " + std::to_string(i) + " out of range: the dump has no " +
+                       what + "s");
+    }
     if (i < 0 || i >= count) {
       throw UsageError(std::string(what) + " index " + std::to_string(i) + " out of range: the dump has " +
                        std::to_string(count) + " " + what + "s (0-" + std::to_string(count - 1) + ")");
@@ -60,24 +63,15 @@ void compute_image(const ImageQKV& img, const Selection& sel,
   const std::vector<MatF> transformed = transform_queries(img, sel);
   const int n_heads = static_cast<int>(sel.heads.size());
   const int n_items = static_cast<int>(sel.layers.size()) * n_heads;
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int item = 0; item < n_items; ++item) {
-    try {
-      const int slot = item / n_heads;
-      const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
-      const MatF& raw = img.Q(slot, head);
-      const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
-      const HeadView view{img.image, img.layers[static_cast<std::size_t>(slot)], head, q,
-                          img.K(slot, head), img.V(slot, head), &raw};
-      fn(view);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  parallel_for(n_items, [&](int item) {
+    const int slot = item / n_heads;
+    const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
+    const MatF& raw = img.Q(slot, head);
+    const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
+    const HeadView view{img.image, img.layers[static_cast<std::size_t>(slot)], head, q,
+                        img.K(slot, head), img.V(slot, head), &raw};
+    fn(view);
+  });
 }
 
 }  // namespace
@@ -91,9 +85,10 @@ Selection resolve(const DumpSchema& schema, Selection sel) {
 
 std::vector<int> parse_index_list(std::string_view spec, const std::string& flag) {
   std::vector<int> out;
+  if (spec.empty()) return out;
   std::set<int> seen;
   std::size_t start = 0;
-  while (start < spec.size()) {
+  while (true) {  // every item, including an empty one after a trailing comma, is parsed
     std::size_t comma = spec.find(',', start);
     if (comma == std::string_view::npos) comma = spec.size();
     const std::string_view item = spec.substr(start, comma - start);
@@ -105,8 +100,14 @@ std::vector<int> parse_index_list(std::string_view spec, const std::string& flag
                        std::string(item) + "'");
     }
     for (int i = lo; i <= hi; ++i) {
-      if (seen.insert(i).second) out.push_back(i);
+      // A repeated index would give repeated rows in every result.
+      if (!seen.insert(i).second) {
+        throw UsageError(flag + ": index " + std::to_string(i) + " is listed twice in '" +
+                         std::string(spec) + "'");
+      }
+      out.push_back(i);
     }
+    if (comma == spec.size()) break;
     start = comma + 1;
   }
   return out;

@@ -64,6 +64,11 @@ std::vector<int> parse_tokens(std::string_view spec, const TokenGrid& grid) {
       throw UsageError("--tokens: token " + std::to_string(token) + " out of range (0-" +
                        std::to_string(grid.tokens() - 1) + ")");
     }
+    // A token named twice (also as an index and as a cell) would repeat its map in every result.
+    if (std::find(out.begin(), out.end(), token) != out.end()) {
+      throw UsageError("--tokens: token " + std::to_string(token) + " is listed twice (again as '" +
+                       std::string(item) + "')");
+    }
     out.push_back(token);
     start = comma + 1;
   }

@@ -3,6 +3,7 @@
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/parallel.hpp"
 
 #include <algorithm>
 #include <optional>
@@ -72,13 +73,12 @@ std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& var
         if (s.layer_has_out[l]) out[idx] = reader.read_out(image, l, h);
         if (s.layer_has_attn[l]) attn[idx] = reader.read_attn(image, l, h);
       }
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int idx = 0; idx < static_cast<int>(n_heads); ++idx) {
+    parallel_for(static_cast<int>(n_heads), [&](int idx) {
       const int l = idx / heads, h = idx % heads;
       const auto u = static_cast<std::size_t>(idx);
       compare_head(variant, img.Q(l, h), img.K(l, h), img.V(l, h), s.attrs.scale,
                    out[u] ? &*out[u] : nullptr, attn[u] ? &*attn[u] : nullptr, cells[u]);
-    }
+    });
   }
   return cells;
 }

@@ -111,8 +111,13 @@ std::vector<double> parse_scales(std::string_view spec) {
                      std::string(spec) + "'");
   }
   for (auto part : split(spec, ',')) {
-    scales.push_back(parse_double(part, "--scales"));
-    check_scale(scales.back(), spec);
+    const double a = parse_double(part, "--scales");
+    check_scale(a, spec);
+    if (std::find(scales.begin(), scales.end(), a) != scales.end()) {
+      throw UsageError("--scales '" + std::string(spec) + "': factor " + std::string(part) +
+                       " is listed twice");
+    }
+    scales.push_back(a);
   }
   return scales;
 }
@@ -167,7 +172,11 @@ KeyPair parse_key_pair(std::string_view spec) {
     throw UsageError("--keys: expected HIGH,LOW (e.g. top,median or 3,17), found '" +
                      std::string(spec) + "'");
   }
-  return {parse_key_ref(parts[0]), parse_key_ref(parts[1])};
+  KeyPair pair{parse_key_ref(parts[0]), parse_key_ref(parts[1])};
+  if (pair.high.name() == pair.low.name()) {
+    throw UsageError("--keys: HIGH and LOW are the same key ('" + pair.high.name() + "')");
+  }
+  return pair;
 }
 
 ScaleSpace parse_scale_space(std::string_view s) {

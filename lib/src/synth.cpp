@@ -2,11 +2,11 @@
 #include "attnscope/synth.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/parallel.hpp"
 #include "normal_draws.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <numeric>
 
 namespace attnscope {
@@ -205,22 +205,13 @@ ImageQKV synth_image(const SynthOptions& o, int image) {
   img.q.resize(static_cast<std::size_t>(slots));
   img.k.resize(static_cast<std::size_t>(slots));
   img.v.resize(static_cast<std::size_t>(slots));
-  // An exception must not leave an OpenMP region (that terminates): keep the first, rethrow it.
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic)
-  for (int s = 0; s < slots; ++s) {
-    try {
-      const int layer = s / o.heads, head = s % o.heads;
-      HeadData h = synth_head(o, image, layer, head, positional_codes(o, layer, head));
-      img.q[static_cast<std::size_t>(s)] = std::move(h.q);
-      img.k[static_cast<std::size_t>(s)] = std::move(h.k);
-      img.v[static_cast<std::size_t>(s)] = std::move(h.v);
-    } catch (...) {
-#pragma omp critical(attnscope_synth_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  parallel_for(slots, [&](int s) {
+    const int layer = s / o.heads, head = s % o.heads;
+    HeadData h = synth_head(o, image, layer, head, positional_codes(o, layer, head));
+    img.q[static_cast<std::size_t>(s)] = std::move(h.q);
+    img.k[static_cast<std::size_t>(s)] = std::move(h.k);
+    img.v[static_cast<std::size_t>(s)] = std::move(h.v);
+  });
   return img;
 }
 

@@ -153,11 +153,23 @@ Variant parse_variant(std::string_view spec_in, Convention default_convention, s
 
 std::vector<Variant> parse_variants(std::string_view specs, Convention default_convention,
                                     std::uint64_t seed) {
+  if (trim(specs).empty()) throw UsageError("empty variant list; known families: " + names_of(kFamilies));
   std::vector<Variant> out;
+  std::vector<std::string_view> spelled;
   std::size_t start = 0;
   while (true) {
     const auto comma = specs.find(',', start);
-    out.push_back(parse_variant(specs.substr(start, comma - start), default_convention, seed));
+    const std::string_view item = trim(specs.substr(start, comma - start));
+    Variant v = parse_variant(item, default_convention, seed);
+    // Two spellings of one variant (mala, mala:elu1@paper) would give every result twice.
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (out[i].name() == v.name()) {
+        throw UsageError("variant '" + std::string(item) + "' repeats '" + std::string(spelled[i]) +
+                         "' (both are " + v.name() + ")");
+      }
+    }
+    out.push_back(std::move(v));
+    spelled.push_back(item);
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }

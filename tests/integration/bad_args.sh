@@ -19,7 +19,7 @@ expect_no_file "$out" "$out.json"
 
 expect_exit 2 "--file" "$ATTNSCOPE" info
 expect_exit 2 "unrecognised option '--values'" "$ATTNSCOPE" info "$out" --values
-expect_exit 2 "too many positional options" "$ATTNSCOPE" info a.h5 b.h5
+expect_exit 2 "unexpected argument 'b.h5'" "$ATTNSCOPE" info a.h5 b.h5
 
 # The dispatcher itself.
 expect_fail "unknown command 'nosuch'" "$ATTNSCOPE" nosuch

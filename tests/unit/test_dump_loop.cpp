@@ -133,11 +133,27 @@ TEST_F(DumpLoop, ConfusionRunEqualsBruteForceAndFindsPlantedPairs) {
 }
 
 TEST(ParseIndexList, RangesAndErrors) {
-  EXPECT_EQ(parse_index_list("0-3,7,2", "--images"), (std::vector<int>{0, 1, 2, 3, 7}));
+  EXPECT_EQ(parse_index_list("0-3,7,5", "--images"), (std::vector<int>{0, 1, 2, 3, 7, 5}));
   EXPECT_TRUE(parse_index_list("", "--images").empty());
   EXPECT_THROW((void)parse_index_list("3-1", "--images"), UsageError);
   EXPECT_THROW((void)parse_index_list("x", "--layers"), UsageError);
   EXPECT_THROW((void)parse_index_list("-2", "--heads"), UsageError);
+}
+
+// A repeated index would repeat rows in every result: refused, as is an empty item anywhere.
+TEST(ParseIndexList, RepeatsAndEmptyItemsAreErrors) {
+  for (const char* spec : {"0-3,2", "1,1", "0-5,3-9"}) {
+    try {
+      (void)parse_index_list(spec, "--images");
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--images"), std::string::npos) << e.what();
+    }
+  }
+  for (const char* spec : {"0,", ",0", "0,,1", ","}) {
+    EXPECT_THROW((void)parse_index_list(spec, "--heads"), UsageError) << "'" << spec << "'";
+  }
 }
 
 }  // namespace

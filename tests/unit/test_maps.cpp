@@ -42,5 +42,18 @@ TEST(Maps, ParseTokensAcceptsIndicesAndCells) {
   EXPECT_THROW((void)parse_tokens("1,,2", g), UsageError);
 }
 
+// A token named twice, also once as an index and once as a cell, would repeat its map.
+TEST(Maps, ParseTokensRefusesRepeats) {
+  const TokenGrid g{1, 14, 14};
+  for (const char* spec : {"5,5", "0,7:7,106", "7:7,7:7"}) {
+    try {
+      (void)parse_tokens(spec, g);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnscope::analyses

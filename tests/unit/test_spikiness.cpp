@@ -110,6 +110,13 @@ TEST(ParseScales, ListsAndErrors) {
   }
 }
 
+// A factor listed twice would repeat every row of its scale.
+TEST(ParseScales, RepeatedFactorsAreErrors) {
+  for (const char* bad : {"1,1", "0.5,2,0.50", "1,2,1"}) {
+    EXPECT_THROW((void)parse_scales(bad), UsageError) << "'" << bad << "'";
+  }
+}
+
 TEST(KeyRef, TopMedianBottomAndIndices) {
   const VecD w = vec({0.1, 0.4, 0.1, 0.3, 0.1});  // ties at 0.1 broken by index
   const KeyPair def = parse_key_pair("top,median");
@@ -118,7 +125,7 @@ TEST(KeyRef, TopMedianBottomAndIndices) {
   EXPECT_EQ(parse_key_pair("bottom,3").high.resolve(w), 4);
   EXPECT_EQ(parse_key_pair("bottom,3").low.resolve(w), 3);
   EXPECT_THROW((void)parse_key_pair("2,9").low.resolve(w), UsageError);
-  for (const char* bad : {"top", "top,median,bottom", "first,top", "-1,top", ""}) {
+  for (const char* bad : {"top", "top,median,bottom", "first,top", "-1,top", "", "top,top", "3,3"}) {
     EXPECT_THROW((void)parse_key_pair(bad), UsageError) << "'" << bad << "'";
   }
 }

@@ -100,6 +100,31 @@ TEST(Variant, ListsAndWhitespace) {
   EXPECT_THROW((void)parse_variants("softmax,,mala"), UsageError);
 }
 
+// Empty lists and empty items are refused alike, and so is one variant named twice, also under
+// two spellings: a repeat would give every result row twice.
+TEST(Variant, ListsRefuseEmptyItemsAndRepeats) {
+  for (const char* spec : {"", " ", ",", "softmax,", ",softmax", "softmax,,mala"}) {
+    EXPECT_THROW((void)parse_variants(spec), UsageError) << "'" << spec << "'";
+  }
+  const std::vector<std::pair<const char*, const char*>> repeats = {
+      {"softmax,softmax", "softmax@paper"},
+      {"mala,mala:elu1@paper", "mala:elu1@paper"},
+      {"inline,linear:relu,inline:identity", "inline:identity@paper"},
+      {"mala:code,mala@code", "mala:elu1@code"},
+      {"linear:leaky_relu=0.1,linear:leaky_relu=0.10", "linear:leaky_relu=0.1@paper"}};
+  for (const auto& [spec, name] : repeats) {
+    try {
+      (void)parse_variants(spec);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("both are ") + name), std::string::npos)
+          << spec << ": " << e.what();
+    }
+  }
+  // The same map under two conventions is two variants.
+  EXPECT_EQ(parse_variants("mala@paper,mala@code").size(), 2U);
+}
+
 TEST(Variant, FamilyAndConventionNames) {
   for (Family f : {Family::Softmax, Family::Linear, Family::InLine, Family::Mala}) {
     EXPECT_EQ(parse_family(to_string(f)), f);

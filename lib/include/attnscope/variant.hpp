@@ -49,7 +49,8 @@ struct Variant {
 
 [[nodiscard]] Variant parse_variant(std::string_view spec, Convention default_convention = Convention::Paper,
                                     std::uint64_t seed = 0);
-/// Comma-separated list of specs.
+/// Comma-separated list of specs. Throws UsageError on an empty list or item, and on a variant
+/// named twice (compared by canonical name, so "mala" repeats "mala:elu1@paper").
 [[nodiscard]] std::vector<Variant> parse_variants(std::string_view specs,
                                                   Convention default_convention = Convention::Paper,
                                                   std::uint64_t seed = 0);

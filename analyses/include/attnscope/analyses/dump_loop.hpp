@@ -47,8 +47,9 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
 
-/// Parses an index list such as "0-9,15,20-22" (ranges inclusive, duplicates removed, order
-/// kept). Throws UsageError naming `flag` on malformed text. An empty spec gives an empty list.
+/// Parses an index list such as "0-9,15,20-22" (ranges inclusive, order kept). Throws UsageError
+/// naming `flag` on malformed text (an empty item included) and on an index listed twice. An
+/// empty spec gives an empty list (the flag was not given).
 std::vector<int> parse_index_list(std::string_view spec, const std::string& flag);
 
 }  // namespace attnscope::analyses

@@ -22,7 +22,7 @@ struct AttentionMap {
 AttentionMap attention_map(const ExactRows& rows, const TokenGrid& grid, int token);
 
 /// Parses "--tokens": comma-separated token indices ("0,17") or grid cells "ROW:COL" ("7:7").
-/// Throws UsageError naming the bad item (malformed or outside the grid).
+/// Throws UsageError naming the bad item (malformed, outside the grid, or a token named twice).
 std::vector<int> parse_tokens(std::string_view spec, const TokenGrid& grid);
 
 }  // namespace attnscope::analyses
