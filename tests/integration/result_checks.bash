@@ -4,6 +4,7 @@
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 RESULT_SET_PY="$REPO/python/attnscope_dump/result_set.py"
+PYTHON=${PYTHON:-/usr/bin/python3}
 
 # set_ok MANIFEST: the set must be complete (every listed file present with its size and SHA-256).
 set_ok() {
