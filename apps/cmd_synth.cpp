@@ -7,6 +7,7 @@
 #include "attnscope/synth.hpp"
 
 #include <iomanip>
+#include <memory>
 #include <iostream>
 #include <sstream>
 
@@ -110,7 +111,13 @@ int run_synth(const std::vector<std::string>& args) {
   }
   RunMetadata meta("synth");
   meta.params() = options_json(o, dtype);
-  ResultSet set(out_path.parent_path(), name + ".json");
+  std::unique_ptr<ResultSet> made;
+  try {
+    made = std::make_unique<ResultSet>(out_path.parent_path(), name + ".json");
+  } catch (const Error& e) {
+    throw Error(out + ": cannot write the dump: " + e.what());  // name the file asked for
+  }
+  ResultSet& set = *made;
   const std::filesystem::path staged = set.stage(name);
   Progress progress("synth", static_cast<std::size_t>(o.images));
   try {
