@@ -35,8 +35,8 @@ po::options_description census_options(CensusFlags& f) {
   return d;
 }
 
-void write_csv(const std::filesystem::path& dir, const std::vector<analyses::CensusCell>& cells) {
-  AtomicFile f(dir / "census.csv");
+void write_csv(ResultSet& set, const std::vector<analyses::CensusCell>& cells) {
+  ResultFile f(set, "census.csv");
   f.stream() << "variant,layer,head,weights,negative,zero,most_negative,rows_not_summing_to_one,"
                 "max_row_sum_error\n"
              << std::setprecision(17);
@@ -45,7 +45,7 @@ void write_csv(const std::filesystem::path& dir, const std::vector<analyses::Cen
                << c.negative << "," << c.zero << "," << c.most_negative << ","
                << c.rows_not_summing_to_one << "," << c.max_row_sum_error << "\n";
   }
-  f.commit();
+  f.close();
 }
 
 /// Per-variant totals over every layer and head, in the order the variants were given.
@@ -113,6 +113,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
+  ResultSet set(dir, "census.json");
   RunMetadata meta("census");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)},
@@ -134,12 +135,12 @@ int run_census_cmd(const std::vector<std::string>& args) {
     throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
                            "(a zero or tiny denominator), so there are no weights to count");
   }
-  write_csv(dir, cells);
+    write_csv(set, cells);
   const auto ts = totals(variants, cells);
   nlohmann::json jt = nlohmann::json::array();
   for (const auto& t : ts) jt.push_back(to_json(t));
   meta.results() = {{"totals", jt}};
-  meta.write(dir);
+  meta.publish(set);
   print_summary(ts, sel.images.size());
   return 0;
 }

@@ -36,8 +36,8 @@ po::options_description confusion_options(ConfusionFlags& f) {
   return d;
 }
 
-void write_per_head(const std::filesystem::path& dir, const analyses::ConfusionResult& r) {
-  AtomicFile f(dir / "confusion_per_head.csv");
+void write_per_head(ResultSet& set, const analyses::ConfusionResult& r) {
+  ResultFile f(set, "confusion_per_head.csv");
   f.stream() << "variant,layer,head,count,degenerate_rows\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (const auto& h : r.per_head[v]) {
@@ -45,11 +45,11 @@ void write_per_head(const std::filesystem::path& dir, const analyses::ConfusionR
                  << h.degenerate_rows << "\n";
     }
   }
-  f.commit();
+  f.close();
 }
 
-void write_histogram(const std::filesystem::path& dir, const analyses::ConfusionResult& r) {
-  AtomicFile f(dir / "confusion_histogram.csv");
+void write_histogram(ResultSet& set, const analyses::ConfusionResult& r) {
+  ResultFile f(set, "confusion_histogram.csv");
   f.stream() << "variant,bin,images\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (int b = 0; b < analyses::kConfusionBins; ++b) {
@@ -57,7 +57,7 @@ void write_histogram(const std::filesystem::path& dir, const analyses::Confusion
                  << r.histogram[v][static_cast<std::size_t>(b)] << "\n";
     }
   }
-  f.commit();
+  f.close();
 }
 
 void print_summary(const analyses::ConfusionResult& r) {
@@ -91,7 +91,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", sel.layers}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
-  AtomicFile per_image(dir / "confusion_per_image.csv");
+  ResultSet set(dir, "confusion.json");
+  ResultFile per_image(set, "confusion_per_image.csv");
   per_image.stream() << "variant,image,count\n";
   Progress progress("confusion", sel.images.size());
   ImageTimer timer;
@@ -113,14 +114,14 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
                            "(a zero or tiny denominator), so no pair can be compared");
   }
-  write_per_head(dir, r);
-  write_histogram(dir, r);
-  per_image.commit();
+  per_image.close();
+  write_per_head(set, r);
+  write_histogram(set, r);
   nlohmann::json hist = nlohmann::json::object();
   for (std::size_t v = 0; v < variants.size(); ++v) hist[variants[v].name()] = r.histogram[v];
   meta.results() = {{"images", r.images}, {"histogram", hist}, {"candidates", r.candidates},
                     {"ms_per_image", timer.summary()}};
-  meta.write(dir);
+  meta.publish(set);
   print_summary(r);
   return 0;
 }

@@ -33,8 +33,8 @@ po::options_description locality_options(LocalityFlags& f) {
   return d;
 }
 
-void write_csv(const std::filesystem::path& dir, const analyses::LocalityResult& r) {
-  AtomicFile f(dir / "locality.csv");
+void write_csv(ResultSet& set, const analyses::LocalityResult& r) {
+  ResultFile f(set, "locality.csv");
   f.stream() << "variant,layer,head,window,mean,std,min,max,queries,uniform_baseline\n"
              << std::setprecision(10);
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
@@ -46,7 +46,7 @@ void write_csv(const std::filesystem::path& dir, const analyses::LocalityResult&
                  << "\n";
     }
   }
-  f.commit();
+  f.close();
 }
 
 /// Per layer, the mean over heads of each variant's mean local mass.
@@ -80,6 +80,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   const std::vector<Variant> variants = selected_variants(f.common.variant, schema, f.common.seed);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
+  ResultSet set(dir, "locality.json");
   RunMetadata meta("locality");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"window", f.window},
@@ -101,10 +102,10 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
                            "(a zero or tiny denominator), so there is no mass to measure");
   }
-  write_csv(dir, r);
+    write_csv(set, r);
   meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
                     {"ms_per_image", timer.summary()}};
-  meta.write(dir);
+  meta.publish(set);
   print_summary(r);
   return 0;
 }

@@ -2,12 +2,10 @@
 // input of the papers' attention-map figures.
 #include "command.hpp"
 #include "common.hpp"
+#include "maps_h5.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/maps.hpp"
-
-#include <hdf5.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -38,71 +36,6 @@ po::options_description maps_options(MapsFlags& f) {
   return d;
 }
 
-/// A small HDF5 writer for the maps file: written under a temporary name, renamed by commit().
-class MapsH5 {
- public:
-  explicit MapsH5(std::filesystem::path path)
-      : path_(std::move(path)), tmp_(path_.string() + ".tmp-" + std::to_string(::getpid())) {
-    file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (file_ < 0) throw InputError(tmp_.string(), "/", "a writable HDF5 file", "cannot create it");
-    lcpl_ = H5Pcreate(H5P_LINK_CREATE);
-    H5Pset_create_intermediate_group(lcpl_, 1);
-  }
-  ~MapsH5() {
-    close();
-    if (!committed_) std::filesystem::remove(tmp_);
-  }
-  MapsH5(const MapsH5&) = delete;
-  MapsH5& operator=(const MapsH5&) = delete;
-
-  void write_map(const std::string& name, const analyses::AttentionMap& m) {
-    const hsize_t dims[2] = {static_cast<hsize_t>(m.grid.rows()), static_cast<hsize_t>(m.grid.cols())};
-    const hid_t space = H5Screate_simple(2, dims, nullptr);
-    const hid_t ds = H5Dcreate2(file_, name.c_str(), H5T_IEEE_F64LE, space, lcpl_, H5P_DEFAULT, H5P_DEFAULT);
-    H5Sclose(space);
-    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, m.grid.data()) < 0) {
-      if (ds >= 0) H5Dclose(ds);
-      throw InputError(tmp_.string(), name, "a writable dataset", "HDF5 write failed");
-    }
-    int_attr(ds, "token", m.token);
-    int_attr(ds, "query_row", m.query_row);
-    int_attr(ds, "query_col", m.query_col);
-    double_attr(ds, "prefix_weights", m.prefix);
-    H5Dclose(ds);
-  }
-  void root_int(const char* name, int v) { int_attr(file_, name, v); }
-  void commit() {
-    close();
-    std::filesystem::rename(tmp_, path_);
-    committed_ = true;
-  }
-
- private:
-  static void int_attr(hid_t obj, const char* name, int v) {
-    const hid_t space = H5Screate(H5S_SCALAR);
-    const hid_t a = H5Acreate2(obj, name, H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_INT, &v);
-    H5Aclose(a);
-    H5Sclose(space);
-  }
-  static void double_attr(hid_t obj, const char* name, const std::vector<double>& v) {
-    const hsize_t n = v.size();
-    const hid_t space = n ? H5Screate_simple(1, &n, nullptr) : H5Screate(H5S_NULL);
-    const hid_t a = H5Acreate2(obj, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (n) H5Awrite(a, H5T_NATIVE_DOUBLE, v.data());
-    H5Aclose(a);
-    H5Sclose(space);
-  }
-  void close() {
-    if (lcpl_ >= 0) H5Pclose(lcpl_);
-    if (file_ >= 0) H5Fclose(file_);
-    lcpl_ = file_ = -1;
-  }
-  std::filesystem::path path_, tmp_;
-  hid_t file_ = -1, lcpl_ = -1;
-  bool committed_ = false;
-};
-
 struct MapEntry {
   std::size_t variant = 0;
   int image = 0, layer = 0, head = 0;
@@ -129,10 +62,11 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"variants", variant_names(variants)}, {"tokens", tokens}, {"images", sel.images},
                    {"layers", sel.layers}, {"heads", sel.heads}, {"transform", sel.transform.name()},
                    {"threads", threads}, {"seed", f.common.seed}};
-  AtomicFile csv(dir / "maps.csv");
+  ResultSet set(dir, "maps.json");
+  ResultFile csv(set, "maps.csv");
   csv.stream() << "variant,image,layer,head,query,query_row,query_col,row,col,weight\n";
   csv.stream().precision(17);
-  MapsH5 h5(dir / "maps.h5");
+  MapsH5 h5(set.stage("maps.h5"), set.final_path("maps.h5"));
   h5.root_int("grid_height", grid.height);
   h5.root_int("grid_width", grid.width);
   h5.root_int("prefix_tokens", grid.prefix);
@@ -183,11 +117,11 @@ int run_maps_cmd(const std::vector<std::string>& args) {
     throw NothingToMeasure("no valid queries: the row of every selected query is degenerate (a "
                            "zero or tiny denominator), so there is no map to draw");
   }
-  h5.commit();
-  csv.commit();
+  h5.close();
+  csv.close();
   meta.results() = {{"maps", written}, {"degenerate_rows_skipped", degenerate.load()},
                     {"files", {"maps.csv", "maps.h5"}}};
-  meta.write(dir);
+  meta.publish(set);
   std::cout << "wrote " << written << " maps (" << grid.height << "x" << grid.width << ") to " << (dir / "maps.h5").string()
             << " and maps.csv\n";
   if (degenerate > 0) {

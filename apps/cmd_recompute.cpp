@@ -22,9 +22,9 @@ struct RecomputeFlags {
 // accounts for errors of a few 1e-4 of the head's largest output; float32 for ~1e-6.
 double default_tolerance(DType dtype) { return dtype == DType::F16 ? 5e-3 : 1e-4; }
 
-void write_csv(const std::filesystem::path& dir, const std::string& variant,
+void write_csv(ResultSet& set, const std::string& variant,
                const std::vector<analyses::RecomputeCell>& cells) {
-  AtomicFile f(dir / "recompute.csv");
+  ResultFile f(set, "recompute.csv");
   f.stream() << "variant,layer,head,images,out_max_abs_error,out_max_rel_error,"
                 "out_mean_abs_error,attn_max_abs_error,degenerate_rows\n"
              << std::setprecision(9);
@@ -36,7 +36,7 @@ void write_csv(const std::filesystem::path& dir, const std::string& variant,
     if (c.has_attn) f.stream() << c.attn_max_abs;
     f.stream() << "," << c.degenerate_rows << "\n";
   }
-  f.commit();
+  f.close();
 }
 
 int run_recompute(const std::vector<std::string>& args) {
@@ -61,12 +61,13 @@ int run_recompute(const std::vector<std::string>& args) {
   const double tol = f.tol >= 0.0 ? f.tol : default_tolerance(schema.dtype);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
+  ResultSet set(dir, "recompute.json");
   RunMetadata meta("recompute");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
                    {"images", sel.images.size()}};
   const auto cells = analyses::recompute_dump(reader, variant, sel.images);
-  write_csv(dir, variant.name(), cells);
+  write_csv(set, variant.name(), cells);
 
   double worst_rel = 0.0, worst_attn = 0.0;
   bool has_out = false, has_attn = false;
@@ -80,7 +81,7 @@ int run_recompute(const std::vector<std::string>& args) {
   meta.results() = {{"worst_out_rel_error", worst_rel},
                     {"worst_attn_abs_error", worst_attn},
                     {"pass", pass}};
-  meta.write(dir);
+  meta.publish(set);
   std::cout << "recomputed " << variant.name() << " over " << sel.images.size() << " images, "
             << cells.size() << " heads\n";
   if (has_out) {

@@ -120,9 +120,8 @@ std::vector<Variant> sweep_variants(const SpikinessFlags& f, const DumpSchema& s
   return variants;
 }
 
-void write_rows(const std::filesystem::path& dir, const std::string& source,
-                const analyses::SpikinessResult& r) {
-  AtomicFile f(dir / "spikiness.csv");
+void write_rows(ResultSet& set, const std::string& source, const analyses::SpikinessResult& r) {
+  ResultFile f(set, "spikiness.csv");
   f.stream() << "variant,source,sample,layer,head,token,scale,ratio,max_weight,entropy,"
                 "effective_keys,topk_mass,negatives,zeros\n"
              << std::setprecision(10);
@@ -138,11 +137,11 @@ void write_rows(const std::filesystem::path& dir, const std::string& source,
       }
     }
   }
-  f.commit();
+  f.close();
 }
 
-void write_samples(const std::filesystem::path& dir, const analyses::SpikinessResult& r) {
-  AtomicFile f(dir / "spikiness_samples.csv");
+void write_samples(ResultSet& set, const analyses::SpikinessResult& r) {
+  ResultFile f(set, "spikiness_samples.csv");
   f.stream() << "variant,sample,image,layer,head,token,key_high,key_low\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (std::size_t i = 0; i < r.samples.size(); ++i) {
@@ -152,11 +151,11 @@ void write_samples(const std::filesystem::path& dir, const analyses::SpikinessRe
                  << r.sweeps[v][i].key_low << "\n";
     }
   }
-  f.commit();
+  f.close();
 }
 
-void write_weights(const std::filesystem::path& dir, const analyses::SpikinessResult& r) {
-  AtomicFile f(dir / "spikiness_weights.csv");
+void write_weights(ResultSet& set, const analyses::SpikinessResult& r) {
+  ResultFile f(set, "spikiness_weights.csv");
   f.stream() << "variant,sample,scale,rank,weight\n" << std::setprecision(10);
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (std::size_t i = 0; i < r.samples.size(); ++i) {
@@ -172,22 +171,21 @@ void write_weights(const std::filesystem::path& dir, const analyses::SpikinessRe
       }
     }
   }
-  f.commit();
+  f.close();
 }
 
 std::string law_verdict(const analyses::LawResult& l) {
   return !l.applicable ? "n/a" : l.pass() ? "PASS" : "FAIL";
 }
 
-void write_laws(const std::filesystem::path& dir, const analyses::SpikinessResult& r,
-                std::size_t scales) {
-  AtomicFile f(dir / "spikiness_laws.csv");
+void write_laws(ResultSet& set, const analyses::SpikinessResult& r, std::size_t scales) {
+  ResultFile f(set, "spikiness_laws.csv");
   f.stream() << "variant,law,max_deviation,queries,scales,pass\n" << std::setprecision(6);
   for (const auto& l : r.laws) {
     f.stream() << l.variant << "," << analyses::to_string(l.law) << "," << l.max_deviation << ","
                << l.queries << "," << scales << "," << law_verdict(l) << "\n";
   }
-  f.commit();
+  f.close();
 }
 
 double median(std::vector<double> x) {
@@ -295,6 +293,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   if (samples.empty()) throw UsageError("no query selected (--samples 0?)");
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
+  ResultSet set(dir, "spikiness.json");
   RunMetadata meta("spikiness");
   meta.inputs() = {{"source", source.name}, {"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)},
@@ -334,10 +333,10 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
                            "keys at any scale (every row is degenerate), so there is no ratio to report");
   }
 
-  write_rows(dir, source.name, r);
-  write_samples(dir, r);
-  write_weights(dir, r);
-  write_laws(dir, r, opt.scales.size());
+  write_rows(set, source.name, r);
+  write_samples(set, r);
+  write_weights(set, r);
+  write_laws(set, r, opt.scales.size());
   const nlohmann::json med = medians(r, opt.scales.size());
   nlohmann::json laws = nlohmann::json::array();
   bool all_pass = true;
@@ -354,7 +353,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
                     {"why", l.why}});
   }
   meta.results() = {{"laws", laws}, {"medians", med}};
-  meta.write(dir);
+  meta.publish(set);
   print_summary(r, med);
   return all_pass ? 0 : kExitCheckFailed;
 }

@@ -7,6 +7,7 @@
 #include "attnscope/synth.hpp"
 
 #include <iomanip>
+#include <memory>
 #include <iostream>
 #include <sstream>
 
@@ -102,16 +103,34 @@ int run_synth(const std::vector<std::string>& args) {
   const int threads = apply_threads(common.threads);
   o.validate();
 
+  // The dump and FILE.h5.json form the run's result set, published in the dump's folder.
+  const std::filesystem::path out_path(out);
+  const std::string name = out_path.filename().string();
+  if (name.empty() || name == "." || name == "..") {
+    throw UsageError("--out must name a file, got '" + out + "'");
+  }
   RunMetadata meta("synth");
   meta.params() = options_json(o, dtype);
+  std::unique_ptr<ResultSet> made;
+  try {
+    made = std::make_unique<ResultSet>(out_path.parent_path(), name + ".json");
+  } catch (const Error& e) {
+    throw Error(out + ": cannot write the dump: " + e.what());  // name the file asked for
+  }
+  ResultSet& set = *made;
+  const std::filesystem::path staged = set.stage(name);
   Progress progress("synth", static_cast<std::size_t>(o.images));
-  write_synth_dump(out, o, [&](int) { progress.tick(); });
+  try {
+    write_synth_dump(staged.string(), o, [&](int) { progress.tick(); });
+  } catch (...) {
+    set.rethrow_with_final_names();
+  }
   progress.finish();
 
-  const std::uintmax_t bytes = std::filesystem::file_size(out);
+  const std::uintmax_t bytes = std::filesystem::file_size(staged);
   meta.results() = {{"dump", out}, {"bytes", bytes}, {"num_tokens", o.tokens()}};
   meta.params()["threads"] = threads;
-  meta.write_to(out + ".json");
+  meta.publish(set);
   std::cout << "wrote " << out << ": " << o.images << " images, " << o.layers << " layers x "
             << o.heads << " heads, " << o.tokens() << " tokens (" << o.grid.prefix << " + "
             << o.grid.height << "x" << o.grid.width << "), head dim " << o.head_dim << ", "

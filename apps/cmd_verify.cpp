@@ -57,15 +57,15 @@ std::string condition(const analyses::CheckRow& r) {
   return (r.sense == analyses::CheckRow::Sense::Above ? "> " : "<= ") + number(r.threshold);
 }
 
-void write_csv(const std::filesystem::path& dir, const std::vector<analyses::CheckRow>& rows) {
-  AtomicFile f(dir / "verify.csv");
+void write_csv(ResultSet& set, const std::vector<analyses::CheckRow>& rows) {
+  ResultFile f(set, "verify.csv");
   f.stream() << "check,what,trials,margin,threshold,result\n";
   for (const auto& r : rows) {
     f.stream() << csv_field(r.check) << "," << csv_field(r.what) << "," << r.trials << ","
                << std::setprecision(17) << r.margin << "," << csv_field(condition(r)) << ","
                << (r.pass ? "PASS" : "FAIL") << "\n";
   }
-  f.commit();
+  f.close();
 }
 
 nlohmann::json to_json(const std::vector<analyses::CheckRow>& rows) {
@@ -83,8 +83,8 @@ nlohmann::json to_json(const std::vector<analyses::CheckRow>& rows) {
   return j;
 }
 
-void write_timings(const std::filesystem::path& dir, const std::vector<analyses::FormTiming>& ts) {
-  AtomicFile f(dir / "verify_timing.csv");
+void write_timings(ResultSet& set, const std::vector<analyses::FormTiming>& ts) {
+  ResultFile f(set, "verify_timing.csv");
   f.stream() << "variant,n,dim,linear_time_s,explicit_s\n" << std::setprecision(6);
   for (const auto& t : ts) {
     for (std::size_t i = 0; i < t.sizes.size(); ++i) {
@@ -92,7 +92,7 @@ void write_timings(const std::filesystem::path& dir, const std::vector<analyses:
                  << t.explicit_s[i] << "\n";
     }
   }
-  f.commit();
+  f.close();
 }
 
 void print_table(const std::vector<analyses::CheckRow>& rows) {
@@ -122,6 +122,7 @@ int run_verify_cmd(const std::vector<std::string>& args) {
   const int threads = apply_threads(f.common.threads);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
+  ResultSet set(dir, "verify.json");
   RunMetadata meta("verify");
   meta.params() = {{"seed", f.opt.seed},
                    {"trials", f.opt.trials},
@@ -135,10 +136,10 @@ int run_verify_cmd(const std::vector<std::string>& args) {
   const std::vector<analyses::CheckRow> rows = analyses::verify_all(f.opt);
   long failed = 0;
   for (const auto& r : rows) failed += r.pass ? 0 : 1;
-  write_csv(dir, rows);
-  if (f.opt.timing) write_timings(dir, timings);
+  write_csv(set, rows);
+  if (f.opt.timing) write_timings(set, timings);
   meta.results() = {{"rows", to_json(rows)}, {"checks", rows.size()}, {"failed", failed}};
-  meta.write(dir);
+  meta.publish(set);
   if (f.json) {
     std::cout << nlohmann::json{{"rows", to_json(rows)}, {"failed", failed}}.dump(2) << "\n";
   } else {

@@ -193,38 +193,6 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
 
 // ---------------------------------------------------------------------------------------------
 
-AtomicFile::AtomicFile(std::filesystem::path path)
-    : path_(std::move(path)),
-      tmp_(path_.string() + ".tmp-" + std::to_string(static_cast<long>(::getpid()))) {
-  os_.open(tmp_, std::ios::out | std::ios::trunc);
-  if (!os_) {
-    throw InputError(path_.string(), "output file", "a writable location",
-                     std::string("cannot create ") + tmp_.string() + ": " + std::strerror(errno));
-  }
-}
-
-AtomicFile::~AtomicFile() {
-  if (committed_) return;
-  os_.close();
-  std::error_code ec;
-  std::filesystem::remove(tmp_, ec);  // nothing to report from a destructor
-}
-
-void AtomicFile::commit() {
-  if (committed_) return;
-  os_.flush();
-  const bool ok = static_cast<bool>(os_);
-  os_.close();
-  if (!ok || os_.fail()) {
-    throw InputError(path_.string(), "output file", "a complete write",
-                     "a write error on " + tmp_.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp_, path_, ec);
-  if (ec) throw InputError(path_.string(), "output file", "a rename into place", ec.message());
-  committed_ = true;
-}
-
 std::filesystem::path ensure_out_dir(const std::string& dir) {
   const std::filesystem::path p(dir.empty() ? std::string(".") : dir);
   std::error_code ec;
@@ -266,18 +234,11 @@ RunMetadata::RunMetadata(std::string command) : start_(std::chrono::steady_clock
   j_["results"] = nlohmann::json::object();
 }
 
-std::filesystem::path RunMetadata::write(const std::filesystem::path& dir) {
-  return write_to(dir / (j_["command"].get<std::string>() + ".json"));
-}
-
-std::filesystem::path RunMetadata::write_to(const std::filesystem::path& file) {
+std::filesystem::path RunMetadata::publish(ResultSet& set) {
   const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start_;
   j_["elapsed_s"] = dt.count();
   j_["threads"] = omp_get_max_threads();
-  AtomicFile f(file);
-  f.stream() << j_.dump(2) << "\n";
-  f.commit();
-  return file;
+  return set.publish(j_);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 // a progress bar on stderr when it is a terminal.
 #pragma once
 
+#include "result_set.hpp"
+
 #include "attnscope/error.hpp"
 #include "attnscope/variant.hpp"
 
@@ -70,43 +72,25 @@ int apply_threads(int threads);
 /// "attnscope <command>: <what>" on stderr.
 int run_guarded(const std::string& command, const std::function<int()>& body);
 
-/// A file written under a temporary name and renamed into place by commit(); destroyed without
-/// commit() it removes the temporary file.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::filesystem::path path);
-  ~AtomicFile();
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  std::ofstream& stream() { return os_; }
-  const std::filesystem::path& temp_path() const { return tmp_; }
-  void commit();
-
- private:
-  std::filesystem::path path_, tmp_;
-  std::ofstream os_;
-  bool committed_ = false;
-};
-
 /// Creates the results folder (and parents); throws InputError if it cannot.
 std::filesystem::path ensure_out_dir(const std::string& dir);
 
 /// The whole command line as typed (argv), set by main(); recorded in every run's metadata.
 std::vector<std::string>& command_line();
 
-/// Run metadata written as <out>/<command>.json: command, the full command line, attnscope
-/// version, inputs, parameters, start time, elapsed seconds, threads, and anything added under
-/// "results".
+/// Run metadata, published as the manifest of the run's result set (<out>/<command>.json, or
+/// FILE.h5.json for synth): command, the full command line, attnscope version, inputs,
+/// parameters, start time, elapsed seconds, threads, anything added under "results", and the
+/// list of files (result_set.hpp).
 class RunMetadata {
  public:
   explicit RunMetadata(std::string command);
   nlohmann::json& params() { return j_["parameters"]; }
   nlohmann::json& inputs() { return j_["inputs"]; }
   nlohmann::json& results() { return j_["results"]; }
-  /// Stamps elapsed time and writes atomically to <dir>/<command>.json; returns the path.
-  std::filesystem::path write(const std::filesystem::path& dir);
-  /// Same, to an explicit file (e.g. `synth` writes FILE.h5.json next to its dump).
-  std::filesystem::path write_to(const std::filesystem::path& file);
+  /// Stamps elapsed time and threads and publishes `set` with this record as its manifest;
+  /// returns the manifest's path.
+  std::filesystem::path publish(ResultSet& set);
 
  private:
   nlohmann::json j_;

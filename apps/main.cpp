@@ -1,6 +1,9 @@
 // attnscope: one command, a subcommand per analysis (see apps/command.hpp).
 #include "command.hpp"
 #include "common.hpp"
+#include "interrupt.hpp"
+
+#include <hdf5.h>
 
 #include <iostream>
 
@@ -28,6 +31,9 @@ void print_usage(std::ostream& os) {
 
 int main(int argc, char** argv) {
   using namespace attnscope::app;
+  // HDF5 must not close files itself at exit: every file is closed by its owner, and a file
+  // whose close failed (disk full) cannot be closed again without crashing inside the library.
+  H5dont_atexit();
   if (argc < 2) {
     print_usage(std::cerr);
     return 2;
@@ -46,6 +52,7 @@ int main(int argc, char** argv) {
     std::cerr << "attnscope: unknown command '" << name << "' (see attnscope --help)\n";
     return 2;
   }
+  install_interrupt_cleanup(it->second.name);
   command_line().assign(argv, argv + argc);
   std::vector<std::string> args(argv + 2, argv + argc);
   return run_guarded(it->second.name, [&] { return it->second.run(args); });

@@ -6,7 +6,8 @@
     positive factor (A, b drawn from --seed).
 Keys, the base query q and the scale come from one layer/head/image of a dump. Writes
 <out>/inline_fig1.csv (panel,query,factor,query_norm,variant,key,weight) and
-<out>/inline_fig1.json ({"command", "parameters"}), like an attnscope result folder.
+<out>/inline_fig1.json ({"command", "parameters"}), published as an attnscope result set (the JSON
+is the manifest, written last; see attnscope_dump/result_set.py).
 No attnscope command builds such queries, so this script computes the weights itself with the
 code-convention formulas of attnscope_dump.attention.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import shlex
 import sys
@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attnscope_dump.attention import attention_weights  # noqa: E402
+from attnscope_dump.result_set import publish  # noqa: E402
 
 FACTORS = (0.5, 1.0, 2.0, 4.0)
 
@@ -77,22 +78,21 @@ def main(argv=None):
     panels = {"a": (collinear_queries(q), ("linear:relu", "softmax", "inline:identity")),
               "b": (affine_kernel_queries(q, A, b, rng),
                     ("linear:relu_affine", "softmax", "inline:identity"))}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "inline_fig1.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["panel", "query", "factor", "query_norm", "variant", "key", "weight"])
-        for panel, (qs, variants) in panels.items():
-            for variant in variants:
-                W = weights(variant, qs, k, scale, A, b)
-                for i, row in enumerate(W):
-                    for j, x in enumerate(row):
-                        w.writerow([panel, i, FACTORS[i], f"{np.linalg.norm(qs[i]):.6g}",
-                                    variant, j, f"{x:.9g}"])
-    meta = {"command": "python/inline_fig1.py " + " ".join(shlex.quote(a) for a in
-                                                            (argv or sys.argv[1:])),
-            "parameters": vars(args) | {"factors": FACTORS, "scale": scale}}
-    with open(os.path.join(args.out, "inline_fig1.json"), "w") as f:
-        json.dump(meta, f, indent=2)
+    with publish(args.out, "inline_fig1.json") as st:
+        with open(st.path("inline_fig1.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["panel", "query", "factor", "query_norm", "variant", "key", "weight"])
+            for panel, (qs, variants) in panels.items():
+                for variant in variants:
+                    W = weights(variant, qs, k, scale, A, b)
+                    for i, row in enumerate(W):
+                        for j, x in enumerate(row):
+                            w.writerow([panel, i, FACTORS[i], f"{np.linalg.norm(qs[i]):.6g}",
+                                        variant, j, f"{x:.9g}"])
+        meta = {"command": "python/inline_fig1.py " + " ".join(shlex.quote(a) for a in
+                                                                (argv or sys.argv[1:])),
+                "parameters": vars(args) | {"factors": FACTORS, "scale": scale}}
+        st.publish(meta)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """What the figure notebooks share: reading attnscope result files (CSV + the command's JSON run
 metadata), where results and figures live, and saving a figure with its caption.
 
+Every file is read only once the manifest of its result set (the command's JSON record) lists it
+and the whole set matches it (result_set.py): an interrupted or mixed run is refused, not drawn.
+
 No attention maths here: the notebooks draw what `attnscope` computed.
 
 Environment: ATTNSCOPE_RESULTS (folder of result folders, default results/figures-data) and
@@ -9,11 +12,12 @@ ATTNSCOPE_FIGURES (where PNGs go, default figures/), both relative to the reposi
 from __future__ import annotations
 
 import csv
-import json
 import os
 import textwrap
 
 import numpy as np
+
+from .result_set import verified_path, verify
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAMILIES = ("softmax", "linear", "inline", "mala")
@@ -38,10 +42,18 @@ def figures_dir() -> str:
     return path
 
 
-def read_csv(path: str) -> dict:
-    """Columns by name; a column whose every value parses as a number becomes a float array."""
+def result_path(path: str) -> str:
+    """The absolute path of a result file (relative to results_dir()), after checking the
+    manifest of its set; raises result_set.ResultSetError for a set that is not complete."""
     if not os.path.isabs(path):
         path = os.path.join(results_dir(), path)
+    return verified_path(path)
+
+
+def read_csv(path: str) -> dict:
+    """Columns by name; a column whose every value parses as a number becomes a float array.
+    Only a file of a complete result set is read (see result_path)."""
+    path = result_path(path)
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
@@ -67,14 +79,16 @@ def select(cols: dict, **where) -> dict:
 
 def command_of(result_subdir: str, command: str) -> str:
     """The command line that produced <result_subdir>: its command.txt (written by
-    scripts/figures.sh), else the "command" of its <command>.json run metadata."""
+    scripts/figures.sh), else the "command" of its <command>.json run metadata. Either way the
+    set's manifest, <command>.json, must check out."""
+    meta = verify(os.path.join(results_dir(), result_subdir, f"{command}.json"))
     txt = os.path.join(results_dir(), result_subdir, "command.txt")
     if os.path.exists(txt):
         with open(txt) as f:
             return f.read().strip()
-    path = os.path.join(results_dir(), result_subdir, f"{command}.json")
-    with open(path) as f:
-        meta = json.load(f)
+    argv = meta.get("command_line")
+    if isinstance(argv, list) and argv:
+        return " ".join([os.path.basename(str(argv[0]))] + [str(a) for a in argv[1:]])
     cmd = meta.get("command", command)
     return " ".join(cmd) if isinstance(cmd, list) else str(cmd)
 

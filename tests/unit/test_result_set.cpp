@@ -1,0 +1,202 @@
+// Result sets (apps/result_set.hpp): staging, publishing with a manifest written last, write errors
+// reported with the system's reason, stale staging folders, and the SHA-256 of the manifest.
+#include "result_set.hpp"
+#include "sha256.hpp"
+
+#include "attnscope/error.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+using attnscope::app::ResultFile;
+using attnscope::app::ResultSet;
+using attnscope::app::Sha256;
+
+namespace {
+
+std::string sha(const std::string& s) {
+  Sha256 h;
+  h.update(s.data(), s.size());
+  return h.hex_digest();
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(slurp(p)); }
+
+std::set<std::string> entries(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+class ResultSetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("attnscope_result_set_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  /// Publishes files {name: content} with a record {"run": run}.
+  void publish(const std::vector<std::pair<std::string, std::string>>& files, int run) {
+    ResultSet set(dir_, "x.json");
+    for (const auto& [name, content] : files) {
+      ResultFile f(set, name);
+      f.stream() << content;
+      f.close();
+    }
+    set.publish({{"run", run}});
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST(Sha256, MatchesTheFips180Examples) {
+  EXPECT_EQ(sha(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST(Sha256, FeedingInPiecesGivesTheSameDigest) {
+  // One million 'a' (FIPS 180-2 appendix B.3), fed in pieces of awkward sizes.
+  const std::string chunk(997, 'a');
+  Sha256 h;
+  std::size_t left = 1000000;
+  std::size_t piece = 1;
+  while (left > 0) {
+    const std::size_t n = std::min({piece, left, chunk.size()});
+    h.update(chunk.data(), n);
+    left -= n;
+    piece = piece * 3 + 1;
+  }
+  EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_F(ResultSetTest, PublishesEveryFileAndAManifestListingThem) {
+  publish({{"a.csv", "x,y\n1,2\n"}, {"b.csv", "z\n"}}, 1);
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"a.csv", "b.csv", "x.json"}))
+      << "the staging folder must be gone";
+  const nlohmann::json m = read_json(dir_ / "x.json");
+  EXPECT_EQ(m["run"], 1);
+  EXPECT_EQ(m["manifest_format"], 1);
+  ASSERT_EQ(m["files"].size(), 2U);
+  EXPECT_EQ(m["files"][0]["name"], "a.csv");
+  EXPECT_EQ(m["files"][0]["bytes"], 8);
+  EXPECT_EQ(m["files"][0]["sha256"], sha("x,y\n1,2\n"));
+  EXPECT_EQ(m["files"][1]["name"], "b.csv");
+  EXPECT_EQ(m["files"][1]["sha256"], attnscope::app::sha256_file(dir_ / "b.csv"));
+  EXPECT_EQ(slurp(dir_ / "a.csv"), "x,y\n1,2\n");
+}
+
+TEST_F(ResultSetTest, ANewSetReplacesTheOldAndRemovesFilesItLacks) {
+  publish({{"a.csv", "old a\n"}, {"gone.csv", "old\n"}}, 1);
+  std::ofstream(dir_ / "unrelated.txt") << "not a result\n";
+  publish({{"a.csv", "new a\n"}}, 2);
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"a.csv", "unrelated.txt", "x.json"}));
+  EXPECT_EQ(slurp(dir_ / "a.csv"), "new a\n");
+  EXPECT_EQ(read_json(dir_ / "x.json")["run"], 2);
+}
+
+TEST_F(ResultSetTest, AnUnpublishedSetLeavesTheOldOneUntouched) {
+  publish({{"a.csv", "old a\n"}}, 1);
+  const std::string before = slurp(dir_ / "x.json");
+  {
+    ResultSet set(dir_, "x.json");
+    ResultFile f(set, "a.csv");
+    f.stream() << "new a\n";
+    f.close();
+    EXPECT_TRUE(fs::is_directory(set.staging()));
+  }  // destroyed without publish(), as when a command fails
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"a.csv", "x.json"}));
+  EXPECT_EQ(slurp(dir_ / "a.csv"), "old a\n");
+  EXPECT_EQ(slurp(dir_ / "x.json"), before);
+}
+
+TEST_F(ResultSetTest, AWriteErrorNamesTheFinalPathAndTheReason) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  ResultSet set(dir_, "x.json");
+  // The staged file is /dev/full, where every write fails with ENOSPC.
+  fs::create_symlink("/dev/full", set.stage("a.csv"));
+  ResultFile f(set, "a.csv");
+  f.stream() << std::string(200000, 'x');  // more than the buffer: the failure happens here
+  f.stream() << "more";
+  try {
+    f.close();
+    FAIL() << "close() succeeded on /dev/full";
+  } catch (const attnscope::Error& e) {
+    EXPECT_EQ(std::string(e.what()), (dir_ / "a.csv").string() + ": cannot write: No space left on device");
+  }
+}
+
+TEST_F(ResultSetTest, AFileNeverWrittenStopsThePublish) {
+  publish({{"a.csv", "old\n"}}, 1);
+  ResultSet set(dir_, "x.json");
+  (void)set.stage("a.csv");
+  EXPECT_THROW(set.publish({{"run", 2}}), attnscope::Error);
+  EXPECT_EQ(read_json(dir_ / "x.json")["run"], 1);
+}
+
+TEST_F(ResultSetTest, NamesMustBePlainFileNames) {
+  ResultSet set(dir_, "x.json");
+  EXPECT_THROW((void)set.stage("../a.csv"), attnscope::Error);
+  EXPECT_THROW((void)set.stage("x.json"), attnscope::Error);
+  EXPECT_THROW((void)set.stage(""), attnscope::Error);
+  EXPECT_THROW(ResultSet(dir_, "sub/x.json"), attnscope::Error);
+}
+
+TEST_F(ResultSetTest, StagingFoldersOfDeadProcessesAreRemoved) {
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  // pid_max is at most 2^22 on Linux: this process cannot exist.
+  const fs::path dead = dir_ / (".attnscope-tmp-99999999-abc-" + std::string(host));
+  const fs::path alive = dir_ / (".attnscope-tmp-" + std::to_string(::getpid()) + "-abc-" + host);
+  const fs::path other_host = dir_ / ".attnscope-tmp-99999999-abc-some-other-host.example";
+  for (const auto& p : {dead, alive, other_host}) {
+    fs::create_directories(p);
+    std::ofstream(p / "f.csv") << "x\n";
+  }
+  { ResultSet set(dir_, "x.json"); }
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive));
+  EXPECT_TRUE(fs::exists(other_host)) << "another machine's run may still be writing";
+}
+
+TEST_F(ResultSetTest, ErrorsNameTheResultsFolderNotTheStagingFolder) {
+  ResultSet set(dir_, "x.json");
+  const std::string staged = set.stage("d.h5").string();
+  try {
+    try {
+      throw attnscope::InputError(staged, "/layers/0/q", "room", "none");
+    } catch (...) {
+      set.rethrow_with_final_names();
+    }
+  } catch (const attnscope::Error& e) {
+    EXPECT_EQ(std::string(e.what()), (dir_ / "d.h5").string() + ": /layers/0/q: expected room, found none");
+  }
+  try {
+    try {
+      throw attnscope::UsageError("bad " + staged);
+    } catch (...) {
+      set.rethrow_with_final_names();
+    }
+  } catch (const attnscope::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "bad " + (dir_ / "d.h5").string());
+  }
+}
