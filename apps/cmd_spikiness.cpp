@@ -176,7 +176,9 @@ void write_weights(const std::filesystem::path& dir, const analyses::SpikinessRe
 }
 
 std::string law_verdict(const analyses::LawResult& l) {
-  return !l.applicable ? "n/a" : l.pass() ? "PASS" : "FAIL";
+  if (!l.applicable) return "n/a";
+  if (!l.has_data()) return "NO DATA";
+  return l.pass() ? "PASS" : "FAIL";
 }
 
 void write_laws(const std::filesystem::path& dir, const analyses::SpikinessResult& r,
