@@ -175,7 +175,9 @@ void write_weights(ResultSet& set, const analyses::SpikinessResult& r) {
 }
 
 std::string law_verdict(const analyses::LawResult& l) {
-  return !l.applicable ? "n/a" : l.pass() ? "PASS" : "FAIL";
+  if (!l.applicable) return "n/a";
+  if (!l.has_data()) return "NO DATA";
+  return l.pass() ? "PASS" : "FAIL";
 }
 
 void write_laws(ResultSet& set, const analyses::SpikinessResult& r, std::size_t scales) {

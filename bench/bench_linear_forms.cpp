@@ -67,11 +67,36 @@ void run(benchmark::State& state, const char* spec, bool linear_time) {
   state.SetComplexityN(state.range(0));
 }
 
+/// The linear-time form written into a caller's buffer: with the thread's scratch kept between
+/// calls, a run of calls of one size allocates nothing at all.
+void run_into(benchmark::State& state, const char* spec) {
+  const Variant v = parse_variant(spec);
+  const Inputs in = inputs(static_cast<int>(state.range(0)));
+  check_forms_agree(v, in);
+  MatF out(in.q.rows(), in.v.cols());
+  for (auto _ : state) {
+    attention_outputs_into<float>(v, in.q, in.k, in.v, in.scale, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+}
+
 void args(benchmark::internal::Benchmark* b) {
   for (int n : {197, 512, 1024, 2048, 3136, 4096}) b->Arg(n);
   b->Complexity(benchmark::oAuto)->Unit(benchmark::kMicrosecond);
 }
 
+/// Sizes around malloc's mmap threshold (128 KiB: one N x 64 double buffer at N = 256), where a
+/// form that allocates its buffers on every call pays for fresh pages each time.
+void small_args(benchmark::internal::Benchmark* b) {
+  for (int n : {64, 128, 256, 512}) b->Arg(n);
+  b->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK_CAPTURE(run, inline_code_linear_time_small, "inline@code", true)->Apply(small_args);
+BENCHMARK_CAPTURE(run, mala_code_linear_time_small, "mala@code", true)->Apply(small_args);
+BENCHMARK_CAPTURE(run_into, inline_code_linear_time_into_small, "inline@code")->Apply(small_args);
+BENCHMARK_CAPTURE(run_into, mala_code_linear_time_into_small, "mala@code")->Apply(small_args);
 BENCHMARK_CAPTURE(run, inline_code_linear_time, "inline@code", true)->Apply(args);
 BENCHMARK_CAPTURE(run, inline_code_explicit, "inline@code", false)->Apply(args);
 BENCHMARK_CAPTURE(run, mala_code_linear_time, "mala@code", true)->Apply(args);

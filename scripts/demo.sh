@@ -38,16 +38,9 @@ ALL4="softmax@code,linear:relu@code,inline@code,mala@code"
 step "confusion events, all four families (planted collinear pairs)" \
   "$A" confusion --dump "$SYNTH" --out "$R/synth-confusion" --variant "$ALL4"
 step "local 3x3 attention mass" "$A" locality --dump "$SYNTH" --out "$R/synth-locality" --variant "$ALL4"
-# verify exits 3 when a row FAILs (its timing rows depend on the machine): the demo says so and
-# goes on, since the table above already shows which row failed.
-verify_rc=0
-step "the propositions of both papers, checked numerically" "$A" verify --out "$R/verify" ||
-  verify_rc=$?
-if [ "$verify_rc" -eq 3 ]; then
-  echo "!! verify: some rows FAILED (see the table above and $R/verify/verify.csv)"
-elif [ "$verify_rc" -ne 0 ]; then
-  exit "$verify_rc"
-fi
+# verify: every row is deterministic (the cost rows count multiply-adds; measured times are
+# printed as information only), so a failure is real and stops the demo.
+step "the propositions of both papers, checked numerically" "$A" verify --out "$R/verify"
 
 # --- committed dumps of the four trained Fashion-MNIST ViTs (data/dumps; data/README.md).
 shopt -s nullglob

@@ -1,8 +1,10 @@
-// Linear-time forms against explicit weights: equality (InLine eq. 5, MALA eq. 13) and measured
-// cost; and the whole verification run in report order.
+// Linear-time forms against explicit weights: equality (InLine eq. 5, MALA eq. 13), counted cost
+// (the rows) and measured time (information only); and the whole verification run in report
+// order.
 #include "attnscope/analyses/propositions.hpp"
 
 #include "attnscope/attention.hpp"
+#include "attnscope/work_counters.hpp"
 #include "propositions_support.hpp"
 
 #include <algorithm>
@@ -18,10 +20,18 @@ using detail::Draws;
 using Sense = CheckRow::Sense;
 
 void CheckRow::decide() {
-  pass = sense == Sense::Above ? margin > threshold : margin <= threshold;  // NaN fails both
+  const bool measured = trials > 0 && unusable == 0;
+  pass = measured &&
+         (sense == Sense::Above ? margin > threshold : margin <= threshold);  // NaN fails both
 }
 
-CheckRow check_linear_form(const std::string& spec, std::uint64_t seed, int trials) {
+std::string CheckRow::result() const {
+  if (trials == 0 || unusable > 0) return "NO DRAW";
+  return pass ? "PASS" : "FAIL";
+}
+
+CheckRow check_linear_form(const std::string& spec, std::uint64_t seed, int trials,
+                           const CheckInputs& in) {
   const Variant v = parse_variant(spec);
   CheckRow r = detail::start_row(
       "linear_form." + v.name(),
@@ -32,22 +42,73 @@ CheckRow check_linear_form(const std::string& spec, std::uint64_t seed, int tria
   static constexpr std::array<int, 4> kN{1, 2, 50, 197};
   static constexpr std::array<int, 3> kD{1, 7, 64};
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
+  return detail::run_trials(std::move(r), trials, [&](int t) {
     const int n = kN[static_cast<std::size_t>(t) % kN.size()];
     const int d = kD[static_cast<std::size_t>(t / static_cast<int>(kN.size())) % kD.size()];
     const double scale = detail::default_scale(d);
     const MatD q = draws.matrix(n, d), k = draws.matrix(n, d), values = draws.matrix(n, d);
-    const MatD fast = attention_outputs<double>(v, q, k, values, scale);
+    const MatD fast = in.outputs ? in.outputs(v, q, k, values, scale)
+                                 : attention_outputs<double>(v, q, k, values, scale);
     const MatD slow = attention_outputs_explicit<double>(v, q, k, values, scale);
     // Rounding grows with the terms the linear-time form adds before they cancel, not with the
     // (possibly much smaller) weights: measure against (|Z| |M|) |V|, where W = Z M.
     const LowRankForm lr = low_rank_form<double>(v, q, k, scale);
     const MatD size = (lr.Z.cwiseAbs() * lr.M.cwiseAbs()) * values.cwiseAbs();
     const double tiny = std::numeric_limits<double>::min();
-    detail::fold(r, (fast - slow).cwiseAbs().cwiseQuotient(size.cwiseMax(tiny)).maxCoeff());
-    ++r.trials;
+    return (fast - slow).cwiseAbs().cwiseQuotient(size.cwiseMax(tiny)).maxCoeff();
+  });
+}
+
+FormWork count_form_work(const std::string& spec, bool linear_time, const std::vector<int>& sizes,
+                         int dim, std::uint64_t seed, const CheckInputs& in) {
+  const Variant v = parse_variant(spec);
+  FormWork w;
+  w.variant = v.name();
+  w.form = linear_time ? "linear_time" : "explicit";
+  w.dim = dim;
+  w.sizes = sizes;
+  Draws draws(seed);
+  const double scale = detail::default_scale(dim);
+  const auto form = [&](const MatD& q, const MatD& k, const MatD& values) -> MatD {
+    if (in.outputs) return in.outputs(v, q, k, values, scale);
+    return linear_time ? attention_outputs<double>(v, q, k, values, scale)
+                       : attention_outputs_explicit<double>(v, q, k, values, scale);
+  };
+  for (int n : sizes) {
+    const MatD q = draws.matrix(n, dim), k = draws.matrix(n, dim), values = draws.matrix(n, dim);
+    const WorkCounters before = thread_work_counters();
+    form(q, k, values);
+    const WorkCounters first = thread_work_counters();
+    form(q, k, values);  // the same size again: the scratch must be reused
+    const WorkCounters second = thread_work_counters();
+    w.multiply_adds.push_back(static_cast<double>(first.multiply_adds - before.multiply_adds));
+    w.scratch_growths_on_repeat +=
+        static_cast<long>(second.scratch_growths - first.scratch_growths);
   }
-  r.decide();
+  return w;
+}
+
+CheckRow cost_row(const FormWork& w) {
+  const bool linear = w.form == "linear_time";
+  std::ostringstream what;
+  what << w.variant << ": multiply-adds counted by the library in the " << w.form
+       << " form over N = " << w.sizes.front() << ".." << w.sizes.back() << ", d = " << w.dim
+       << ", fitted exponent of N"
+       << (linear ? "; a repeated call of one size must allocate no scratch" : "");
+  CheckRow r = detail::start_row("cost." + w.variant + "." + w.form, what.str(),
+                                 linear ? 1.01 : 1.9, linear ? Sense::Below : Sense::Above);
+  std::vector<double> n(w.sizes.begin(), w.sizes.end());
+  const bool counted =
+      std::all_of(w.multiply_adds.begin(), w.multiply_adds.end(), [](double c) { return c > 0.0; });
+  // A form that counted nothing was not measured; scratch allocated on a repeated call is a
+  // failure of the linear-time form (a NaN margin fails either sense).
+  double margin = fit_power_law(n, w.multiply_adds).exponent;
+  if (linear && w.scratch_growths_on_repeat > 0) margin = std::numeric_limits<double>::quiet_NaN();
+  detail::count_trial(
+      r, counted && w.sizes.size() >= 2 ? std::optional<double>(margin) : std::nullopt);
+  r.trials = static_cast<long>(w.sizes.size());
+  if (r.unusable > 0) r.unusable = r.trials;
+  detail::finish(r);
   return r;
 }
 
@@ -145,33 +206,10 @@ FormTiming time_forms(const std::string& spec, const std::vector<int>& sizes, in
       sink = sink + attention_outputs_explicit<float>(v, q, k, values, scale)(0, 0);
     }));
   }
+  std::vector<double> n(sizes.begin(), sizes.end());
+  t.linear_fit = fit_power_law(n, t.linear_s);
+  t.explicit_fit = fit_power_law(n, t.explicit_s);
   return t;
-}
-
-std::vector<CheckRow> cost_rows(const FormTiming& t) {
-  std::vector<double> n(t.sizes.begin(), t.sizes.end());
-  const auto describe = [&](const char* form, const PowerLawFit& f) {
-    std::ostringstream s;
-    s << t.variant << ": CPU time (one thread) of the " << form
-      << " form over N = " << t.sizes.front() << ".." << t.sizes.back() << ", d = " << t.dim
-      << ", fitted exponent of N (r2 = " << std::round(f.r2 * 1000.0) / 1000.0 << ")";
-    return s.str();
-  };
-  const PowerLawFit lin = fit_power_law(n, t.linear_s);
-  const PowerLawFit exp = fit_power_law(n, t.explicit_s);
-  // 1.5, not a tighter bound: the linear-time form's double intermediates leave the L2 cache
-  // between N = 1024 and 2048, which lifts the fitted exponent over 64..4096 to 1.2-1.4 on a
-  // 2-core EPYC (still linear per element beyond that; the explicit form fits 1.9-2.0).
-  CheckRow a = detail::start_row("cost." + t.variant + ".linear_time", describe("linear-time", lin),
-                                 1.5, Sense::Below);
-  CheckRow b = detail::start_row("cost." + t.variant + ".explicit", describe("explicit", exp), 1.6,
-                                 Sense::Above);
-  a.trials = b.trials = static_cast<long>(t.sizes.size());
-  a.margin = lin.exponent;
-  b.margin = exp.exponent;
-  a.decide();
-  b.decide();
-  return {a, b};
 }
 
 std::vector<CheckRow> verify_all(const VerifyOptions& o) {
@@ -197,10 +235,15 @@ std::vector<CheckRow> verify_all(const VerifyOptions& o) {
   for (const char* spec : {"inline@paper", "inline@code", "mala@paper", "mala@code"}) {
     rows.push_back(check_linear_form(spec, seed(), o.trials));
   }
+  for (const char* spec : {"inline@code", "mala@code"}) {
+    const std::uint64_t s = seed();
+    for (bool linear_time : {true, false}) {
+      rows.push_back(cost_row(count_form_work(spec, linear_time, o.work_sizes, o.work_dim, s)));
+    }
+  }
   if (o.timing) {
     for (const char* spec : {"inline@code", "mala@code"}) {
       const FormTiming t = time_forms(spec, o.timing_sizes, o.timing_dim, o.timing_repeats, seed());
-      for (CheckRow& r : cost_rows(t)) rows.push_back(std::move(r));
       if (o.timings != nullptr) o.timings->push_back(t);
     }
   }

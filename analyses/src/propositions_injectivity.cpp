@@ -20,30 +20,49 @@ namespace {
 
 /// Rows built through a linear solve or a bisection agree to this.
 constexpr double kSolvedRows = 1e-10;
-/// How many redraws a trial may take to avoid a degenerate row before the check gives up.
-constexpr int kMaxRedraws = 100;
+using detail::kMaxRedraws;
 
-const Variant& softmax() {
-  static const Variant v = parse_variant("softmax");
-  return v;
-}
-
-/// |row(p) - row(q)|; also |p - q| in `dist`.
-double row_gap(const Variant& v, const VecD& p, const VecD& q, const MatD& k, double scale,
-               bool* degenerate = nullptr) {
+/// |row(p) - row(q)|.
+double row_gap(const CheckInputs& in, const Variant& v, const VecD& p, const VecD& q, const MatD& k,
+               double scale, bool* degenerate = nullptr) {
   MatD x(2, p.size());
   x.row(0) = p.transpose();
   x.row(1) = q.transpose();
-  const MatD w = detail::weight_rows(v, x, k, scale, degenerate);
+  const MatD w = detail::weight_rows(in, v, x, k, scale, degenerate);
   return (w.row(0) - w.row(1)).norm();
 }
 
-/// Keys meeting both rank conditions (under phi for the kernel families): a Gaussian draw meets
-/// them almost surely; the check says so instead of assuming it.
-MatD generic_keys(Draws& draws, const detail::Shape& s, const FeatureMap* map, bool* ok) {
-  const MatD k = draws.matrix(s.n, s.d);
-  *ok = detail::rank_conditions(map ? map->apply<double>(k) : k);
-  return k;
+/// The keys that the variant's weights see: phi(K) for the kernel families.
+MatD seen_keys(const Variant& v, const MatD& k) {
+  return v.family == Family::Softmax ? k : v.map.apply<double>(k);
+}
+
+/// Keys meeting both rank conditions (under phi for the kernel families), redrawn until they do:
+/// a Gaussian draw meets them almost surely, and the check tests it instead of assuming it.
+/// nullopt when no draw did (the trial is unusable).
+std::optional<MatD> generic_keys(Draws& draws, const detail::Shape& s, const Variant& v,
+                                 const CheckInputs& in) {
+  return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<MatD> {
+    MatD k = detail::draw_keys(draws, in, s.n, s.d);
+    if (!in.skip_hypothesis && !detail::rank_conditions(seen_keys(v, k))) return std::nullopt;
+    return k;
+  });
+}
+
+/// Keys for which K x = 1 is solvable (rank([K, 1]) = d, checked), and that x: the converse of
+/// Prop. 1 and 3. nullopt when no draw met it.
+std::optional<std::pair<MatD, VecD>> confined_keys(Draws& draws, const detail::Shape& s,
+                                                   const CheckInputs& in) {
+  return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<std::pair<MatD, VecD>> {
+    VecD x0;
+    MatD k =
+        in.keys ? in.keys(s.n, s.d, draws.bits()) : detail::hyperplane_keys(draws, s.n, s.d, &x0);
+    if (in.keys) x0 = detail::solve_ones(k);
+    MatD k1(k.rows(), k.cols() + 1);
+    k1 << k, MatD::Ones(k.rows(), 1);
+    if (!in.skip_hypothesis && detail::numerical_rank(k1) != s.d) return std::nullopt;
+    return std::pair{std::move(k), std::move(x0)};
+  });
 }
 
 /// Softmax Jacobian dS/dq = s (diag(w) - w w^T) K; its weakest direction is the hardest test of
@@ -55,72 +74,74 @@ MatD softmax_jacobian(const VecD& w, const MatD& k, double scale) {
 
 }  // namespace
 
-CheckRow check_prop1_random(std::uint64_t seed, int trials) {
+CheckRow check_prop1_random(std::uint64_t seed, int trials, const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "softmax", "");
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row("prop1.random",
                         "softmax, rank(K) = d, rank([K,1]) = d+1: |S(p) - S(q)| for random p != q",
                         kDistinctRows, Sense::Above),
-      trials, [&](int t) {
+      trials, [&](int t) -> std::optional<double> {
         const auto shape = detail::trial_shape(t);
-        bool ok = false;
-        const MatD k = generic_keys(draws, shape, nullptr, &ok);
+        const std::optional<MatD> k = generic_keys(draws, shape, v, in);
         const VecD p = draws.vector(shape.d), q = draws.vector(shape.d);
-        return ok ? row_gap(softmax(), p, q, k, detail::default_scale(shape.d)) : 0.0;
+        if (!k) return std::nullopt;
+        const double scale = detail::default_scale(shape.d);
+        return row_gap(in, v, p, in.partner ? in.partner(p, *k) : q, *k, scale);
       });
 }
 
-CheckRow check_prop1_adversarial(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop1.adversarial",
-      "softmax: |S(p) - S(q)| / |p - q| for q = p + t x, x from K x ~ 1 and the Jacobian's weakest "
-      "direction, t = 1e-3, 1",
-      kDistinctRows, Sense::Above);
+CheckRow check_prop1_adversarial(std::uint64_t seed, int trials, const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "softmax", "");
   Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    const double scale = detail::default_scale(shape.d);
-    bool ok = false;
-    const MatD k = generic_keys(draws, shape, nullptr, &ok);
-    const VecD p = draws.vector(shape.d);
-    const VecD w = detail::weight_row(softmax(), p, k, scale);
-    const VecD towards_ones = k.colPivHouseholderQr().solve(VecD::Ones(shape.n)).normalized();
-    const VecD weakest = detail::weakest_direction(softmax_jacobian(w, k, scale));
-    for (const VecD& x : {towards_ones, weakest}) {
-      for (double step : {1e-3, 1.0}) {
-        const VecD q = p + step * x;
-        detail::fold(r, ok ? row_gap(softmax(), p, q, k, scale) / (q - p).norm() : 0.0);
-      }
-    }
-    ++r.trials;
-  }
-  r.decide();
-  return r;
+  return detail::run_trials(
+      detail::start_row("prop1.adversarial",
+                        "softmax: |S(p) - S(q)| / |p - q| for q = p + t x, x from K x ~ 1 and the "
+                        "Jacobian's weakest direction, t = 1e-3, 1",
+                        kDistinctRows, Sense::Above),
+      trials, [&](int t) -> std::optional<double> {
+        const auto shape = detail::trial_shape(t);
+        const double scale = detail::default_scale(shape.d);
+        const std::optional<MatD> k = generic_keys(draws, shape, v, in);
+        const VecD p = draws.vector(shape.d);
+        if (!k) return std::nullopt;
+        const VecD w = detail::weight_row(in, v, p, *k, scale);
+        const VecD towards_ones = detail::solve_ones(*k).normalized();
+        const VecD weakest = detail::weakest_direction(softmax_jacobian(w, *k, scale));
+        double worst = std::numeric_limits<double>::infinity();
+        for (const VecD& x : {towards_ones, weakest}) {
+          for (double step : {1e-3, 1.0}) {
+            const VecD q = p + step * x;
+            const double ratio = row_gap(in, v, p, q, *k, scale) / (q - p).norm();
+            worst = std::isnan(ratio) ? ratio : std::min(worst, ratio);
+          }
+        }
+        return worst;
+      });
 }
 
-CheckRow check_prop1_hyperplane(std::uint64_t seed, int trials) {
+CheckRow check_prop1_hyperplane(std::uint64_t seed, int trials, const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "softmax", "");
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row(
           "prop1.hyperplane",
           "converse: keys with K x = 1 (rank([K,1]) = d) give S(p) = S(p + t x): max |S(p) - S(q)|",
           kEqualRows, Sense::Below),
-      trials, [&](int t) {
+      trials, [&](int t) -> std::optional<double> {
         const auto shape = detail::trial_shape(t);
-        VecD x0;
-        const MatD k = detail::hyperplane_keys(draws, shape.n, shape.d, &x0);
-        MatD k1(k.rows(), k.cols() + 1);
-        k1 << k, MatD::Ones(k.rows(), 1);
-        const bool confined = detail::numerical_rank(k1) == shape.d;
+        const auto keys = confined_keys(draws, shape, in);
         const VecD p = draws.vector(shape.d);
-        const VecD q = p + draws.uniform(0.5, 2.0) * x0;
-        const double gap = row_gap(softmax(), p, q, k, detail::default_scale(shape.d));
-        return confined ? gap : std::numeric_limits<double>::infinity();
+        const double step = draws.uniform(0.5, 2.0);
+        if (!keys) return std::nullopt;
+        const auto& [k, x0] = *keys;
+        const VecD q = in.partner ? in.partner(p, k) : VecD(p + step * x0);
+        return row_gap(in, v, p, q, k, detail::default_scale(shape.d));
       });
 }
 
-CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials) {
-  const Variant v = parse_variant("linear:relu");
+CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials, const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "linear", ":relu");
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row("prop2.relu_collinear",
@@ -129,20 +150,21 @@ CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials) {
       trials, [&](int t) {
         const auto shape = detail::trial_shape(t);
         return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<double> {
-          const MatD k = draws.matrix(shape.n, shape.d);
+          const MatD k = detail::draw_keys(draws, in, shape.n, shape.d);
           const VecD p = draws.vector(shape.d);
           double c = std::exp(draws.uniform(-2.0, 2.0));
           if (std::abs(c - 1.0) < 1e-2) c = 2.0;
           bool degenerate = false;
-          const double g = row_gap(v, p, c * p, k, 1.0, &degenerate);
+          const VecD q = in.partner ? in.partner(p, k) : VecD(c * p);
+          const double g = row_gap(in, v, p, q, k, 1.0, &degenerate);
           if (degenerate) return std::nullopt;  // ReLU killed the query or its keys: redraw
           return g;
         });
       });
 }
 
-CheckRow check_prop2_identity_negation(std::uint64_t seed, int trials) {
-  const Variant v = parse_variant("linear:identity");
+CheckRow check_prop2_identity_negation(std::uint64_t seed, int trials, const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "linear", ":identity");
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row("prop2.identity_negation",
@@ -151,17 +173,18 @@ CheckRow check_prop2_identity_negation(std::uint64_t seed, int trials) {
       trials, [&](int t) {
         const auto shape = detail::trial_shape(t);
         return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<double> {
-          const MatD k = draws.matrix(shape.n, shape.d);
+          const MatD k = detail::draw_keys(draws, in, shape.n, shape.d);
           const VecD p = draws.vector(shape.d);
           bool degenerate = false;
-          const double g = row_gap(v, p, -p, k, 1.0, &degenerate);
+          const VecD q = in.partner ? in.partner(p, k) : VecD(-p);
+          const double g = row_gap(in, v, p, q, k, 1.0, &degenerate);
           if (degenerate) return std::nullopt;
-          return g / std::max(1.0, detail::weight_row(v, p, k, 1.0).norm());
+          return g / std::max(1.0, detail::weight_row(in, v, p, k, 1.0).norm());
         });
       });
 }
 
-CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
+CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials, const CheckInputs& in) {
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row("prop2.relu_affine",
@@ -170,15 +193,18 @@ CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
                         kSolvedRows, Sense::Below),
       trials, [&](int t) {
         const auto shape = detail::trial_shape(t, 2);  // one dimension has no other direction
-        Variant v =
-            parse_variant("linear:relu_affine=" + std::to_string(seed + static_cast<unsigned>(t)));
-        v.map.ensure_params(shape.d);
-        const MatD& A = v.map.A;
-        const VecD& b = v.map.b;
+        const std::string map = ":relu_affine=" + std::to_string(seed + static_cast<unsigned>(t));
+        Variant v = detail::check_variant(in, "linear", map);
+        FeatureMap phi = parse_feature_map(map.substr(1));  // the construction's map, whatever v
+        phi.ensure_params(shape.d);
+        v.map = v.family == Family::Softmax ? v.map : phi;
+        const MatD& A = phi.A;
+        const VecD& b = phi.b;
         return detail::first_usable(kMaxRedraws, [&](int attempt) -> std::optional<double> {
           // A very negative b can leave ReLU(A x + b) = 0 for most draws: widen them as we retry.
           const double spread = 1.0 + attempt;
-          const MatD k = draws.matrix(shape.n, shape.d, spread);
+          const MatD k = in.keys ? detail::draw_keys(draws, in, shape.n, shape.d)
+                                 : draws.matrix(shape.n, shape.d, spread);
           const VecD p = draws.vector(shape.d, spread);
           const VecD z = A * p + b;
           // ReLU(z') = c ReLU(z): scale the live coordinates by c, move the dead ones within z < 0.
@@ -187,10 +213,10 @@ CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials) {
           for (Eigen::Index i = 0; i < z.size(); ++i) {
             target[i] = z[i] > 0.0 ? c * z[i] : z[i] * draws.uniform(0.5, 2.0);
           }
-          const VecD q = A.partialPivLu().solve(target - b);
+          const VecD q = in.partner ? in.partner(p, k) : VecD(A.partialPivLu().solve(target - b));
           const double cosine = p.dot(q) / (p.norm() * q.norm());
           bool degenerate = false;
-          const double g = row_gap(v, p, q, k, 1.0, &degenerate);
+          const double g = row_gap(in, v, p, q, k, 1.0, &degenerate);
           // Need a live query and a new direction.
           if (degenerate || !(cosine < 1.0 - 1e-9)) return std::nullopt;
           return g;
@@ -224,8 +250,10 @@ VecD invert_elementwise(const FeatureMap& map, const VecD& y) {
 
 }  // namespace
 
-CheckRow check_lemma1(const std::string& map, std::uint64_t seed, int trials) {
-  const Variant v = parse_variant("linear:" + map);
+CheckRow check_lemma1(const std::string& map, std::uint64_t seed, int trials,
+                      const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "linear", ":" + map);
+  const FeatureMap phi = parse_feature_map(map);  // the construction's map, whatever v
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row(
@@ -234,21 +262,21 @@ CheckRow check_lemma1(const std::string& map, std::uint64_t seed, int trials) {
               " (injective): q found by bisection with phi(q) = alpha phi(p), alpha != 1: "
               "max of |L(p) - L(q)| and |phi(q) - alpha phi(p)| / |alpha phi(p)|",
           kSolvedRows, Sense::Below),
-      trials, [&](int t) {
+      trials, [&](int t) -> std::optional<double> {
         const auto shape = detail::trial_shape(t);
-        const MatD k = draws.matrix(shape.n, shape.d);
+        const MatD k = detail::draw_keys(draws, in, shape.n, shape.d);
         const VecD p = draws.vector(shape.d);
         double alpha = std::exp(draws.uniform(-1.5, 1.5));
         if (std::abs(alpha - 1.0) < 0.05) alpha = 0.5;
-        const VecD phi_p = v.map.apply<double>(MatD(p.transpose())).row(0).transpose();
-        const VecD q = invert_elementwise(v.map, alpha * phi_p);
-        const VecD phi_q = v.map.apply<double>(MatD(q.transpose())).row(0).transpose();
+        const VecD phi_p = phi.apply<double>(MatD(p.transpose())).row(0).transpose();
+        const VecD q = in.partner ? in.partner(p, k) : invert_elementwise(phi, alpha * phi_p);
+        const VecD phi_q = phi.apply<double>(MatD(q.transpose())).row(0).transpose();
         const double residual = (phi_q - alpha * phi_p).norm() / (alpha * phi_p).norm();
         bool degenerate = false;
-        const double gap = row_gap(v, p, q, k, 1.0, &degenerate);
+        const double gap = row_gap(in, v, p, q, k, 1.0, &degenerate);
         const bool distinct = (q - p).norm() > 1e-9 * p.norm();
-        return degenerate || !distinct ? std::numeric_limits<double>::infinity()
-                                       : std::max(gap, residual);
+        if (degenerate || !distinct) return std::nullopt;
+        return std::max(gap, residual);
       });
 }
 
@@ -256,13 +284,13 @@ namespace {
 
 const char* const kInjectiveMaps[] = {"identity", "leaky_relu", "elu1"};
 
-Variant inline_with(int trial) {
-  return parse_variant(std::string("inline:") + kInjectiveMaps[trial % 3]);
+Variant inline_with(const CheckInputs& in, int trial) {
+  return detail::check_variant(in, "inline", std::string(":") + kInjectiveMaps[trial % 3]);
 }
 
 }  // namespace
 
-CheckRow check_prop3_random(std::uint64_t seed, int trials) {
+CheckRow check_prop3_random(std::uint64_t seed, int trials, const CheckInputs& in) {
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row(
@@ -270,62 +298,65 @@ CheckRow check_prop3_random(std::uint64_t seed, int trials) {
           "inline (identity, leaky_relu, elu1), rank conditions on phi(K): |InL(p) - InL(q)| for "
           "random p != q",
           kDistinctRows, Sense::Above),
-      trials, [&](int t) {
+      trials, [&](int t) -> std::optional<double> {
         const auto shape = detail::trial_shape(t);
-        const Variant v = inline_with(t);
-        bool ok = false;
-        const MatD k = generic_keys(draws, shape, &v.map, &ok);
+        const Variant v = inline_with(in, t);
+        const std::optional<MatD> k = generic_keys(draws, shape, v, in);
         const VecD p = draws.vector(shape.d), q = draws.vector(shape.d);
-        return ok ? row_gap(v, p, q, k, 1.0) : 0.0;
+        if (!k) return std::nullopt;
+        return row_gap(in, v, p, in.partner ? in.partner(p, *k) : q, *k, 1.0);
       });
 }
 
-CheckRow check_prop3_collinear(std::uint64_t seed, int trials) {
-  CheckRow r = detail::start_row(
-      "prop3.collinear",
-      "inline: |InL(p) - InL(q)| / |p - q| for the pairs that fool linear attention (q = c p, "
-      "q = -p) and, with phi = identity, along the weakest direction of (I - 11^T/N) K",
-      kDistinctRows, Sense::Above);
-  Draws draws(seed);
-  for (int t = 0; t < trials; ++t) {
-    const auto shape = detail::trial_shape(t);
-    const Variant v = inline_with(t);
-    bool ok = false;
-    const MatD k = generic_keys(draws, shape, &v.map, &ok);
-    const VecD p = draws.vector(shape.d);
-    double c = std::exp(draws.uniform(-2.0, 2.0));
-    if (std::abs(c - 1.0) < 1e-2) c = 2.0;
-    std::vector<VecD> partners{c * p, -p};
-    if (v.map.kind == MapKind::Identity) {
-      const MatD centred = k.rowwise() - k.colwise().mean();
-      partners.push_back(p + 1e-3 * detail::weakest_direction(centred));
-    }
-    for (const VecD& q : partners) {
-      detail::fold(r, ok ? row_gap(v, p, q, k, 1.0) / (q - p).norm() : 0.0);
-    }
-    ++r.trials;
-  }
-  r.decide();
-  return r;
-}
-
-CheckRow check_prop3_hyperplane(std::uint64_t seed, int trials) {
-  const Variant v = parse_variant("inline:identity");
+CheckRow check_prop3_collinear(std::uint64_t seed, int trials, const CheckInputs& in) {
   Draws draws(seed);
   return detail::run_trials(
       detail::start_row(
-          "prop3.hyperplane",
-          "converse: inline:identity with K x = 1 solvable gives InL(p) = InL(p + t x): max gap",
-          kEqualRows, Sense::Below),
-      trials, [&](int t) {
+          "prop3.collinear",
+          "inline: |InL(p) - InL(q)| / |p - q| for the pairs that fool linear attention (q = c p, "
+          "q = -p) and, with phi = identity, along the weakest direction of (I - 11^T/N) K",
+          kDistinctRows, Sense::Above),
+      trials, [&](int t) -> std::optional<double> {
         const auto shape = detail::trial_shape(t);
-        VecD x0;
-        const MatD k = detail::hyperplane_keys(draws, shape.n, shape.d, &x0);
+        const Variant v = inline_with(in, t);
+        const std::optional<MatD> k = generic_keys(draws, shape, v, in);
         const VecD p = draws.vector(shape.d);
-        const VecD q = p + draws.uniform(0.5, 2.0) * x0;
+        double c = std::exp(draws.uniform(-2.0, 2.0));
+        if (std::abs(c - 1.0) < 1e-2) c = 2.0;
+        if (!k) return std::nullopt;
+        std::vector<VecD> partners{c * p, -p};
+        if (v.map.kind == MapKind::Identity) {
+          const MatD centred = k->rowwise() - k->colwise().mean();
+          partners.push_back(p + 1e-3 * detail::weakest_direction(centred));
+        }
+        double worst = std::numeric_limits<double>::infinity();
+        for (const VecD& q : partners) {
+          const double ratio = row_gap(in, v, p, q, *k, 1.0) / (q - p).norm();
+          worst = std::isnan(ratio) ? ratio : std::min(worst, ratio);
+        }
+        return worst;
+      });
+}
+
+CheckRow check_prop3_hyperplane(std::uint64_t seed, int trials, const CheckInputs& in) {
+  const Variant v = detail::check_variant(in, "inline", ":identity");
+  Draws draws(seed);
+  return detail::run_trials(
+      detail::start_row("prop3.hyperplane",
+                        "converse: inline:identity with K x = 1 solvable (rank([K,1]) = d) gives "
+                        "InL(p) = InL(p + t x): max gap / max(1, |InL(p)|)",
+                        kEqualRows, Sense::Below),
+      trials, [&](int t) -> std::optional<double> {
+        const auto shape = detail::trial_shape(t);
+        const auto keys = confined_keys(draws, shape, in);
+        const VecD p = draws.vector(shape.d);
+        const double step = draws.uniform(0.5, 2.0);
+        if (!keys) return std::nullopt;
+        const auto& [k, x0] = *keys;
+        const VecD q = in.partner ? in.partner(p, k) : VecD(p + step * x0);
         // Relative to the rows' size: InLine weights grow with |p| |K|.
-        const double size = std::max(1.0, detail::weight_row(v, p, k, 1.0).norm());
-        return row_gap(v, p, q, k, 1.0) / size;
+        const double size = std::max(1.0, detail::weight_row(in, v, p, k, 1.0).norm());
+        return row_gap(in, v, p, q, k, 1.0) / size;
       });
 }
 

@@ -63,16 +63,33 @@ bool rank_conditions(const MatD& k) {
   return numerical_rank(k) == k.cols() && numerical_rank(k1) == k.cols() + 1;
 }
 
-MatD weight_rows(const Variant& v, const MatD& x, const MatD& k, double scale, bool* degenerate) {
+MatD weight_rows(const CheckInputs& in, const Variant& v, const MatD& x, const MatD& k,
+                 double scale, bool* degenerate) {
+  if (in.weights) {
+    if (degenerate != nullptr) *degenerate = false;
+    return in.weights(v, x, k, scale);
+  }
   Diagnostics diag;
   MatD w = attention_weights<double>(v, x, k, scale, nullptr, &diag);
   if (degenerate != nullptr) *degenerate = !diag.clean();
   return w;
 }
 
-VecD weight_row(const Variant& v, const VecD& x, const MatD& k, double scale, bool* degenerate) {
-  return weight_rows(v, MatD(x.transpose()), k, scale, degenerate).row(0).transpose();
+VecD weight_row(const CheckInputs& in, const Variant& v, const VecD& x, const MatD& k, double scale,
+                bool* degenerate) {
+  return weight_rows(in, v, MatD(x.transpose()), k, scale, degenerate).row(0).transpose();
 }
+
+Variant check_variant(const CheckInputs& in, const std::string& family, const std::string& rest) {
+  const std::string f = in.family.empty() ? family : in.family;
+  return parse_variant(f == "softmax" ? f : f + rest);
+}
+
+MatD draw_keys(Draws& draws, const CheckInputs& in, int n, int d) {
+  return in.keys ? in.keys(n, d, draws.bits()) : draws.matrix(n, d);
+}
+
+VecD solve_ones(const MatD& k) { return k.colPivHouseholderQr().solve(VecD::Ones(k.rows())); }
 
 MatD hyperplane_keys(Draws& draws, int n, int d, VecD* x0) {
   // |x| in [0.5, 2]: a tiny x would put the keys far out along it, where the rank test's
@@ -102,6 +119,20 @@ CheckRow start_row(std::string check, std::string what, double threshold, CheckR
   r.sense = sense;
   r.margin = sense == CheckRow::Sense::Above ? std::numeric_limits<double>::infinity() : 0.0;
   return r;
+}
+
+void count_trial(CheckRow& row, const std::optional<double>& value) {
+  if (value) {
+    fold(row, *value);
+  } else {
+    ++row.unusable;
+  }
+  ++row.trials;
+}
+
+void finish(CheckRow& row) {
+  if (row.trials == row.unusable) row.margin = std::numeric_limits<double>::quiet_NaN();
+  row.decide();
 }
 
 void fold(CheckRow& row, double value) {

@@ -8,9 +8,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 
 namespace attnscope::analyses::detail {
@@ -23,6 +23,8 @@ class Draws {
   /// Uniform in (0, 1].
   double unit() { return static_cast<double>((gen_() >> 11) + 1) * 0x1.0p-53; }
   double uniform(double lo, double hi) { return lo + (hi - lo) * unit(); }
+  /// 64 raw bits (a seed for an input generator of CheckInputs).
+  std::uint64_t bits() { return gen_(); }
   double normal();
   MatD matrix(Eigen::Index rows, Eigen::Index cols, double sigma = 1.0);
   VecD vector(Eigen::Index n, double sigma = 1.0);
@@ -52,13 +54,24 @@ bool rank_conditions(const MatD& k);
 /// The model's scale for width d.
 inline double default_scale(int d) { return 1.0 / std::sqrt(static_cast<double>(d)); }
 
-/// Rows of the variant's weights for query rows x (m x d) against keys k (N x d). Sets
-/// `degenerate` when any row was degenerate (zeroed by the library).
-MatD weight_rows(const Variant& v, const MatD& x, const MatD& k, double scale,
-                 bool* degenerate = nullptr);
+/// Rows of the variant's weights for query rows x (m x d) against keys k (N x d), through
+/// in.weights when set, else the library. Sets `degenerate` when any row was degenerate (zeroed
+/// by the library).
+MatD weight_rows(const CheckInputs& in, const Variant& v, const MatD& x, const MatD& k,
+                 double scale, bool* degenerate = nullptr);
 /// The row of one query.
-VecD weight_row(const Variant& v, const VecD& x, const MatD& k, double scale,
+VecD weight_row(const CheckInputs& in, const Variant& v, const VecD& x, const MatD& k, double scale,
                 bool* degenerate = nullptr);
+
+/// The check's variant "<family><rest>" with in.family in place of `family` when set (softmax
+/// takes no map: its rest is dropped).
+Variant check_variant(const CheckInputs& in, const std::string& family, const std::string& rest);
+
+/// Keys of one draw: in.keys when set, else Gaussian.
+MatD draw_keys(Draws& draws, const CheckInputs& in, int n, int d);
+
+/// Solution x of K x = 1 (least squares when it has none).
+VecD solve_ones(const MatD& k);
 
 /// n keys on the hyperplane {k : k.x0 = 1} for a random x0 (returned), spread in its other
 /// directions: K x0 = 1 is solvable, so rank([K, 1]) = rank(K) = d.
@@ -73,27 +86,33 @@ CheckRow start_row(std::string check, std::string what, double threshold, CheckR
 /// counted by the caller.
 void fold(CheckRow& row, double value);
 
-/// Runs `trials` trials of a check: trial(t) returns the value folded into the row's margin.
-/// Counts the trials and decides the row.
+/// Counts one trial: folds its value, or counts it unusable when it has none.
+void count_trial(CheckRow& row, const std::optional<double>& value);
+/// Decides the row; a row without a usable trial gets a NaN margin (nothing was measured).
+void finish(CheckRow& row);
+
+/// Runs `trials` trials of a check: trial(t) returns the value folded into the row's margin, or
+/// nullopt when the trial had no usable draw. Counts the trials and decides the row.
 template <typename Trial>
 CheckRow run_trials(CheckRow row, int trials, Trial&& trial) {
-  for (int t = 0; t < trials; ++t) {
-    fold(row, trial(t));
-    ++row.trials;
-  }
-  row.decide();
+  for (int t = 0; t < trials; ++t) count_trial(row, trial(t));
+  finish(row);
   return row;
 }
 
-/// The value of the first of up to `max_draws` draws that is usable (draw(attempt) returns
-/// nullopt for a degenerate one, e.g. a query that ReLU kills), or +inf when none was: a check
-/// that never got a usable draw must not pass quietly.
+/// How many redraws a trial may take to meet its hypothesis before it counts as unusable.
+inline constexpr int kMaxRedraws = 100;
+
+/// The result of the first of up to `max_draws` draws that is usable (draw(attempt) returns
+/// nullopt for one that is not, e.g. a query that ReLU kills or keys that miss the rank
+/// conditions), or nullopt when none was: the trial is then reported as unusable, never as a
+/// margin.
 template <typename Draw>
-double first_usable(int max_draws, Draw&& draw) {
+auto first_usable(int max_draws, Draw&& draw) -> decltype(draw(0)) {
   for (int attempt = 0; attempt < max_draws; ++attempt) {
-    if (const std::optional<double> v = draw(attempt)) return *v;
+    if (auto v = draw(attempt)) return v;
   }
-  return std::numeric_limits<double>::infinity();
+  return std::nullopt;
 }
 
 }  // namespace attnscope::analyses::detail

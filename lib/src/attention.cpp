@@ -3,8 +3,10 @@
 
 #include "feature_map_apply.hpp"
 #include "linear_rows.hpp"
+#include "work_count.hpp"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -119,9 +121,11 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
     const Eigen::Index rows = std::min(kRowBlock, q.rows() - r0);
     auto b = block.topRows(rows);
     if (softmax) {
+      detail::count_product(rows, q.cols(), k.rows());
       b.noalias() = q.middleRows(r0, rows) * k.transpose();
       softmax_rows(b, r0, scale, mask, degenerate);
     } else {
+      detail::count_product(rows, f.q.cols(), f.k.rows());
       b.noalias() = f.q.middleRows(r0, rows) * f.k.transpose();
       linear_rows(v, f, key_sum, b, r0, mask, degenerate);
     }
@@ -130,29 +134,90 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
   publish(diag, std::move(degenerate));
 }
 
-/// Linear-time outputs, no mask: o_i = a_i phi(q_i) (phi(K)^T V) + b_i sum_j v_j.
-MatD linear_time_outputs(const Variant& v, ConstRef<double> q, ConstRef<double> k,
-                         ConstRef<double> values, double scale, Diagnostics* diag) {
-  const detail::Features f = detail::features(v, q, k, scale);
-  const MatD kv = f.k.transpose() * values;  // d' x dv
-  const VecD key_sum = f.k.colwise().sum().transpose();
-  const VecD value_sum = values.colwise().sum().transpose();
-  const double key_sum_norm = key_sum.norm();
-  MatD out = f.q * kv;
-  std::vector<int> degenerate;
-  for (Eigen::Index i = 0; i < out.rows(); ++i) {
-    const auto qi = f.q.row(i);
-    const RowNorm rn = detail::row_norm(v.family, qi.dot(key_sum.transpose()),
-                                        static_cast<int>(k.rows()), qi.norm() * key_sum_norm);
-    if (rn.degenerate) {
-      out.row(i).setZero();
-      degenerate.push_back(static_cast<int>(i));
-    } else {
-      out.row(i) = rn.a * out.row(i) + rn.b * value_sum.transpose();
+/// Scratch of the linear-time form, one per thread and kept between calls: each buffer grows to
+/// the largest call seen and is then reused. Fresh buffers on every call would cost fresh pages
+/// on every call once a buffer crosses malloc's mmap threshold (N x 64 doubles at N = 256).
+class Scratch {
+ public:
+  enum Slot { kQ, kK, kV, kFeatQ, kFeatK, kOut, kKV, kKeySum, kValueSum, kSlots };
+  Eigen::Map<MatD> get(Slot slot, Eigen::Index rows, Eigen::Index cols) {
+    std::vector<double>& b = buffers_[slot];
+    const auto need = static_cast<std::size_t>(rows * cols);
+    if (b.size() < need) {
+      b = std::vector<double>(need);
+      ++detail::thread_counters().scratch_growths;
     }
+    return {b.data(), rows, cols};
+  }
+
+ private:
+  std::array<std::vector<double>, kSlots> buffers_;
+};
+
+Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+/// x as doubles: doubles pass through, floats are widened into the scratch slot.
+template <typename T>
+ConstRef<double> widened(ConstRef<T> x, Scratch& s, Scratch::Slot slot) {
+  if constexpr (std::is_same_v<T, double>) {
+    return x;
+  } else {
+    Eigen::Map<MatD> m = s.get(slot, x.rows(), x.cols());
+    m = x.template cast<double>();
+    return m;
+  }
+}
+
+/// Linear-time outputs, no mask: o_i = a_i phi(q_i) (phi(K)^T V) + b_i sum_j v_j, computed in
+/// double in the thread's scratch and written into `out`.
+template <typename T>
+void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, ConstRef<T> v_in,
+                         double scale, Eigen::Ref<Mat<T>> out, Diagnostics* diag) {
+  Scratch& s = thread_scratch();
+  const ConstRef<double> q = widened<T>(q_in, s, Scratch::kQ);
+  const ConstRef<double> k = widened<T>(k_in, s, Scratch::kK);
+  const ConstRef<double> values = widened<T>(v_in, s, Scratch::kV);
+  const double c = v.phi_factor(scale, static_cast<int>(k.rows()));
+  const Eigen::Index r = v.map.out_dim(static_cast<int>(q.cols()));
+  Eigen::Map<MatD> fq = s.get(Scratch::kFeatQ, q.rows(), r);
+  Eigen::Map<MatD> fk = s.get(Scratch::kFeatK, k.rows(), r);
+  detail::apply_feature_map_into<double>(v.map, q, c, fq);
+  detail::apply_feature_map_into<double>(v.map, k, c, fk);
+  Eigen::Map<MatD> kv = s.get(Scratch::kKV, r, values.cols());  // d' x dv
+  detail::count_product(r, k.rows(), values.cols());
+  kv.noalias() = fk.transpose() * values;
+  Eigen::Map<MatD> key_sum = s.get(Scratch::kKeySum, 1, r);
+  Eigen::Map<MatD> value_sum = s.get(Scratch::kValueSum, 1, values.cols());
+  key_sum = fk.colwise().sum();
+  value_sum = values.colwise().sum();
+  const double key_sum_norm = key_sum.norm();
+  std::vector<int> degenerate;
+  const auto finish = [&](auto o) {
+    detail::count_product(q.rows(), r, values.cols());
+    o.noalias() = fq * kv;
+    for (Eigen::Index i = 0; i < o.rows(); ++i) {
+      const auto qi = fq.row(i);
+      const RowNorm rn = detail::row_norm(v.family, qi.dot(key_sum.row(0)),
+                                          static_cast<int>(k.rows()), qi.norm() * key_sum_norm);
+      if (rn.degenerate) {
+        o.row(i).setZero();
+        degenerate.push_back(static_cast<int>(i));
+      } else {
+        o.row(i) = rn.a * o.row(i) + rn.b * value_sum.row(0);
+      }
+    }
+  };
+  if constexpr (std::is_same_v<T, double>) {
+    finish(Eigen::Ref<MatD>(out));
+  } else {
+    Eigen::Map<MatD> o = s.get(Scratch::kOut, q.rows(), values.cols());
+    finish(Eigen::Ref<MatD>(o));
+    out = o.template cast<T>();
   }
   publish(diag, std::move(degenerate));
-  return out;
 }
 
 void check_values(const Variant& v, Eigen::Index k_rows, Eigen::Index v_rows) {
@@ -174,15 +239,12 @@ Mat<T> weights_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k, do
 
 template <typename T>
 Mat<T> outputs_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k,
-                    ConstRef<double> values, double scale, const Mask* mask, Diagnostics* diag,
-                    bool allow_linear_time) {
+                    ConstRef<double> values, double scale, const Mask* mask, Diagnostics* diag) {
   detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
   check_values(v, k.rows(), values.rows());
-  if (allow_linear_time && !mask && v.has_linear_form()) {
-    return linear_time_outputs(v, q, k, values, scale, diag).template cast<T>();
-  }
   Mat<T> out(q.rows(), values.cols());
   weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
+    detail::count_product(b.rows(), b.cols(), values.cols());
     out.middleRows(r0, b.rows()) = (b * values).template cast<T>();
   });
   return out;
@@ -213,9 +275,34 @@ Mat<T> attention_weights(const Variant& v, ConstRef<T> q, ConstRef<T> k, double 
 template <typename T>
 Mat<T> attention_outputs(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
                          double scale, const Mask* mask, Diagnostics* diag) {
+  if (!mask && v.has_linear_form()) {
+    Mat<T> out(q.rows(), v_in.cols());
+    attention_outputs_into<T>(v, q, k, v_in, scale, out, nullptr, diag);
+    return out;
+  }
   MatD qs, ks, vs;
-  return outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs),
-                         scale, mask, diag, true);
+  return outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs), scale,
+                         mask, diag);
+}
+
+template <typename T>
+void attention_outputs_into(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
+                            double scale, Eigen::Ref<Mat<T>> out, const Mask* mask,
+                            Diagnostics* diag) {
+  detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
+  check_values(v, k.rows(), v_in.rows());
+  if (out.rows() != q.rows() || out.cols() != v_in.cols()) {
+    throw UsageError(v.name() + ": output is " + std::to_string(out.rows()) + " x " +
+                     std::to_string(out.cols()) + ", expected " + std::to_string(q.rows()) + " x " +
+                     std::to_string(v_in.cols()));
+  }
+  if (!mask && v.has_linear_form()) {
+    linear_time_outputs<T>(v, q, k, v_in, scale, out, diag);
+    return;
+  }
+  MatD qs, ks, vs;
+  out = outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs), scale,
+                        mask, diag);
 }
 
 template <typename T>
@@ -223,17 +310,19 @@ Mat<T> attention_outputs_explicit(const Variant& v, ConstRef<T> q, ConstRef<T> k
                                   const Mat<T>& v_in, double scale, const Mask* mask,
                                   Diagnostics* diag) {
   MatD qs, ks, vs;
-  return outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs),
-                         scale, mask, diag, false);
+  return outputs_impl<T>(v, as_double<T>(q, qs), as_double<T>(k, ks), as_double<T>(v_in, vs), scale,
+                         mask, diag);
 }
 
-#define ATTNSCOPE_INSTANTIATE(T)                                                                  \
-  template Mat<T> attention_weights<T>(const Variant&, ConstRef<T>, ConstRef<T>, double,          \
-                                       const Mask*, Diagnostics*);                                \
-  template Mat<T> attention_outputs<T>(const Variant&, ConstRef<T>, ConstRef<T>, ConstRef<T>,     \
-                                       double, const Mask*, Diagnostics*);                        \
-  template Mat<T> attention_outputs_explicit<T>(const Variant&, ConstRef<T>, ConstRef<T>,         \
-                                                const Mat<T>&, double, const Mask*, Diagnostics*);
+#define ATTNSCOPE_INSTANTIATE(T)                                                                   \
+  template Mat<T> attention_weights<T>(const Variant&, ConstRef<T>, ConstRef<T>, double,           \
+                                       const Mask*, Diagnostics*);                                 \
+  template Mat<T> attention_outputs<T>(const Variant&, ConstRef<T>, ConstRef<T>, ConstRef<T>,      \
+                                       double, const Mask*, Diagnostics*);                         \
+  template Mat<T> attention_outputs_explicit<T>(const Variant&, ConstRef<T>, ConstRef<T>,          \
+                                                const Mat<T>&, double, const Mask*, Diagnostics*); \
+  template void attention_outputs_into<T>(const Variant&, ConstRef<T>, ConstRef<T>, ConstRef<T>,   \
+                                          double, Eigen::Ref<Mat<T>>, const Mask*, Diagnostics*);
 ATTNSCOPE_INSTANTIATE(float)
 ATTNSCOPE_INSTANTIATE(double)
 #undef ATTNSCOPE_INSTANTIATE

@@ -4,6 +4,7 @@
 #include "attnscope/error.hpp"
 #include "feature_map_apply.hpp"
 #include "normal_draws.hpp"
+#include "work_count.hpp"
 
 #include <array>
 #include <charconv>
@@ -132,7 +133,7 @@ namespace detail {
 namespace {
 
 template <typename T>
-void require_finite_rows(const Mat<T>& y, const FeatureMap& map) {
+void require_finite_rows(ConstRef<T> y, const FeatureMap& map) {
   if (y.allFinite()) return;
   for (Eigen::Index i = 0; i < y.rows(); ++i) {
     if (!y.row(i).allFinite()) {
@@ -143,23 +144,25 @@ void require_finite_rows(const Mat<T>& y, const FeatureMap& map) {
 }
 
 template <typename T>
-Mat<T> relu_affine(const FeatureMap& map, ConstRef<T> x) {
+void relu_affine(const FeatureMap& map, ConstRef<T> x, Eigen::Ref<Mat<T>> y) {
   const int d = static_cast<int>(x.cols());
   if (map.A.size() > 0 && map.A.cols() == d && map.b.size() == map.A.rows()) {
-    Mat<T> y = x * map.A.transpose().cast<T>();
+    count_product(x.rows(), x.cols(), map.A.rows());
+    y.noalias() = x * map.A.transpose().cast<T>();
     y.rowwise() += map.b.transpose().cast<T>();
-    return y.cwiseMax(T(0));
+    y = y.cwiseMax(T(0));
+    return;
   }
   FeatureMap drawn = map;  // parameters for this width, drawn from the map's seed
   drawn.ensure_params(d);
-  return relu_affine<T>(drawn, x);
+  relu_affine<T>(drawn, x, y);
 }
 
 }  // namespace
 
 template <typename T>
-Mat<T> apply_feature_map(const FeatureMap& map, ConstRef<T> x, double factor) {
-  Mat<T> y;
+void apply_feature_map_into(const FeatureMap& map, ConstRef<T> x, double factor,
+                            Eigen::Ref<Mat<T>> y) {
   switch (map.kind) {
     case MapKind::Identity:
       y = x;
@@ -179,16 +182,26 @@ Mat<T> apply_feature_map(const FeatureMap& map, ConstRef<T> x, double factor) {
       y = x.array().exp();
       break;
     case MapKind::ReluAffine:
-      y = relu_affine<T>(map, x);
+      relu_affine<T>(map, x, y);
       break;
   }
   if (factor != 1.0) y *= static_cast<T>(factor);
-  require_finite_rows(y, map);
+  require_finite_rows<T>(y, map);
+}
+
+template <typename T>
+Mat<T> apply_feature_map(const FeatureMap& map, ConstRef<T> x, double factor) {
+  Mat<T> y(x.rows(), map.out_dim(static_cast<int>(x.cols())));
+  apply_feature_map_into<T>(map, x, factor, y);
   return y;
 }
 
 template Mat<float> apply_feature_map<float>(const FeatureMap&, ConstRef<float>, double);
 template Mat<double> apply_feature_map<double>(const FeatureMap&, ConstRef<double>, double);
+template void apply_feature_map_into<float>(const FeatureMap&, ConstRef<float>, double,
+                                            Eigen::Ref<MatF>);
+template void apply_feature_map_into<double>(const FeatureMap&, ConstRef<double>, double,
+                                             Eigen::Ref<MatD>);
 
 }  // namespace detail
 

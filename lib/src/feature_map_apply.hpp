@@ -10,4 +10,10 @@ namespace attnscope::detail {
 template <typename T>
 Mat<T> apply_feature_map(const FeatureMap& map, ConstRef<T> x, double factor = 1.0);
 
+/// The same, written into y (x.rows() x out_dim), which must not alias x: no allocation beyond
+/// relu_affine's parameters when they have to be drawn.
+template <typename T>
+void apply_feature_map_into(const FeatureMap& map, ConstRef<T> x, double factor,
+                            Eigen::Ref<Mat<T>> y);
+
 }  // namespace attnscope::detail

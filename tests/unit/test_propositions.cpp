@@ -1,6 +1,6 @@
 // Every row of `attnscope verify` as a test: the theory of both papers guarded by CI. The same
 // analyses functions run here and in the command; wall-clock timing is never asserted (the cost
-// rows' fitting is tested on exact power laws instead).
+// rows count multiply-adds). test_negative_controls.cpp runs each check where it must fail.
 #include "attnscope/analyses/propositions.hpp"
 
 #include <gtest/gtest.h>
@@ -25,6 +25,7 @@ std::string describe(const CheckRow& r) {
 
 void expect_pass(const CheckRow& r, long min_trials = kTrials) {
   EXPECT_TRUE(r.pass) << describe(r);
+  EXPECT_EQ(r.unusable, 0) << describe(r);
   EXPECT_GE(r.trials, min_trials) << describe(r);
   EXPECT_TRUE(std::isfinite(r.margin)) << describe(r);
 }
@@ -99,29 +100,34 @@ TEST(PowerLaw, FitRecoversExactExponents) {
   EXPECT_NEAR(b.r2, 1.0, 1e-12);
 }
 
-TEST(PowerLaw, CostRowsJudgeTheExponents) {
-  FormTiming t;
-  t.variant = "mala:elu1@code";
-  t.dim = 64;
-  t.sizes = {64, 256, 1024, 4096};
-  for (int n : t.sizes) {
-    // Flop counts of the two forms: O(N d^2) and O(N^2 d).
-    t.linear_s.push_back(4.0 * n * 64 * 64);
-    t.explicit_s.push_back(4.0 * n * n * 64 + 1e4);
+TEST(Cost, CountedWorkIsLinearForTheLinearTimeFormAndQuadraticForTheExplicit) {
+  const std::vector<int> sizes{64, 128, 256, 512};
+  for (const char* spec : {"inline@code", "mala@code", "inline@paper", "mala:relu@paper"}) {
+    const FormWork lin = count_form_work(spec, true, sizes, 16, kSeed);
+    const FormWork exp = count_form_work(spec, false, sizes, 16, kSeed);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      // phi(K)^T V and phi(Q) (phi(K)^T V): 2 N d dv; explicit: Q K^T and W V: 2 N^2 d.
+      const double n = sizes[i];
+      EXPECT_EQ(lin.multiply_adds[i], 2 * n * 16 * 16) << spec << " N=" << n;
+      EXPECT_EQ(exp.multiply_adds[i], 2 * n * n * 16) << spec << " N=" << n;
+    }
+    EXPECT_EQ(lin.scratch_growths_on_repeat, 0) << spec;
+    const CheckRow a = cost_row(lin), b = cost_row(exp);
+    EXPECT_TRUE(a.pass) << describe(a);
+    EXPECT_TRUE(b.pass) << describe(b);
+    EXPECT_NEAR(a.margin, 1.0, 1e-12) << describe(a);
+    EXPECT_NEAR(b.margin, 2.0, 1e-12) << describe(b);
   }
-  auto rows = cost_rows(t);
-  ASSERT_EQ(rows.size(), 2u);
-  EXPECT_TRUE(rows[0].pass) << describe(rows[0]);
-  EXPECT_TRUE(rows[1].pass) << describe(rows[1]);
-  EXPECT_NEAR(rows[0].margin, 1.0, 1e-12);
-  std::swap(t.linear_s, t.explicit_s);  // a quadratic "linear" form must fail
-  rows = cost_rows(t);
-  EXPECT_FALSE(rows[0].pass) << describe(rows[0]);
-  EXPECT_FALSE(rows[1].pass) << describe(rows[1]);
+  // relu_affine adds x A^T for Q and K (2 N d d') to both forms.
+  const FormWork lin = count_form_work("linear:relu_affine=5", true, sizes, 16, kSeed);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(lin.multiply_adds[i], 4.0 * sizes[i] * 16 * 16) << "N=" << sizes[i];
+  }
 }
 
 TEST(CheckRow, DecideHonoursSenseAndRejectsNaN) {
   CheckRow r;
+  r.trials = 1;
   r.sense = CheckRow::Sense::Below;
   r.threshold = 1e-12;
   r.margin = 1e-13;
@@ -138,14 +144,28 @@ TEST(CheckRow, DecideHonoursSenseAndRejectsNaN) {
   EXPECT_FALSE(r.pass);
 }
 
-TEST(VerifyAll, EveryRowPassesWithoutTiming) {
+TEST(VerifyAll, EveryRowPassesAndNoneDependsOnTiming) {
   VerifyOptions o;
   o.seed = kSeed;
   o.trials = 20;
+  o.work_sizes = {64, 128, 256};
   o.timing = false;
   const auto rows = verify_all(o);
-  EXPECT_EQ(rows.size(), 20u);
+  EXPECT_EQ(rows.size(), 24u);
   for (const CheckRow& r : rows) EXPECT_TRUE(r.pass) << describe(r);
+  // Timing adds information, never a row nor a verdict.
+  std::vector<FormTiming> timings;
+  o.timing = true;
+  o.timing_sizes = {64, 128};
+  o.timing_repeats = 1;
+  o.timings = &timings;
+  const auto timed = verify_all(o);
+  ASSERT_EQ(timed.size(), rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(timed[i].check, rows[i].check);
+    EXPECT_EQ(timed[i].pass, rows[i].pass) << describe(timed[i]);
+  }
+  EXPECT_EQ(timings.size(), 2u);
 }
 
 }  // namespace

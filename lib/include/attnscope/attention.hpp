@@ -46,6 +46,15 @@ template <typename T>
 Mat<T> attention_outputs(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
                          double scale, const Mask* mask = nullptr, Diagnostics* diag = nullptr);
 
+/// attention_outputs written into `out` (q.rows() x v_in.cols(), allocated by the caller). The
+/// linear-time form keeps its scratch per thread between calls (work_counters.hpp counts its
+/// growths), so repeated calls of one size allocate nothing; softmax and masked runs form W row by
+/// row as attention_outputs does.
+template <typename T>
+void attention_outputs_into(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
+                            double scale, Eigen::Ref<Mat<T>> out, const Mask* mask = nullptr,
+                            Diagnostics* diag = nullptr);
+
 /// Outputs through the explicit weights, whatever the family (for comparisons and timing).
 template <typename T>
 Mat<T> attention_outputs_explicit(const Variant& v, ConstRef<T> q, ConstRef<T> k,

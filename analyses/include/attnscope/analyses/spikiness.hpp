@@ -120,7 +120,11 @@ struct LawResult {
   bool applicable = true;  ///< false: the law does not hold in this setting (see header comment)
   std::string why;         ///< why not applicable
   double threshold = 0.0;
-  [[nodiscard]] bool pass() const { return !applicable || max_deviation <= threshold; }
+  /// A law compared on no point has shown nothing: it does not pass.
+  [[nodiscard]] bool has_data() const { return points > 0; }
+  [[nodiscard]] bool pass() const {
+    return !applicable || (has_data() && max_deviation <= threshold);
+  }
   /// Folds another result of the same law into this one.
   void merge(const LawResult& other);
 };
