@@ -2,6 +2,8 @@
 #include "command.hpp"
 #include "common.hpp"
 
+#include "attnscope/dump.hpp"
+
 #include <iostream>
 
 namespace attnscope::app {
@@ -48,5 +50,7 @@ int main(int argc, char** argv) {
   }
   command_line().assign(argv, argv + argc);
   std::vector<std::string> args(argv + 2, argv + argc);
+  attnscope::set_dump_warning_handler(
+      [&name](const std::string& m) { std::cerr << "attnscope " << name << ": warning: " << m << "\n"; });
   return run_guarded(it->second.name, [&] { return it->second.run(args); });
 }
