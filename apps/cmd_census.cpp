@@ -118,7 +118,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"variants", variant_names(variants)},
                    {"sum_tol", f.sum_tol},
                    {"images", sel.images.size()},
-                   {"layers", sel.layers},
+                   {"layers", model_layers_of(schema, sel.layers)},
                    {"heads", sel.heads},
                    {"precision", "double"},
                    {"threads", threads}};
@@ -127,7 +127,8 @@ int run_census_cmd(const std::vector<std::string>& args) {
       reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },
       [&](int) { progress.tick(); });
   progress.finish();
-  const auto cells = collector.cells();
+  auto cells = collector.cells();
+  report_model_layers(cells, schema);
   write_csv(dir, cells);
   const auto ts = totals(variants, cells);
   nlohmann::json jt = nlohmann::json::array();

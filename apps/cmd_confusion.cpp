@@ -89,7 +89,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"eps", f.opt.eps}, {"query_eps", f.opt.query_eps},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
-                   {"layers", sel.layers}, {"heads", sel.heads}, {"reference", f.reference},
+                   {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
   AtomicFile per_image(dir / "confusion_per_image.csv");
   per_image.stream() << "variant,image,count\n";
@@ -102,7 +102,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     timer.tick();
     progress.tick();
   };
-  const analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
+  analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
+  for (auto& heads : r.per_head) report_model_layers(heads, schema);
   progress.finish();
   write_per_head(dir, r);
   write_histogram(dir, r);

@@ -126,7 +126,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   RunMetadata meta("maps");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"tokens", tokens}, {"images", sel.images},
-                   {"layers", sel.layers}, {"heads", sel.heads}, {"transform", sel.transform.name()},
+                   {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"transform", sel.transform.name()},
                    {"threads", threads}, {"seed", f.common.seed}};
   AtomicFile csv(dir / "maps.csv");
   csv.stream() << "variant,image,layer,head,query,query_row,query_col,row,col,weight\n";
@@ -142,7 +142,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
       const analyses::ExactRows rows(variants[v], hv.q, hv.k, schema.attrs.scale);
       for (int t : tokens) {
-        MapEntry e{v, hv.image, hv.layer, hv.head, analyses::attention_map(rows, grid, t)};
+        MapEntry e{v, hv.image, schema.model_layer(hv.layer), hv.head, analyses::attention_map(rows, grid, t)};
         std::lock_guard<std::mutex> lock(pending_mutex);
         pending.push_back(std::move(e));
       }

@@ -319,7 +319,8 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
       wanted, [&](const analyses::HeadView& h) { collector.add_head(h); },
       [&](int) { progress.tick(); });
   progress.finish();
-  const analyses::SpikinessResult r = collector.finish();
+  analyses::SpikinessResult r = collector.finish();
+  report_model_layers(r.samples, schema);
 
   write_rows(dir, source.name, r);
   write_samples(dir, r);
