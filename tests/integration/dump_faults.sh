@@ -29,7 +29,8 @@ expect_exit 1 "/layers/2/v: expected compression filters this HDF5 provides, fou
 expect_empty "$WORK/out.txt"
 
 # A file a writer holds open (HDF5's file lock) is "locked", with the way to read it anyway.
-py "f = h5py.File('$WORK/good.h5', 'r+'); open('$WORK/ready', 'w').close(); time.sleep(30)" &
+"$PYTHON" -c "import h5py, time
+f = h5py.File('$WORK/good.h5', 'r+'); open('$WORK/ready', 'w').close(); time.sleep(60)" &
 writer=$!
 for _ in $(seq 100); do [ -e "$WORK/ready" ] && break; sleep 0.1; done
 expect_exit 1 "found a file locked by another process" "$ATTNSCOPE" info "$WORK/good.h5"
