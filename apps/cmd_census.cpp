@@ -119,7 +119,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"variants", variant_names(variants)},
                    {"sum_tol", f.sum_tol},
                    {"images", sel.images.size()},
-                   {"layers", sel.layers},
+                   {"layers", model_layers_of(schema, sel.layers)},
                    {"heads", sel.heads},
                    {"precision", "double"},
                    {"threads", threads}};
@@ -128,14 +128,15 @@ int run_census_cmd(const std::vector<std::string>& args) {
       reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },
       [&](int) { progress.tick(); });
   progress.finish();
-  const auto cells = collector.cells();
+  auto cells = collector.cells();
   long long rows = 0;
   for (const auto& c : cells) rows += c.rows;
   if (rows == 0) {
     throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
                            "(a zero or tiny denominator), so there are no weights to count");
   }
-    write_csv(set, cells);
+  report_model_layers(cells, schema);
+  write_csv(set, cells);
   const auto ts = totals(variants, cells);
   nlohmann::json jt = nlohmann::json::array();
   for (const auto& t : ts) jt.push_back(to_json(t));

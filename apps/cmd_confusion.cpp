@@ -89,7 +89,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"eps", f.opt.eps}, {"query_eps", f.opt.query_eps},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
-                   {"layers", sel.layers}, {"heads", sel.heads}, {"reference", f.reference},
+                   {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
   ResultSet set(dir, "confusion.json");
   ResultFile per_image(set, "confusion_per_image.csv");
@@ -103,7 +103,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     timer.tick();
     progress.tick();
   };
-  const analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
+  analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
+  for (auto& heads : r.per_head) report_model_layers(heads, schema);
   progress.finish();
   std::int64_t degenerate = 0, slots = 0;
   for (const auto& heads : r.per_head) {

@@ -43,6 +43,16 @@ std::string layers_with(const std::vector<bool>& has) {
   return "layers " + out;
 }
 
+/// "model layers 2,0 in /layers/0.." when the dump holds a subset of the model's layers.
+std::string source_layers_line(const DumpSchema& s) {
+  if (s.source_layers.empty()) return "";
+  std::string out = "source      model layers ";
+  for (std::size_t l = 0; l < s.source_layers.size(); ++l) {
+    out += (l ? "," : "") + std::to_string(s.source_layers[l]);
+  }
+  return out + " (source_layers: /layers/0, /layers/1, ... in this order)\n";
+}
+
 void print_schema(const DumpReader& r, std::ostream& os) {
   const DumpSchema& s = r.schema();
   const DumpAttributes& a = s.attrs;
@@ -54,7 +64,7 @@ void print_schema(const DumpReader& r, std::ostream& os) {
      << "scale       " << a.scale << "\n"
      << "shape       " << s.num_images << " images x " << a.num_layers << " layers x "
      << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
-     << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + " << a.grid.height
+     << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + " << a.grid.height
      << "x" << a.grid.width << " grid\n"
      << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
      << "optional    attn: " << layers_with(s.layer_has_attn)
@@ -103,8 +113,13 @@ int run_info(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("info", "FILE [--check-values]", desc, args, vm, &pos)) return 0;
   DumpReader reader(file);
-  print_schema(reader, std::cout);
-  std::cout << "schema      valid\n" << std::flush;
+  if (reader.schema().num_images == 0) {
+    throw InputError(file, "/layers/0/q", "at least one image", "no images");
+  }
+  // The whole description is built first: a failure half-way prints nothing on stdout.
+  std::ostringstream text;
+  print_schema(reader, text);
+  std::cout << text.str() << "schema      valid\n" << std::flush;
   if (values) {
     check_values(reader);
     std::cout << "values      all finite (" << reader.schema().num_images << " images read)\n";

@@ -85,11 +85,11 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"window", f.window},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
-                   {"layers", sel.layers}, {"heads", sel.heads}, {"reference", f.reference},
+                   {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
   Progress progress("locality", sel.images.size());
   ImageTimer timer;
-  const analyses::LocalityResult r = analyses::run_locality(reader, sel, variants, f.window, f.reference, [&](int) {
+  analyses::LocalityResult r = analyses::run_locality(reader, sel, variants, f.window, f.reference, [&](int) {
     timer.tick();
     progress.tick();
   });
@@ -102,7 +102,8 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
                            "(a zero or tiny denominator), so there is no mass to measure");
   }
-    write_csv(set, r);
+  for (auto& heads : r.per_head) report_model_layers(heads, schema);
+  write_csv(set, r);
   meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
                     {"ms_per_image", timer.summary()}};
   meta.publish(set);

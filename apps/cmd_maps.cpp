@@ -60,7 +60,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   RunMetadata meta("maps");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"tokens", tokens}, {"images", sel.images},
-                   {"layers", sel.layers}, {"heads", sel.heads}, {"transform", sel.transform.name()},
+                   {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"transform", sel.transform.name()},
                    {"threads", threads}, {"seed", f.common.seed}};
   ResultSet set(dir, "maps.json");
   ResultFile csv(set, "maps.csv");
@@ -82,7 +82,8 @@ int run_maps_cmd(const std::vector<std::string>& args) {
           degenerate.fetch_add(1);
           continue;
         }
-        MapEntry e{v, hv.image, hv.layer, hv.head, analyses::attention_map(rows, grid, t)};
+        MapEntry e{v, hv.image, schema.model_layer(hv.layer), hv.head,
+                   analyses::attention_map(rows, grid, t)};
         std::lock_guard<std::mutex> lock(pending_mutex);
         pending.push_back(std::move(e));
       }

@@ -66,7 +66,8 @@ int run_recompute(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
                    {"images", sel.images.size()}};
-  const auto cells = analyses::recompute_dump(reader, variant, sel.images);
+  auto cells = analyses::recompute_dump(reader, variant, sel.images);
+  report_model_layers(cells, schema);
   write_csv(set, variant.name(), cells);
 
   double worst_rel = 0.0, worst_attn = 0.0;

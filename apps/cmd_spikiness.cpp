@@ -323,7 +323,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
       wanted, [&](const analyses::HeadView& h) { collector.add_head(h); },
       [&](int) { progress.tick(); });
   progress.finish();
-  const analyses::SpikinessResult r = collector.finish();
+  analyses::SpikinessResult r = collector.finish();
   bool any_ratio = false;
   for (const auto& sweeps : r.sweeps) {
     for (const auto& sweep : sweeps) {
@@ -334,6 +334,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
     throw NothingToMeasure("no valid queries: no sampled row has a positive weight on its reference "
                            "keys at any scale (every row is degenerate), so there is no ratio to report");
   }
+  report_model_layers(r.samples, schema);
 
   write_rows(set, source.name, r);
   write_samples(set, r);

@@ -5,6 +5,8 @@
 
 #include <hdf5.h>
 
+#include "attnscope/dump.hpp"
+
 #include <iostream>
 
 namespace attnscope::app {
@@ -55,5 +57,7 @@ int main(int argc, char** argv) {
   install_interrupt_cleanup(it->second.name);
   command_line().assign(argv, argv + argc);
   std::vector<std::string> args(argv + 2, argv + argc);
+  attnscope::set_dump_warning_handler(
+      [&name](const std::string& m) { std::cerr << "attnscope " << name << ": warning: " << m << "\n"; });
   return run_guarded(it->second.name, [&] { return it->second.run(args); });
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.hpp"
+#include "model_layers.hpp"
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
@@ -24,7 +25,7 @@ struct SelectionFlags {
 inline void add_selection_options(po::options_description& d, SelectionFlags& f, bool with_transform) {
   d.add_options()
       ("images", po::value(&f.images)->value_name("LIST"), "images, e.g. 0-9,15 (default: all)")
-      ("layers", po::value(&f.layers)->value_name("LIST"), "layers, e.g. 0,11 (default: all)")
+      ("layers", po::value(&f.layers)->value_name("LIST"), "the model's layers, e.g. 0,11 (default: all)")
       ("heads", po::value(&f.heads)->value_name("LIST"), "heads, e.g. 0-2 (default: all)");
   if (with_transform) {
     d.add_options()("transform", po::value(&f.transform)->value_name("T")->default_value(f.transform),
@@ -41,7 +42,7 @@ inline analyses::Selection make_selection(const SelectionFlags& f, const DumpSch
   }
   analyses::Selection sel;
   sel.images = analyses::parse_index_list(f.images, "--images");
-  sel.layers = analyses::parse_index_list(f.layers, "--layers");
+  sel.layers = dump_layers_of(schema, analyses::parse_index_list(f.layers, "--layers"));
   sel.heads = analyses::parse_index_list(f.heads, "--heads");
   sel.transform = parse_query_transform(f.transform, seed);
   return analyses::resolve(schema, sel);

@@ -59,25 +59,46 @@ std::string read_string(hid_t root, const char* name, const std::string& file) {
   return value;
 }
 
-std::int64_t read_int(hid_t root, const char* name, const std::string& file) {
-  h5::Handle a = open_attr(root, name, file);
-  h5::Handle ft = h5::type(H5Aget_type(a.get()));
+constexpr std::int64_t kMaxInt = std::int64_t{1} << 30;  // every integer attribute is below
+
+/// The values of an integer attribute, each checked to lie in [lo, kMaxInt). Unsigned values are
+/// read as such, so a uint64 beyond int64's range is reported with its true value.
+std::vector<int> read_ints(hid_t attr, const char* name, const std::string& file, std::size_t n,
+                           std::int64_t lo, const std::string& expected) {
+  h5::Handle ft = h5::type(H5Aget_type(attr));
   if (H5Tget_class(ft.get()) != H5T_INTEGER) {
     throw InputError(file, attr_name(name), "an integer", h5::describe_type(ft.get()));
   }
-  std::int64_t v = 0;
-  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) {
-    throw InputError(file, attr_name(name), "a readable integer", h5::last_error());
+  std::vector<int> out(n);
+  if (H5Tget_sign(ft.get()) == H5T_SGN_NONE) {
+    std::vector<std::uint64_t> v(n);
+    if (n > 0 && H5Aread(attr, H5T_NATIVE_UINT64, v.data()) < 0) {
+      throw InputError(file, attr_name(name), "a readable integer", h5::last_error());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (v[i] >= static_cast<std::uint64_t>(kMaxInt) || static_cast<std::int64_t>(v[i]) < lo) {
+        throw InputError(file, attr_name(name), expected, std::to_string(v[i]));
+      }
+      out[i] = static_cast<int>(v[i]);
+    }
+  } else {
+    std::vector<std::int64_t> v(n);
+    if (n > 0 && H5Aread(attr, H5T_NATIVE_INT64, v.data()) < 0) {
+      throw InputError(file, attr_name(name), "a readable integer", h5::last_error());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (v[i] >= kMaxInt || v[i] < lo) {
+        throw InputError(file, attr_name(name), expected, std::to_string(v[i]));
+      }
+      out[i] = static_cast<int>(v[i]);
+    }
   }
-  return v;
+  return out;
 }
 
 int read_int32(hid_t root, const char* name, const std::string& file) {
-  const std::int64_t v = read_int(root, name, file);
-  if (v < -(std::int64_t{1} << 30) || v > (std::int64_t{1} << 30)) {
-    throw InputError(file, attr_name(name), "an integer below 2^30", std::to_string(v));
-  }
-  return static_cast<int>(v);
+  h5::Handle a = open_attr(root, name, file);
+  return read_ints(a.get(), name, file, 1, -kMaxInt + 1, "an integer below 2^30").front();
 }
 
 double read_double(hid_t root, const char* name, const std::string& file) {
@@ -128,6 +149,10 @@ void require_positive(const std::string& file, const char* name, int v) {
   if (v <= 0) throw InputError(file, attr_name(name), "a positive integer", std::to_string(v));
 }
 
+void require_below_limit(const std::string& file, const char* name, int v) {
+  if (v >= kMaxInt) throw InputError(file, attr_name(name), "an integer below 2^30", std::to_string(v));
+}
+
 }  // namespace
 
 DumpAttributes read_attributes(hid_t root, const std::string& file) {
@@ -158,6 +183,33 @@ DumpAttributes read_attributes(hid_t root, const std::string& file) {
   return a;
 }
 
+std::vector<int> read_source_layers(hid_t root, const std::string& file, int num_layers) {
+  const char* name = "source_layers";
+  if (H5Aexists(root, name) <= 0) return {};
+  h5::Handle a = h5::attr(H5Aopen(root, name, H5P_DEFAULT));
+  h5::Handle s = h5::space(H5Aget_space(a.get()));
+  const int rank = H5Sget_simple_extent_ndims(s.get());
+  const hssize_t n = H5Sget_simple_extent_npoints(s.get());
+  if (rank > 1 || n != num_layers) {
+    throw InputError(file, attr_name(name),
+                     "one model layer index per dump layer (num_layers = " +
+                         std::to_string(num_layers) + ")",
+                     std::to_string(n) + " values" + (rank > 1 ? " in " + std::to_string(rank) + "-D" : ""));
+  }
+  std::vector<int> layers = read_ints(a.get(), name, file, static_cast<std::size_t>(n), 0,
+                                      "layer indices >= 0 and below 2^30");
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (layers[i] == layers[j]) {
+        throw InputError(file, attr_name(name), "distinct layer indices",
+                         "layer " + std::to_string(layers[i]) + " at positions " +
+                             std::to_string(j) + " and " + std::to_string(i));
+      }
+    }
+  }
+  return layers;
+}
+
 void validate_attributes(const DumpAttributes& a, const std::string& file) {
   if (!one_of(a.attention_family, {"softmax", "linear", "inline", "mala"})) {
     throw InputError(file, attr_name("attention_family"), "softmax, linear, inline or mala",
@@ -173,16 +225,18 @@ void validate_attributes(const DumpAttributes& a, const std::string& file) {
   if (!(std::isfinite(a.scale) && a.scale > 0)) {
     throw InputError(file, attr_name("scale"), "a positive finite float", std::to_string(a.scale));
   }
-  require_positive(file, "num_layers", a.num_layers);
-  require_positive(file, "num_heads", a.num_heads);
-  require_positive(file, "head_dim", a.head_dim);
-  require_positive(file, "num_tokens", a.num_tokens);
-  require_positive(file, "grid_height", a.grid.height);
-  require_positive(file, "grid_width", a.grid.width);
+  const std::pair<const char*, int> sizes[] = {
+      {"num_layers", a.num_layers}, {"num_heads", a.num_heads},    {"head_dim", a.head_dim},
+      {"num_tokens", a.num_tokens}, {"grid_height", a.grid.height}, {"grid_width", a.grid.width}};
+  for (const auto& [name, v] : sizes) {
+    require_positive(file, name, v);
+    require_below_limit(file, name, v);
+  }
   if (a.grid.prefix < 0) {
     throw InputError(file, attr_name("prefix_tokens"), "an integer >= 0",
                      std::to_string(a.grid.prefix));
   }
+  require_below_limit(file, "prefix_tokens", a.grid.prefix);
   // In 64 bits: each attribute is below 2^30, their product need not fit an int.
   const long long grid_tokens =
       a.grid.prefix + static_cast<long long>(a.grid.height) * a.grid.width;
@@ -190,6 +244,13 @@ void validate_attributes(const DumpAttributes& a, const std::string& file) {
     throw InputError(file, attr_name("num_tokens"),
                      "prefix_tokens + grid_height * grid_width = " + std::to_string(grid_tokens),
                      std::to_string(a.num_tokens));
+  }
+  try {
+    (void)a.variant();  // attention_family, feature_map and convention must name a variant
+  } catch (const UsageError& e) {
+    throw InputError(file, attr_name("feature_map"),
+                     "a feature map that fits attention_family '" + a.attention_family + "'",
+                     "'" + a.feature_map + "' (" + e.what() + ")");
   }
 }
 

@@ -19,9 +19,14 @@ std::string layer_path(int layer, const char* name);
 
 /// Reads and validates the root attributes. Throws InputError naming the attribute.
 DumpAttributes read_attributes(hid_t root, const std::string& file);
+/// The optional `source_layers` attribute: num_layers distinct model layer indices, each >= 0 and
+/// below 2^30 (empty when absent). Throws InputError naming the attribute.
+std::vector<int> read_source_layers(hid_t root, const std::string& file, int num_layers);
 /// Writes the root attributes as h5py would (variable-length UTF-8 strings, int64, float64).
 void write_attributes(hid_t root, const DumpAttributes& a);
-/// Known values and consistency (num_tokens == prefix + height * width, positive sizes).
+/// Every check the reader makes of the root attributes once read: known values, sizes positive
+/// and below 2^30, num_tokens == prefix + height * width, and a family, feature map and
+/// convention that name a variant of the registry. The writer (and synth) call it before writing.
 void validate_attributes(const DumpAttributes& a, const std::string& file);
 
 /// Throws InputError at the first NaN/Inf of a block read from `dataset` for `image`; the block's

@@ -5,8 +5,11 @@
 #include "attnscope/error.hpp"
 #include "attnscope/half.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 
 namespace attnscope {
 
@@ -18,6 +21,8 @@ namespace {
 struct LayerSets {
   h5::Handle q, k, v, attn, out;
 };
+
+constexpr const char* kQkvLayout = "[images, heads, tokens, dim]";
 
 h5::Handle open_file(const std::string& path) {
   std::error_code ec;
@@ -34,22 +39,48 @@ h5::Handle open_file(const std::string& path) {
   }
   h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!f.valid()) {
+    const std::vector<std::string> stack = h5::error_stack();
+    const auto says = [&stack](const char* text) {
+      return std::any_of(stack.begin(), stack.end(), [text](const std::string& m) {
+        return m.find(text) != std::string::npos;
+      });
+    };
+    // A writer holds HDF5's file lock (a live process), or left the superblock's "open for
+    // writing" mark behind (a writer killed before it closed the file): neither is damage.
+    if (says("unable to lock file")) {
+      throw InputError(path, "", "a readable HDF5 file",
+                       "a file locked by another process (a writer still has it open: wait for "
+                       "it to finish, or read it anyway with HDF5_USE_FILE_LOCKING=FALSE)");
+    }
+    if (says("file is already open for write")) {
+      throw InputError(path, "", "a readable HDF5 file",
+                       "a file marked as open for writing (a writer did not close it; if no "
+                       "writer is running, clear the mark with 'h5clear -s " + path + "')");
+    }
     throw InputError(path, "", "a readable HDF5 file",
-                     "a damaged or truncated file (" + h5::last_error() + ")");
+                     "a damaged or truncated file (" + (stack.empty() ? "" : stack.back()) + ")");
   }
   return f;
 }
 
-/// Opens a dataset, checking it is one (a group of the same name is reported, not crashed on).
+/// Opens a dataset, checking it is one (a group of the same name is reported, not crashed on)
+/// and that this HDF5 can apply every filter its chunks were written with. H5Oopen and
+/// H5Iget_type have kept one signature from HDF5 1.8 to 1.14, unlike H5Oget_info*.
 h5::Handle open_dataset(hid_t file, const std::string& name, const std::string& path) {
   if (!h5::exists(file, name.substr(1))) throw InputError(path, name, "a dataset", "none");
-  H5O_info_t info;
-  if (H5Oget_info_by_name(file, name.c_str(), &info, H5P_DEFAULT) < 0 ||
-      info.type != H5O_TYPE_DATASET) {
+  const hid_t obj = H5Oopen(file, name.c_str(), H5P_DEFAULT);
+  if (obj < 0) throw InputError(path, name, "a readable dataset", h5::last_error());
+  if (H5Iget_type(obj) != H5I_DATASET) {
+    H5Oclose(obj);
     throw InputError(path, name, "a dataset", "another kind of object");
   }
-  h5::Handle d = h5::dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
-  if (!d.valid()) throw InputError(path, name, "a readable dataset", h5::last_error());
+  h5::Handle d = h5::dataset(obj);
+  const std::vector<std::string> missing = h5::unavailable_filters(d.get());
+  if (!missing.empty()) {
+    throw InputError(path, name, "compression filters this HDF5 provides",
+                     missing.front() + ", which this HDF5 does not provide (rewrite the dump "
+                     "with gzip compression, e.g. from h5py)");
+  }
   return d;
 }
 
@@ -73,10 +104,15 @@ std::string dims_text(const std::vector<hsize_t>& want, bool images_free) {
   return s + "]";
 }
 
-/// Checks the shape; want[0] is the image count, or ignored (any) when images_free.
+/// Checks the shape; want[0] is the image count, or ignored (any) when images_free. `layout`
+/// names the dimensions (e.g. "[images, heads, tokens, dim]"), for a scalar found instead.
 void check_shape(hid_t ds, const std::string& name, const std::string& path,
-                 const std::vector<hsize_t>& want, bool images_free) {
+                 const std::vector<hsize_t>& want, bool images_free, const char* layout) {
   const std::vector<hsize_t> got = h5::dims(ds);
+  if (got.empty()) {
+    throw InputError(path, name,
+                     "a " + std::to_string(want.size()) + "-D dataset " + layout, "a scalar");
+  }
   bool ok = got.size() == want.size();
   for (std::size_t i = 0; ok && i < want.size(); ++i) {
     ok = (i == 0 && images_free) || got[i] == want[i];
@@ -122,17 +158,59 @@ bool is_ieee_half(hid_t type) {
 /// Reads the selection `fs` of `ds` into `out` (`n` floats laid out as `ms`). IEEE half data is
 /// read with a little-endian half memory type (no conversion, or a plain byte swap) into
 /// `scratch` and widened here: HDF5's own half-to-float path is a slow soft conversion. Anything
-/// else is converted by HDF5. Returns HDF5's status.
-herr_t read_floats(hid_t ds, hid_t ms, hid_t fs, float* out, std::size_t n, hid_t half,
-                   std::vector<std::uint16_t>& scratch) {
+/// else is converted by HDF5. Returns an empty string, or HDF5's diagnosis of a failure (taken
+/// at once: closing the type handle would clear the error stack).
+std::string read_floats(hid_t ds, hid_t ms, hid_t fs, float* out, std::size_t n, hid_t half,
+                        std::vector<std::uint16_t>& scratch) {
   const h5::Handle t = h5::type(H5Dget_type(ds));
-  if (!t.valid()) return -1;
-  if (!is_ieee_half(t.get())) return H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, out);
+  const auto failed = [] {
+    const std::string why = h5::last_error();
+    return why.empty() ? std::string("no diagnosis from HDF5") : why;
+  };
+  if (!t.valid()) return failed();
+  if (!is_ieee_half(t.get())) {
+    return H5Dread(ds, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, out) < 0 ? failed() : "";
+  }
   scratch.resize(n);
-  const herr_t rc = H5Dread(ds, half, ms, fs, H5P_DEFAULT, scratch.data());
-  if (rc < 0) return rc;
+  if (H5Dread(ds, half, ms, fs, H5P_DEFAULT, scratch.data()) < 0) return failed();
   for (std::size_t i = 0; i < n; ++i) out[i] = half_to_float(scratch[i]);
-  return rc;
+  return "";
+}
+
+/// Where the reader's warnings go (set_dump_warning_handler).
+std::mutex warning_mutex;
+std::function<void(const std::string&)>& warning_handler() {
+  static std::function<void(const std::string&)> handler;
+  return handler;
+}
+
+void warn(DumpSchema& schema, const std::string& text) {
+  schema.warnings.push_back(text);
+  std::lock_guard<std::mutex> lock(warning_mutex);
+  if (warning_handler()) warning_handler()(text);
+}
+
+/// Links of /layers other than the groups 0 .. num_layers-1 (ignored by the reader).
+std::vector<std::string> extra_layer_links(hid_t file, int num_layers) {
+  std::vector<std::string> extra;
+  h5::Handle g = h5::group(H5Gopen2(file, "layers", H5P_DEFAULT));
+  H5G_info_t info;
+  if (!g.valid() || H5Gget_info(g.get(), &info) < 0) return extra;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t len = H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr,
+                                           0, H5P_DEFAULT);
+    if (len <= 0) continue;
+    std::string name(static_cast<std::size_t>(len) + 1, '\0');
+    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
+                       H5P_DEFAULT);
+    name.resize(static_cast<std::size_t>(len));
+    bool expected = !name.empty() && name.size() < 10 &&
+                    std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+    expected = expected && (name == "0" || name[0] != '0') && std::stoi(name) < num_layers;
+    if (!expected) extra.push_back("/layers/" + name);
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return extra;
 }
 
 }  // namespace
@@ -179,7 +257,7 @@ void DumpReader::Impl::open_layers() {
       const std::vector<hsize_t> got = h5::dims(sets[s]->get());
       const bool first = l == 0 && s == 0;
       const hsize_t n = first && !got.empty() ? got[0] : static_cast<hsize_t>(schema.num_images);
-      check_shape(sets[s]->get(), name, path, {n, H, N, d}, false);
+      check_shape(sets[s]->get(), name, path, {n, H, N, d}, false, kQkvLayout);
       const DType t = dataset_dtype(sets[s]->get(), name, path);
       if (first) {
         schema.num_images = static_cast<int>(n);
@@ -191,6 +269,13 @@ void DumpReader::Impl::open_layers() {
                          t == DType::F16 ? "float16" : "float32");
       }
     }
+  }
+  const std::vector<std::string> extra = extra_layer_links(file.get(), a.num_layers);
+  if (!extra.empty()) {
+    std::string names;
+    for (const std::string& e : extra) names += (names.empty() ? "" : ", ") + e;
+    warn(schema, path + ": " + names + ": not among the num_layers = " +
+                     std::to_string(a.num_layers) + " layer groups, ignored");
   }
 }
 
@@ -206,21 +291,22 @@ void DumpReader::Impl::open_optional() {
     const std::string an = layer_path(static_cast<int>(l), "attn");
     if (h5::exists(file.get(), an.substr(1))) {
       layers[l].attn = open_dataset(file.get(), an, path);
-      check_shape(layers[l].attn.get(), an, path, {n, H, N, N}, false);
+      check_shape(layers[l].attn.get(), an, path, {n, H, N, N}, false,
+                  "[images, heads, tokens, tokens]");
       check_float_class(layers[l].attn.get(), an, path);
       schema.layer_has_attn[l] = true;
     }
     const std::string on = layer_path(static_cast<int>(l), "out");
     if (h5::exists(file.get(), on.substr(1))) {
       layers[l].out = open_dataset(file.get(), on, path);
-      check_shape(layers[l].out.get(), on, path, {n, H, N, d}, false);
+      check_shape(layers[l].out.get(), on, path, {n, H, N, d}, false, kQkvLayout);
       check_float_class(layers[l].out.get(), on, path);
       schema.layer_has_out[l] = true;
     }
   }
   if (h5::exists(file.get(), "labels")) {
     labels = open_dataset(file.get(), "/labels", path);
-    check_shape(labels.get(), "/labels", path, {n}, false);
+    check_shape(labels.get(), "/labels", path, {n}, false, "[images]");
     h5::Handle t = h5::type(H5Dget_type(labels.get()));
     if (H5Tget_class(t.get()) != H5T_INTEGER) {
       throw InputError(path, "/labels", "an integer dtype", h5::describe_type(t.get()));
@@ -230,7 +316,8 @@ void DumpReader::Impl::open_optional() {
   if (h5::exists(file.get(), "logits")) {
     logits = open_dataset(file.get(), "/logits", path);
     const auto got = h5::dims(logits.get());
-    check_shape(logits.get(), "/logits", path, {n, got.size() == 2 ? got[1] : 1}, false);
+    check_shape(logits.get(), "/logits", path, {n, got.size() == 2 ? got[1] : 1}, false,
+                "[images, classes]");
     check_float_class(logits.get(), "/logits", path);
     schema.has_logits = true;
   }
@@ -260,16 +347,24 @@ const float* DumpReader::Impl::read_block(hid_t ds, const std::string& name, int
   // block in one piece, where a rank-1 memory space makes it iterate element by element.
   h5::Handle fs = h5::space(H5Dget_space(ds));
   h5::Handle ms = h5::space(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr));
-  if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0 ||
-      read_floats(ds, ms.get(), fs.get(), buf.data(), buf.size(), half.get(), half_buf) < 0) {
+  std::string why;
+  if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0) {
+    why = h5::last_error();
+  } else {
+    why = read_floats(ds, ms.get(), fs.get(), buf.data(), buf.size(), half.get(), half_buf);
+  }
+  if (!why.empty()) {
     throw InputError(schema.path, name, "readable data at image " + std::to_string(image),
-                     "a read error (" + h5::last_error() + ")");
+                     "a read error (" + why + ")");
   }
   check_finite(buf.data(), start, count, labels_of_dims, schema.path, name, image);
   return buf.data();
 }
 
 void DumpReader::Impl::check_image(int image) const {
+  if (schema.num_images == 0) {
+    throw InputError(schema.path, "/layers/0/q", "at least one image", "no images");
+  }
   if (image < 0 || image >= schema.num_images) {
     throw UsageError(schema.path + ": image " + std::to_string(image) + " out of range [0, " +
                      std::to_string(schema.num_images) + ")");
@@ -291,10 +386,13 @@ void DumpReader::Impl::check_head(int head) const {
 }
 
 DumpReader::DumpReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  h5::quiet_hdf5();
   impl_->schema.path = path;
   impl_->file = open_file(path);
   h5::Handle root = h5::group(H5Gopen2(impl_->file.get(), "/", H5P_DEFAULT));
   impl_->schema.attrs = dump_detail::read_attributes(root.get(), path);
+  impl_->schema.source_layers =
+      dump_detail::read_source_layers(root.get(), path, impl_->schema.attrs.num_layers);
   impl_->open_layers();
   impl_->open_optional();
 }
@@ -302,6 +400,22 @@ DumpReader::DumpReader(const std::string& path) : impl_(std::make_unique<Impl>()
 DumpReader::~DumpReader() = default;
 
 const DumpSchema& DumpReader::schema() const { return impl_->schema; }
+
+void set_dump_warning_handler(std::function<void(const std::string&)> handler) {
+  std::lock_guard<std::mutex> lock(warning_mutex);
+  warning_handler() = std::move(handler);
+}
+
+int DumpSchema::model_layer(int layer) const {
+  if (layer < 0 || static_cast<std::size_t>(layer) >= source_layers.size()) return layer;
+  return source_layers[static_cast<std::size_t>(layer)];
+}
+
+int DumpSchema::dump_layer(int model_layer_index) const {
+  if (source_layers.empty()) return model_layer_index;
+  const auto it = std::find(source_layers.begin(), source_layers.end(), model_layer_index);
+  return it == source_layers.end() ? -1 : static_cast<int>(it - source_layers.begin());
+}
 
 ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool with_v) {
   ImageQKV img;
@@ -311,6 +425,7 @@ ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool 
 
 void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers,
                                  bool with_v) {
+  h5::quiet_hdf5();
   Impl& m = *impl_;
   m.check_image(image);
   img.image = image;
@@ -350,6 +465,7 @@ void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int
 }
 
 std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {
+  h5::quiet_hdf5();
   Impl& m = *impl_;
   m.check_image(image);
   m.check_layer(layer);
@@ -365,6 +481,7 @@ std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {
 }
 
 std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
+  h5::quiet_hdf5();
   Impl& m = *impl_;
   m.check_image(image);
   m.check_layer(layer);
@@ -381,6 +498,7 @@ std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
 }
 
 std::vector<std::int64_t> DumpReader::read_labels() {
+  h5::quiet_hdf5();
   Impl& m = *impl_;
   if (!m.labels.valid()) return {};
   std::vector<std::int64_t> out(static_cast<std::size_t>(m.schema.num_images));
@@ -401,9 +519,10 @@ MatF read_whole(hid_t ds, const std::string& name, const std::string& path, int 
   MatF out(images, static_cast<Eigen::Index>(cols));
   const h5::Handle half = h5::half_type();
   std::vector<std::uint16_t> scratch;
-  if (out.size() > 0 && read_floats(ds, H5S_ALL, H5S_ALL, out.data(),
-                                    static_cast<std::size_t>(out.size()), half.get(), scratch) < 0) {
-    throw InputError(path, name, "readable data", h5::last_error());
+  if (out.size() > 0) {
+    const std::string why = read_floats(ds, H5S_ALL, H5S_ALL, out.data(),
+                                        static_cast<std::size_t>(out.size()), half.get(), scratch);
+    if (!why.empty()) throw InputError(path, name, "readable data", why);
   }
   for (Eigen::Index i = 0; i < out.rows(); ++i) {
     check_finite(out.row(i).data(), {0}, {cols}, {"element"}, path, name, static_cast<int>(i));
@@ -414,12 +533,14 @@ MatF read_whole(hid_t ds, const std::string& name, const std::string& path, int 
 }  // namespace
 
 MatF DumpReader::read_logits() {
+  h5::quiet_hdf5();
   Impl& m = *impl_;
   if (!m.logits.valid()) return {};
   return read_whole(m.logits.get(), "/logits", m.schema.path, m.schema.num_images);
 }
 
 MatF DumpReader::read_images(std::vector<int>* shape) {
+  h5::quiet_hdf5();
   Impl& m = *impl_;
   if (!m.images.valid()) return {};
   if (shape != nullptr) {
@@ -431,6 +552,7 @@ MatF DumpReader::read_images(std::vector<int>* shape) {
 }
 
 std::vector<DatasetInfo> DumpReader::datasets() const {
+  h5::quiet_hdf5();
   const Impl& m = *impl_;
   std::vector<std::pair<std::string, hid_t>> all;
   for (std::size_t l = 0; l < m.layers.size(); ++l) {

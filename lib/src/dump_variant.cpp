@@ -1,5 +1,5 @@
-// DumpAttributes::variant, apart from the reader so that reading a dump does not pull in the
-// variant registry.
+// DumpAttributes::variant: the registry object of a dump's own variant (validate_attributes checks
+// that it parses).
 #include "attnscope/dump.hpp"
 
 namespace attnscope {

@@ -161,6 +161,7 @@ DumpWriter::~DumpWriter() = default;  // Impl's destructor removes an unclosed t
 
 void DumpWriter::append(const ImageQKV& img, const std::vector<MatF>* attn,
                         const std::vector<MatF>* out) {
+  h5::quiet_hdf5();  // this thread too (silencing is per thread)
   Impl& m = *impl_;
   const DumpAttributes& a = m.attrs;
   const int L = a.num_layers, H = a.num_heads, N = a.num_tokens, d = a.head_dim;

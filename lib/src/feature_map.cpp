@@ -6,10 +6,16 @@
 #include "normal_draws.hpp"
 #include "work_count.hpp"
 
+#include <unistd.h>
+
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <functional>
+#include <iomanip>
+#include <new>
 #include <optional>
+#include <sstream>
 #include <string>
 
 namespace attnscope {
@@ -62,10 +68,41 @@ std::string known_feature_maps() {
   return out + " (leaky_relu=SLOPE, relu_affine=SEED)";
 }
 
+namespace detail {
+namespace {
+
+/// Runs `alloc`, which allocates a d x d matrix of `elem_bytes` elements for `what`; a matrix
+/// that cannot be had is an Error naming it and its size, not a bare bad_alloc.
+void allocate_square(int d, std::size_t elem_bytes, const char* what,
+                     const std::function<void()>& alloc) {
+  const double bytes = static_cast<double>(d) * d * static_cast<double>(elem_bytes);
+  const auto fail = [&] {
+    std::ostringstream os;
+    os << "out of memory: " << what << " for head dim " << d << " is a " << d << " x " << d
+       << " matrix of " << std::fixed << std::setprecision(0) << bytes << " bytes ("
+       << std::setprecision(1) << bytes / 0x1p30 << " GiB)";
+    throw Error(os.str());
+  };
+  // Refused up front when it exceeds the machine's memory: the allocation itself might succeed
+  // (overcommit) and the process be killed while filling it.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && bytes > static_cast<double>(pages) * static_cast<double>(page)) fail();
+  try {
+    alloc();
+  } catch (const std::bad_alloc&) {
+    fail();
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
 void draw_affine_params(std::uint64_t seed, int d, MatD& A, VecD& b) {
   detail::NormalDraws draws(seed);
   const double sd = 1.0 / std::sqrt(static_cast<double>(d));
-  A.resize(d, d);
+  detail::allocate_square(d, sizeof(double),
+                          "the random affine map (relu_affine feature map, f1/f2 query transform)",
+                          [&] { A.resize(d, d); });
   b.resize(d);
   for (int i = 0; i < d; ++i) {
     for (int j = 0; j < d; ++j) A(i, j) = sd * draws.next();
@@ -148,7 +185,10 @@ void relu_affine(const FeatureMap& map, ConstRef<T> x, Eigen::Ref<Mat<T>> y) {
   const int d = static_cast<int>(x.cols());
   if (map.A.size() > 0 && map.A.cols() == d && map.b.size() == map.A.rows()) {
     count_product(x.rows(), x.cols(), map.A.rows());
-    y.noalias() = x * map.A.transpose().cast<T>();
+    Mat<T> At;
+    allocate_square(d, sizeof(T), "the relu_affine feature map's matrix in the working precision",
+                    [&] { At = map.A.transpose().cast<T>(); });
+    y.noalias() = x * At;
     y.rowwise() += map.b.transpose().cast<T>();
     y = y.cwiseMax(T(0));
     return;

@@ -1,31 +1,59 @@
 #include "hdf5_util.hpp"
 
-#include <mutex>
 #include <sstream>
 
 namespace attnscope::h5 {
 
 void quiet_hdf5() {
-  static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  // In a thread-safe HDF5 each thread has its own error-reporting settings: a reader used on a
+  // prefetch thread must be silenced there too.
+  thread_local bool quiet = false;
+  if (quiet) return;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  quiet = true;
 }
 
 namespace {
 
-herr_t take_innermost(unsigned /*n*/, const H5E_error2_t* err, void* data) {
-  // Walking downward goes from the API call to where the failure was detected; the last entry
-  // is the most specific ("truncated file: eof = ...").
-  if (err->desc != nullptr && err->desc[0] != '\0') *static_cast<std::string*>(data) = err->desc;
+herr_t collect(unsigned /*n*/, const H5E_error2_t* err, void* data) {
+  if (err->desc != nullptr && err->desc[0] != '\0') {
+    static_cast<std::vector<std::string>*>(data)->emplace_back(err->desc);
+  }
   return 0;
 }
 
 }  // namespace
 
-std::string last_error() {
-  std::string msg;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, take_innermost, &msg);
+std::vector<std::string> error_stack() {
+  std::vector<std::string> msgs;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &msgs);
   H5Eclear2(H5E_DEFAULT);
-  return msg;
+  return msgs;
+}
+
+std::string last_error() {
+  // Walking downward goes from the API call to where the failure was detected; the last entry
+  // is the most specific ("truncated file: eof = ...").
+  const std::vector<std::string> msgs = error_stack();
+  return msgs.empty() ? std::string() : msgs.back();
+}
+
+std::vector<std::string> unavailable_filters(hid_t ds) {
+  std::vector<std::string> out;
+  Handle dcpl = plist(H5Dget_create_plist(ds));
+  if (!dcpl.valid()) return out;
+  const int n = H5Pget_nfilters(dcpl.get());
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, cd[8] = {};
+    std::size_t ncd = 8;
+    char name[64] = {};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd,
+                                           sizeof name, name, nullptr);
+    if (id < 0 || H5Zfilter_avail(id) > 0) continue;
+    out.push_back("filter " + std::to_string(id) + " (" + (name[0] ? name : "unnamed") + ")");
+  }
+  H5Eclear2(H5E_DEFAULT);  // a failed plugin search leaves messages behind
+  return out;
 }
 
 bool exists(hid_t loc, const std::string& path) {

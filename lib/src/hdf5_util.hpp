@@ -1,7 +1,9 @@
 // Thin RAII and error helpers over the HDF5 C API, private to the library.
 //
-// HDF5 prints its error stack to stderr by default; attnscope silences it once (quiet_hdf5) and
-// turns failures into one-line InputErrors that carry HDF5's innermost message instead.
+// HDF5 prints its error stack to stderr by default; attnscope silences it (quiet_hdf5) and turns
+// failures into one-line InputErrors that carry HDF5's innermost message instead. Debian's HDF5 is
+// built thread-safe, and then the silencing and the error stack are per thread: every entry point
+// that calls HDF5 calls quiet_hdf5() first, on whatever thread it runs.
 #pragma once
 
 #include <hdf5.h>
@@ -12,11 +14,20 @@
 
 namespace attnscope::h5 {
 
-/// Turns off HDF5's automatic error printing (process-wide, idempotent).
+/// Turns off HDF5's automatic error printing for the calling thread (idempotent, cheap).
 void quiet_hdf5();
+
+/// Every message on the calling thread's HDF5 error stack, from the failed API call down to where
+/// the failure was detected; clears the stack. Call it right after the failing call: any other
+/// HDF5 call (closing a handle included) clears the stack first.
+std::vector<std::string> error_stack();
 
 /// The most specific message on HDF5's current error stack (empty if none); clears the stack.
 std::string last_error();
+
+/// Filters a dataset uses that this HDF5 cannot apply, as "filter N (name)"; empty when all are
+/// available.
+std::vector<std::string> unavailable_filters(hid_t dataset);
 
 /// Owns one HDF5 identifier and closes it with the matching H5?close.
 class Handle {

@@ -3,6 +3,7 @@
 
 #include "attnscope/error.hpp"
 #include "attnscope/parallel.hpp"
+#include "dump_internal.hpp"
 #include "normal_draws.hpp"
 
 #include <algorithm>
@@ -135,7 +136,8 @@ void SynthOptions::validate() const {
   need(layers >= 1, "layers must be >= 1, got " + std::to_string(layers));
   need(heads >= 1, "heads must be >= 1, got " + std::to_string(heads));
   need(head_dim >= 1, "head dim must be >= 1, got " + std::to_string(head_dim));
-  need(images >= 0, "images must be >= 0, got " + std::to_string(images));
+  need(images >= 1, "images must be >= 1 (a dump holds at least one image), got " +
+                        std::to_string(images));
   need(grid.height >= 1 && grid.width >= 1, "grid must be at least 1 x 1, got " +
                                                 std::to_string(grid.height) + " x " +
                                                 std::to_string(grid.width));
@@ -157,6 +159,25 @@ void SynthOptions::validate() const {
   need(2 * pairs <= tokens(), std::to_string(pairs) + " planted pairs need " +
                                   std::to_string(2 * pairs) + " distinct tokens, there are " +
                                   std::to_string(tokens()));
+  // The reader's own checks: synth never writes a dump that attnscope would refuse to read.
+  try {
+    dump_detail::validate_attributes(attributes(), "synth");
+  } catch (const InputError& e) {
+    static const std::pair<const char*, const char*> kFlagOf[] = {
+        {"'num_layers'", "--layers"},       {"'num_heads'", "--heads"},
+        {"'head_dim'", "--head-dim"},       {"'grid_height'", "--grid-height"},
+        {"'grid_width'", "--grid-width"},   {"'prefix_tokens'", "--prefix"},
+        {"'num_tokens'", "--prefix, --grid-height, --grid-width"},
+        {"'feature_map'", "--family, --feature-map"},
+        {"'attention_family'", "--family"}, {"'convention'", "--convention"}};
+    std::string flag = "the options";
+    for (const auto& [attr, f] : kFlagOf) {
+      if (e.object().find(attr) != std::string::npos) flag = f;
+    }
+    std::string why = e.what();
+    why = why.substr(std::min(why.size(), std::string("synth: ").size()));
+    throw UsageError(flag + " would write a dump that readers refuse: " + why);
+  }
 }
 
 std::vector<PlantedPair> planted_pairs(const SynthOptions& o, int image, int layer, int head) {

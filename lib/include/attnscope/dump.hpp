@@ -8,6 +8,7 @@
 #include "attnscope/variant.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,7 +45,23 @@ struct DumpSchema {
   bool has_labels = false, has_logits = false, has_images = false;
   std::vector<bool> layer_has_attn;  ///< per layer: /layers/L/attn present
   std::vector<bool> layer_has_out;   ///< per layer: /layers/L/out present
+  /// The model's layer index of each dump layer (the optional `source_layers` attribute, written
+  /// when a subset of the model's layers was dumped): /layers/L holds model layer
+  /// source_layers[L]. Empty when the attribute is absent: dump layer L is model layer L.
+  std::vector<int> source_layers;
+  /// One line each: what the reader noticed and ignored (also sent to the warning handler).
+  std::vector<std::string> warnings;
+
+  /// The model's index of dump layer `layer` (the identity without source_layers).
+  [[nodiscard]] int model_layer(int layer) const;
+  /// The dump layer holding model layer `model_layer_index`, or -1 when the dump lacks it.
+  [[nodiscard]] int dump_layer(int model_layer_index) const;
 };
+
+/// Receives every warning a DumpReader gives while opening a file (one line each, naming the
+/// file). By default warnings are only recorded in DumpSchema::warnings; the attnscope command
+/// prints them on stderr. Set it once, before readers are opened.
+void set_dump_warning_handler(std::function<void(const std::string&)> handler);
 
 /// One image: for each requested layer and each head, Q, K, V as N x head_dim float matrices.
 struct ImageQKV {
