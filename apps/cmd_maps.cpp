@@ -4,6 +4,7 @@
 #include "common.hpp"
 #include "selection_flags.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
 #include "attnscope/analyses/maps.hpp"
 
 #include <hdf5.h>
@@ -140,7 +141,9 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   std::mutex pending_mutex;
   auto on_head = [&](const analyses::HeadView& hv) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
-      const analyses::ExactRows rows(variants[v], hv.q, hv.k, schema.attrs.scale);
+      const analyses::ExactRows rows = analyses::in_head(hv.image, hv.layer, hv.head, [&] {
+        return analyses::ExactRows(variants[v], hv.q, hv.k, schema.attrs.scale);
+      });
       for (int t : tokens) {
         MapEntry e{v, hv.image, hv.layer, hv.head, analyses::attention_map(rows, grid, t)};
         std::lock_guard<std::mutex> lock(pending_mutex);

@@ -97,6 +97,15 @@ void linear_rows(const Variant& v, const detail::Features& f, const VecD& key_su
   }
 }
 
+/// Weights and outputs that do not fit T (products of features past 1e154 in double, InLine or
+/// MALA weights past 3.4e38 in float) are refused, never returned as NaN or Inf.
+template <typename Derived>
+void require_finite(const Eigen::DenseBase<Derived>& x, const Variant& v, const char* what) {
+  if (!x.allFinite()) {
+    throw NumericalError(v.name() + ": " + what + " overflow double (inputs too large in magnitude)");
+  }
+}
+
 void publish(Diagnostics* diag, std::vector<int>&& degenerate) {
   if (diag) diag->degenerate_rows = std::move(degenerate);  // rows are visited in order: sorted
 }
@@ -169,6 +178,7 @@ Mat<T> weights_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k, do
   weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
     out.middleRows(r0, b.rows()) = b.cast<T>();
   });
+  require_finite(out, v, "attention weights");
   return out;
 }
 
@@ -179,12 +189,15 @@ Mat<T> outputs_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k,
   detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
   check_values(v, k.rows(), values.rows());
   if (allow_linear_time && !mask && v.has_linear_form()) {
-    return linear_time_outputs(v, q, k, values, scale, diag).template cast<T>();
+    Mat<T> out = linear_time_outputs(v, q, k, values, scale, diag).template cast<T>();
+    require_finite(out, v, "attention outputs");
+    return out;
   }
   Mat<T> out(q.rows(), values.cols());
   weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
     out.middleRows(r0, b.rows()) = (b * values).template cast<T>();
   });
+  require_finite(out, v, "attention outputs");
   return out;
 }
 
