@@ -254,18 +254,25 @@ bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<doub
                     double& k_max) {
   const Eigen::Index d = q.cols();
   q_norm.resize(static_cast<std::size_t>(q.rows()));
+  // A float's square is at most 1.2e77: in double these norms are finite unless an entry is not.
+  // (Each is tested: std::max would drop a NaN.)
+  auto finite = [](double x, const char* what, Eigen::Index row) {
+    if (!std::isfinite(x)) {
+      throw NumericalError(std::string("softmax: ") + what + " " + std::to_string(row) +
+                           " holds a non-finite value");
+    }
+    return x;
+  };
   double q_max = 0.0;
   for (Eigen::Index i = 0; i < q.rows(); ++i) {
-    q_norm[static_cast<std::size_t>(i)] = std::sqrt(row_norm2(q.row(i).data(), d));
+    q_norm[static_cast<std::size_t>(i)] = finite(std::sqrt(row_norm2(q.row(i).data(), d)), "query", i);
     q_max = std::max(q_max, q_norm[static_cast<std::size_t>(i)]);
   }
   k_max = 0.0;
-  for (Eigen::Index j = 0; j < k.rows(); ++j) k_max = std::max(k_max, row_norm2(k.row(j).data(), d));
-  k_max = std::sqrt(k_max);
-  // A float's square is at most 1.2e77: in double these norms are finite unless an entry is not.
-  if (!std::isfinite(q_max) || !std::isfinite(k_max)) {
-    throw NumericalError("softmax: a query or key holds a non-finite value");
+  for (Eigen::Index j = 0; j < k.rows(); ++j) {
+    k_max = std::max(k_max, finite(row_norm2(k.row(j).data(), d), "key", j));
   }
+  k_max = std::sqrt(k_max);
   const double s = std::abs(scale);
   const bool normal_scale = s >= static_cast<double>(std::numeric_limits<float>::min()) &&
                             s <= static_cast<double>(std::numeric_limits<float>::max());
