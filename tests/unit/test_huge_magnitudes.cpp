@@ -12,6 +12,7 @@
 #include "attnscope/analyses/spikiness.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/query_transform.hpp"
 #include "compare.hpp"
 #include "random_inputs.hpp"
 #include "reference.hpp"
@@ -287,6 +288,22 @@ TEST(HugeMagnitudesSoftmax, CountEqualsReferenceAcrossTheFloatLimit) {
     const HeadConfusion fast = count_confusion(v, h.q, h.q, h.k, h.scale, opt);
     const HeadConfusion ref = count_confusion_reference(v, h.q, h.q, h.k, h.scale, opt);
     EXPECT_EQ(fast.pairs, ref.pairs) << "softmax magnitude=" << magnitude;
+  }
+}
+
+// The query transforms run before every family: on float queries near FLT_MAX, A q + b (f2) would
+// overflow in float. Their rows are unit vectors whatever the magnitude.
+TEST(HugeMagnitudesTransforms, FloatTransformsEqualReference) {
+  for (const char* name : {"f1", "f2", "l2norm"}) {
+    for (double magnitude : {1e19, 1e30, 3e38}) {
+      const Head h = huge_head(magnitude, 31);
+      const QueryTransform t = parse_query_transform(name, 9);
+      const MatF got = t.apply<float>(h.q);
+      const MatD want = reference::query_transform(t, h.q.cast<double>());
+      const std::string what = std::string(name) + " magnitude=" + std::to_string(magnitude) + " seed=31";
+      EXPECT_TRUE(got.allFinite()) << what;
+      EXPECT_TRUE(test::matrices_near(got, want, test::kFloatTol, what));
+    }
   }
 }
 
