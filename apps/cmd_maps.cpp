@@ -5,6 +5,7 @@
 #include "maps_h5.hpp"
 #include "selection_flags.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
 #include "attnscope/analyses/maps.hpp"
 
 #include <algorithm>
@@ -76,7 +77,9 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   std::atomic<long long> degenerate{0};  // rows without weights: no map rather than a map of zeros
   auto on_head = [&](const analyses::HeadView& hv) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
-      const analyses::ExactRows rows(variants[v], hv.q, hv.k, schema.attrs.scale);
+      const analyses::ExactRows rows = analyses::in_head(hv.image, hv.layer, hv.head, [&] {
+        return analyses::ExactRows(variants[v], hv.q, hv.k, schema.attrs.scale);
+      });
       for (int t : tokens) {
         if (rows.degenerate(t)) {
           degenerate.fetch_add(1);

@@ -1,6 +1,7 @@
 // Confusion counting: the exact pair judge, the per-head entry points and the streaming driver.
 #include "attnscope/analyses/confusion.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 #include "confusion_search.hpp"
 
@@ -12,16 +13,17 @@ namespace attnscope::analyses {
 
 namespace detail {
 
-void PairJudge::reset(int tokens, const MatF& q_raw, const ConfusionOptions& opt, RowFn row) {
-  if (q_raw.rows() != tokens) throw UsageError("confusion: raw queries do not match the head");
+void PairJudge::reset(int queries, int keys, const MatF& q_raw, const ConfusionOptions& opt,
+                      RowFn row) {
+  if (q_raw.rows() != queries) throw UsageError("confusion: raw queries do not match the head");
   row_ = std::move(row);
   q_raw_ = &q_raw;
-  n_ = tokens;
+  n_ = keys;
   used_ = 0;
   eps_ = opt.eps;
   eps2_ = opt.eps * opt.eps;
   query_eps2_ = opt.query_eps * opt.query_eps;
-  slot_.assign(static_cast<std::size_t>(tokens), -1);
+  slot_.assign(static_cast<std::size_t>(queries), -1);
 }
 
 bool PairJudge::queries_differ(int i, int j) const {
@@ -71,15 +73,21 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   SoftmaxWorkspace& sw = ws.softmax;
   const int n = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
   sw.qi.resize(static_cast<std::size_t>(d));
+  sw.double_rows = false;
   // Exact rows exactly as ExactRows computes them, for the rows the search asks about only; the
   // keys are widened to double when the first such row is needed (most heads need none or few).
+  // A head searched on its double rows has them all already: copied, bit for bit the same.
   bool keys_ready = false;
   auto row = [&q, &k, &sw, &keys_ready, n, d, scale](int i, double* out) {
+    if (sw.double_rows) {
+      std::copy_n(sw.wd.row(i).data(), n, out);
+      return;
+    }
     if (!keys_ready) sw.k = k.cast<double>(), keys_ready = true;
     for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
     softmax_exact_row(sw.qi.data(), sw.k.data(), n, d, scale, out);
   };
-  ws.judge.reset(n, q_raw, opt, row);
+  ws.judge.reset(static_cast<int>(q.rows()), n, q_raw, opt, row);
   return search_softmax(q, k, scale, ws.judge, sw);
 }
 
@@ -92,7 +100,7 @@ HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw
   if (v.family == Family::Softmax) return detail::count_softmax(v, q, q_raw, k, scale, opt);
   const ExactRows rows(v, q, k, scale);
   detail::PairJudge& judge = detail::thread_workspace().judge;
-  judge.reset(rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
+  judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
   HeadConfusion out = detail::search_low_rank(rows, judge);
   out.degenerate_rows = rows.degenerate_count();
   return out;
@@ -140,8 +148,10 @@ ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
                           static_cast<std::size_t>(head_slot[hv.head]);
     const MatF& raw = hv.q_raw ? *hv.q_raw : hv.q;
     for (std::size_t vi = 0; vi < nv; ++vi) {
-      image_heads[vi][s] = reference ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt)
-                                     : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt);
+      image_heads[vi][s] = in_head(hv.image, hv.layer, hv.head, [&] {
+        return reference ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt)
+                         : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt);
+      });
     }
   };
   auto on_image = [&](int image) {

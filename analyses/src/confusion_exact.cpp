@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
+#include <string>
 
 namespace attnscope::analyses {
 
@@ -28,11 +30,19 @@ ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scal
   }
   std::string why;
   if (!variant_.supports(&why)) throw UsageError(variant_.name() + ": " + why);
+  if (!q.allFinite() || !k.allFinite()) {
+    throw NumericalError(variant_.name() + ": a query or key holds a non-finite value");
+  }
   den_.assign(static_cast<std::size_t>(n_), 0.0);
   degenerate_.assign(static_cast<std::size_t>(n_), 0);
   if (variant_.family == Family::Softmax) {
     q_ = q.cast<double>();
     k_ = k.cast<double>();
+    // |logit| <= |s| max|q_i| max|k_j|: finite for any float input and a sane scale.
+    const double logit_bound = std::abs(scale) * q_.rowwise().norm().maxCoeff() * k_.rowwise().norm().maxCoeff();
+    if (!(logit_bound <= kMaxRowMagnitude)) {
+      out_of_range("the logits' bound |s| max|q_i| max|k_j|", logit_bound);
+    }
     return;
   }
   variant_.map.ensure_params(static_cast<int>(q.cols()));
@@ -42,13 +52,38 @@ ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scal
   phi_k_sum_ = phi_k_.colwise().sum().transpose();
   const double sum_norm = phi_k_sum_.norm();
   const bool has_denominator = variant_.family == Family::Linear || variant_.family == Family::Mala;
+  const double k_norm = phi_k_.norm();
+  if (!(k_norm <= kMaxRowMagnitude)) out_of_range("|phi(K)|_F", k_norm);
   for (int i = 0; i < n_; ++i) {
     const double d = dot(phi_q_.row(i).data(), phi_k_sum_.data(), phi_q_.cols());
     den_[static_cast<std::size_t>(i)] = d;
+    const double q_norm = phi_q_.row(i).norm();
+    // Before the tiny rule: an overflowed product would make every row look degenerate.
+    if (!(q_norm * k_norm <= kMaxRowMagnitude)) {
+      out_of_range("|phi(q_" + std::to_string(i) + ")| |phi(K)|_F", q_norm * k_norm);
+    }
     // The same zero-or-tiny rule as attention.hpp's Diagnostics.
-    const bool tiny = std::abs(d) <= kTinyDenominator * phi_q_.row(i).norm() * sum_norm;
+    const bool tiny = std::abs(d) <= kTinyDenominator * q_norm * sum_norm;
     degenerate_[static_cast<std::size_t>(i)] = has_denominator && tiny ? 1 : 0;
+    if (degenerate(i)) continue;
+    // c_i, the factor on phi(q_i) in the row (confusion_search.hpp's LowRank): every entry of row
+    // i, every coordinate of its low-rank form and the search's error bounds are at most
+    // (2 |c_i| + 1) |phi(q_i)| |phi(K)|_F + 1 in size.
+    const double ci = variant_.family == Family::Linear ? 1.0 / d
+                      : variant_.family == Family::Mala ? 1.0 + 1.0 / d
+                                                        : 1.0;
+    const double bound = (2.0 * std::abs(ci) + 1.0) * q_norm * k_norm + 1.0;
+    if (!(std::abs(ci) * q_norm <= kMaxRowMagnitude && bound <= kMaxRowMagnitude)) {
+      out_of_range("row " + std::to_string(i) + "'s bound (2|c_i| + 1) |phi(q_i)| |phi(K)|_F + 1", bound);
+    }
   }
+}
+
+void ExactRows::out_of_range(const std::string& what, double value) const {
+  std::ostringstream os;
+  os << variant_.name() << ": " << what << " = " << value << " exceeds " << kMaxRowMagnitude
+     << ": the attention rows cannot be computed in double without overflow";
+  throw NumericalError(os.str());
 }
 
 int ExactRows::degenerate_count() const {

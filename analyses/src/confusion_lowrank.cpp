@@ -20,6 +20,8 @@
 // inside it by the exact judge.
 #include "confusion_search.hpp"
 
+#include "attnscope/error.hpp"
+
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
@@ -95,6 +97,8 @@ HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
   const double radius =
       std::sqrt(eps2 + band(g * (2.0 * a_max + 2.0 * z_max * (m_norm + k_norm)), 4.0 * z_max * z_max));
 
+  // ExactRows bounds every input of y, so y is finite; a NaN would make the sort's order undefined.
+  if (!y.allFinite()) throw NumericalError(rows.variant().name() + ": non-finite low-rank embedding");
   std::sort(live.begin(), live.end(), [&](int p, int q) { return y(p, last) < y(q, last); });
   for (std::size_t s = 0; s < live.size(); ++s) {
     const int i = live[s];

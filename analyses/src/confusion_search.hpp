@@ -36,7 +36,8 @@ class PairJudge {
   /// Writes exact row i (N entries) to out.
   using RowFn = std::function<void(int i, double* out)>;
 
-  void reset(int tokens, const MatF& q_raw, const ConfusionOptions& opt, RowFn row);
+  /// `queries` rows of `keys` entries each; q_raw has one row per query.
+  void reset(int queries, int keys, const MatF& q_raw, const ConfusionOptions& opt, RowFn row);
   /// Raw queries further apart than query_eps.
   [[nodiscard]] bool queries_differ(int i, int j) const;
   /// Exact rows within eps.
@@ -49,7 +50,7 @@ class PairJudge {
   std::size_t slot(int i);
   RowFn row_;
   const MatF* q_raw_ = nullptr;
-  int n_ = 0, used_ = 0;
+  int n_ = 0, used_ = 0;  // n_: row length (keys)
   double eps_ = 0.0, eps2_ = 0.0, query_eps2_ = 0.0;
   std::vector<int> slot_;      // row i -> its place in pool_, or -1
   std::vector<double> pool_;   // computed rows, N entries each; capacity kept across heads
@@ -59,6 +60,9 @@ class PairJudge {
 /// the largest head has been seen; every buffer is fully overwritten before it is read).
 struct SoftmaxWorkspace {
   MatF w;                       // float rows
+  MatD wd;                      // exact double rows, when the head is outside the float range
+  bool double_rows = false;     // this head's rows are in wd (the judge copies them from there)
+  std::vector<double> q_norm;   // |q_i| in double
   MatD dist;                    // N x pivots
   VecD nearest;
   std::vector<double> rho;
@@ -71,8 +75,21 @@ struct SoftmaxWorkspace {
 };
 
 /// Float softmax rows of one head into w: one GEMM and one exp per entry (a filter, not a result).
+/// Only for heads that float_rows_fit() accepts.
 void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w);
 MatF softmax_rows_float(const MatF& q, const MatF& k, double scale);
+
+/// Largest value of (d + 6) 2^-24 |s| |q_i| max_j |k_j| (the float logits' absolute error bound)
+/// under which a softmax head is computed in float: above it the float rows are replaced by the
+/// exact double rows (they could overflow, and their error bound would make the float filter
+/// useless anyway). On real dumps the bound is below 1e-2.
+inline constexpr double kFloatLogitErrorLimit = 1.0 / 16.0;
+
+/// Whether the float rows of a softmax head are finite and accurate (see the limit above; also
+/// false for a scale that is not a normal float). Throws NumericalError when q or k holds a
+/// non-finite value. Fills q_norm with |q_i| (double) and sets k_max = max_j |k_j|.
+bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<double>& q_norm,
+                    double& k_max);
 
 /// The low-rank form of a linear-family head, centred: W_ij = z_i . m_j + 1/N with m_j the
 /// j-th centred key feature phi(k_j) - mean phi(k). Every row sums to 1, so
@@ -87,8 +104,10 @@ struct LowRank {
 };
 LowRank build_low_rank(const ExactRows& rows);
 
-/// Softmax: float rows, pivot lower bounds with a float-error margin, exact re-check. The judge
-/// must already be reset for this head.
+/// Softmax: float rows, pivot lower bounds with a float-error margin, exact re-check. Heads
+/// outside the float range (float_rows_fit) use the exact double rows instead, computed here
+/// into ws.wd (ws.double_rows is set before the judge is first asked). q is Nq x d, k is Nk x d:
+/// rows have Nk entries. The judge must already be reset for this head.
 HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
                              SoftmaxWorkspace& ws);
 /// Linear, InLine, MALA: radius search on y_i = z_i L with M M^T = L L^T, exact re-check of the

@@ -2,9 +2,16 @@
 // pivot rows p give the lower bound |d(i,p) - d(j,p)| <= |W_i - W_j| that discards almost every
 // pair after a sort. Survivors are decided by the exact judge.
 //
+// Range. The float rows are used only when the logits' error bound below stays under
+// kFloatLogitErrorLimit (float_rows_fit). Larger heads (|q|, |k| of 1e19 or 1e30 overflow the
+// float logits; far smaller ones already make the margin useless) are searched on the exact
+// double rows themselves, with rho = 0: the same sweep, no float anywhere. Every distance the
+// sweep sorts is finite: the inputs are checked, and both kinds of rows are probabilities.
+//
 // Margin argument. Let W be the exact (double) rows and W~ the float rows. The logit s q_i.k_j
-// is computed with absolute error <= |s| |q_i| max|k| (d + 6) u (dot product, scaling, the max
-// subtraction; u = 2^-24), which exp turns into a relative error <= expm1(2 delta_i) on each
+// is computed with absolute error <= |s| |q_i| max|k| (d + 6) u + |s| d 2^-149 (dot product,
+// scaling, the max subtraction; u = 2^-24; the last term covers products that underflow), which
+// exp turns into a relative error <= expm1(2 delta_i) on each
 // entry; the exp itself (a few ulp), the sum (accumulated in double, then rounded to float) and
 // the division add less than 16 u relative. So every entry has W~_ij = W_ij (1 + a_ij) with
 // |a_ij| <= r_i = (1 + expm1(2 delta_i))(1 + 16 u) - 1, hence |W~_i - W_i|_2 <= r_i |W_i|_2. The
@@ -22,10 +29,14 @@
 // pair is ever discarded, and few unconfused ones reach the exact judge.
 #include "confusion_search.hpp"
 
+#include "attnscope/error.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <utility>
 
 namespace attnscope::analyses::detail {
@@ -56,14 +67,15 @@ double lane_sum(Eigen::Index n, Term term) {
   return s;
 }
 
-/// Squared distance between two float rows, entries widened to double. With a finite
+/// Squared distance between two rows, float entries widened to double. With a finite
 /// stop_above it sums kCheckEvery entries at a time and returns the partial sum as soon as that
 /// exceeds stop_above (partial sums of squares only grow).
-double row_distance2(const float* a, const float* b, Eigen::Index n, double stop_above = HUGE_VAL) {
+template <typename R>
+double row_distance2(const R* a, const R* b, Eigen::Index n, double stop_above = HUGE_VAL) {
   const Eigen::Index step = stop_above < HUGE_VAL ? kCheckEvery : n;
   double s = 0.0;
   for (Eigen::Index t0 = 0; t0 < n && s <= stop_above; t0 += step) {
-    const float *pa = a + t0, *pb = b + t0;
+    const R *pa = a + t0, *pb = b + t0;
     s += lane_sum(std::min(step, n - t0), [pa, pb](Eigen::Index t) {
       const double diff = static_cast<double>(pa[t]) - static_cast<double>(pb[t]);
       return diff * diff;
@@ -73,7 +85,8 @@ double row_distance2(const float* a, const float* b, Eigen::Index n, double stop
 }
 
 /// Squared Euclidean norm of a float row in double.
-double row_norm2(const float* a, Eigen::Index n) {
+template <typename R>
+double row_norm2(const R* a, Eigen::Index n) {
   return lane_sum(n, [a](Eigen::Index t) {
     const double x = static_cast<double>(a[t]);
     return x * x;
@@ -85,15 +98,21 @@ double row_sum(const float* a, Eigen::Index n) {
   return lane_sum(n, [a](Eigen::Index t) { return static_cast<double>(a[t]); });
 }
 
+/// The float logits' absolute error bound for a query of norm q_norm (the margin argument).
+double logit_error(double scale, double q_norm, double k_max, Eigen::Index d) {
+  constexpr double kFloatTrueMin = 0x1.0p-149;  // smallest subnormal float
+  const auto dd = static_cast<double>(d);
+  return std::abs(scale) * (q_norm * k_max * (dd + 6.0) * kFloatUnit + dd * kFloatTrueMin);
+}
+
 /// Each row's error bound rho_i (see the margin argument), from the float rows w already
-/// computed from q and k.
-void row_error_bounds(const MatF& q, const MatF& k, double scale, const MatF& w,
-                      std::vector<double>& rho) {
-  const Eigen::Index n = q.rows(), d = q.cols();
-  const double kmax = k.rowwise().norm().maxCoeff();
+/// computed from q and k; q_norm and k_max as float_rows_fit() left them.
+void row_error_bounds(const std::vector<double>& q_norm, double k_max, Eigen::Index d,
+                      double scale, const MatF& w, std::vector<double>& rho) {
+  const Eigen::Index n = w.rows();
   rho.resize(static_cast<std::size_t>(n));
   for (Eigen::Index i = 0; i < n; ++i) {
-    const double delta = std::abs(scale) * q.row(i).norm() * kmax * static_cast<double>(d + 6) * kFloatUnit;
+    const double delta = logit_error(scale, q_norm[static_cast<std::size_t>(i)], k_max, d);
     // expm1(x) <= x + x^2 for 0 <= x <= 1 (the series' tail is x^2 (e - 2) at most), and far
     // cheaper than expm1 itself.
     const double x = 2.0 * delta;
@@ -107,7 +126,8 @@ void row_error_bounds(const MatF& q, const MatF& k, double scale, const MatF& w,
 /// Farthest-first pivots: each new pivot is the row farthest from the pivots chosen so far.
 /// Adds pivots to ws.pivots and their columns to ws.dist (distances accumulated in double) until
 /// there are `count`; ws.nearest holds each row's distance to its nearest pivot.
-void add_pivots(const MatF& w, SoftmaxWorkspace& ws, Eigen::Index count) {
+template <typename R>
+void add_pivots(const Mat<R>& w, SoftmaxWorkspace& ws, Eigen::Index count) {
   const Eigen::Index n = w.rows();
   if (ws.pivots.empty()) {
     ws.dist.resize(n, kPivots);
@@ -158,15 +178,14 @@ MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
   return w;
 }
 
-HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
-                             SoftmaxWorkspace& ws) {
+namespace {
+
+/// The sweep over rows w (Nq x Nk; float rows with their bounds rho, or exact rows with rho = 0).
+template <typename R>
+HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJudge& judge,
+                         SoftmaxWorkspace& ws) {
   HeadConfusion out;
-  const Eigen::Index n = q.rows();
-  if (n < 2) return out;
-  std::vector<double>& rho = ws.rho;
-  softmax_rows_float(q, k, scale, ws.w);
-  const MatF& w = ws.w;
-  row_error_bounds(q, k, scale, w, rho);
+  const Eigen::Index n = w.rows(), row_length = w.cols();
   ws.pivots.clear();
   add_pivots(w, ws, 1);
   const std::vector<Eigen::Index>& pivots = ws.pivots;
@@ -181,7 +200,15 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
   // order so that the sweep reads contiguous memory.
   auto& keyed = ws.keyed;
   keyed.resize(static_cast<std::size_t>(n));
-  for (Eigen::Index i = 0; i < n; ++i) keyed[static_cast<std::size_t>(i)] = {ws.dist(i, 0), i};
+  for (Eigen::Index i = 0; i < n; ++i) {
+    // Rows are finite probability vectors, so their distances are finite: a NaN here would make
+    // the sort's order undefined, so it stops the search instead.
+    if (!std::isfinite(ws.dist(i, 0))) {
+      throw NumericalError("softmax confusion: row " + std::to_string(i) +
+                           " has a non-finite distance to the first pivot");
+    }
+    keyed[static_cast<std::size_t>(i)] = {ws.dist(i, 0), i};
+  }
   std::sort(keyed.begin(), keyed.end());
   const double window = base + 2.0 * (2.0 * rho_max + 2.0 * rho[static_cast<std::size_t>(pivots[0])]);
   if (window_pairs(keyed, window) > (kPivots - 1) * n) add_pivots(w, ws, kPivots);
@@ -213,12 +240,66 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
       const Eigen::Index i = keyed[static_cast<std::size_t>(a)].second;
       const Eigen::Index j = keyed[static_cast<std::size_t>(b)].second;
       const double rows_bound2 = std::pow(base + 2.0 * rho_ab, 2);
-      if (row_distance2(w.row(i).data(), w.row(j).data(), n, rows_bound2) > rows_bound2) continue;
+      if (row_distance2(w.row(i).data(), w.row(j).data(), row_length, rows_bound2) > rows_bound2) continue;
       ++out.candidates;
       if (judge.confused(static_cast<int>(std::min(i, j)), static_cast<int>(std::max(i, j)))) ++out.pairs;
     }
   }
   return out;
+}
+
+}  // namespace
+
+bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<double>& q_norm,
+                    double& k_max) {
+  const Eigen::Index d = q.cols();
+  q_norm.resize(static_cast<std::size_t>(q.rows()));
+  // A float's square is at most 1.2e77: in double these norms are finite unless an entry is not.
+  // (Each is tested: std::max would drop a NaN.)
+  auto finite = [](double x, const char* what, Eigen::Index row) {
+    if (!std::isfinite(x)) {
+      throw NumericalError(std::string("softmax: ") + what + " " + std::to_string(row) +
+                           " holds a non-finite value");
+    }
+    return x;
+  };
+  double q_max = 0.0;
+  for (Eigen::Index i = 0; i < q.rows(); ++i) {
+    q_norm[static_cast<std::size_t>(i)] = finite(std::sqrt(row_norm2(q.row(i).data(), d)), "query", i);
+    q_max = std::max(q_max, q_norm[static_cast<std::size_t>(i)]);
+  }
+  k_max = 0.0;
+  for (Eigen::Index j = 0; j < k.rows(); ++j) {
+    k_max = std::max(k_max, finite(row_norm2(k.row(j).data(), d), "key", j));
+  }
+  k_max = std::sqrt(k_max);
+  const double s = std::abs(scale);
+  const bool normal_scale = s >= static_cast<double>(std::numeric_limits<float>::min()) &&
+                            s <= static_cast<double>(std::numeric_limits<float>::max());
+  return normal_scale && logit_error(scale, q_max, k_max, d) <= kFloatLogitErrorLimit;
+}
+
+HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
+                             SoftmaxWorkspace& ws) {
+  if (q.rows() < 2) return {};
+  double k_max = 0.0;
+  if (float_rows_fit(q, k, scale, ws.q_norm, k_max)) {
+    softmax_rows_float(q, k, scale, ws.w);
+    row_error_bounds(ws.q_norm, k_max, q.cols(), scale, ws.w, ws.rho);
+    return sweep_rows(ws.w, ws.rho, judge, ws);
+  }
+  // Outside the float range: the exact rows, which the judge then copies instead of recomputing.
+  const int nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
+  ws.k = k.cast<double>();
+  ws.wd.resize(q.rows(), k.rows());
+  ws.qi.resize(static_cast<std::size_t>(d));
+  for (Eigen::Index i = 0; i < q.rows(); ++i) {
+    for (int t = 0; t < d; ++t) ws.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
+    softmax_exact_row(ws.qi.data(), ws.k.data(), nk, d, scale, ws.wd.row(i).data());
+  }
+  ws.double_rows = true;
+  ws.rho.assign(static_cast<std::size_t>(q.rows()), 0.0);
+  return sweep_rows(ws.wd, ws.rho, judge, ws);
 }
 
 }  // namespace attnscope::analyses::detail

@@ -1,5 +1,6 @@
-// Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry);
-// the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
+// Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry), or
+// the exact double rows for a head outside the float range (confusion_search.hpp's
+// float_rows_fit: large |q| |k| would overflow the float logits); the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
 // columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N.
 #include "attnscope/analyses/locality.hpp"
 
@@ -28,11 +29,26 @@ void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
 
 std::vector<double> softmax_mass(const MatF& q, const MatF& k, double scale, const TokenGrid& grid,
                                  int window) {
-  const MatF w = detail::softmax_rows_float(q, k, scale);
   std::vector<double> mass(static_cast<std::size_t>(grid.tokens()), kNaN);
+  std::vector<double> q_norm;
+  double k_max = 0.0;
+  if (detail::float_rows_fit(q, k, scale, q_norm, k_max)) {
+    const MatF w = detail::softmax_rows_float(q, k, scale);
+    for (int i = grid.prefix; i < grid.tokens(); ++i) {
+      double s = 0.0;
+      for (int j : grid.window(i, window)) s += static_cast<double>(w(i, j));
+      mass[static_cast<std::size_t>(i)] = s;
+    }
+    return mass;
+  }
+  const MatD kd = k.cast<double>();
+  VecD qi(q.cols()), w(k.rows());
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
+    qi = q.row(i).cast<double>().transpose();
+    detail::softmax_exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
+                              scale, w.data());
     double s = 0.0;
-    for (int j : grid.window(i, window)) s += static_cast<double>(w(i, j));
+    for (int j : grid.window(i, window)) s += w(j);
     mass[static_cast<std::size_t>(i)] = s;
   }
   return mass;

@@ -2,6 +2,8 @@
 // and grid queries, memory independent of the number of images.
 #include "attnscope/analyses/locality.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
+
 #include <cmath>
 
 namespace attnscope::analyses {
@@ -36,9 +38,10 @@ LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       int dead = 0;
-      const std::vector<double> mass =
-          reference ? local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead)
-                    : local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+      const std::vector<double> mass = in_head(hv.image, hv.layer, hv.head, [&] {
+        return reference ? local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead)
+                         : local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+      });
       RunningStats image_stats;
       for (double m : mass) {
         if (!std::isnan(m)) image_stats.add(m);

@@ -1,6 +1,7 @@
 // Recomputation check against the model's own tensors (recompute.hpp).
 #include "attnscope/analyses/recompute.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/parallel.hpp"
@@ -16,11 +17,9 @@ double magnitude(const MatF& m) {
   return std::max(static_cast<double>(m.cwiseAbs().maxCoeff()), 1e-30);
 }
 
-}  // namespace
-
-void compare_head(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
-                  double scale, const MatF* out_model, const MatF* attn_model,
-                  RecomputeCell& cell) {
+void compare_head_in(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
+                     double scale, const MatF* out_model, const MatF* attn_model,
+                     RecomputeCell& cell) {
   const MatD qd = q.cast<double>(), kd = k.cast<double>(), vd = v.cast<double>();
   Diagnostics diag;
   ++cell.images;
@@ -40,6 +39,16 @@ void compare_head(const Variant& variant, const MatF& q, const MatF& k, const Ma
     cell.attn_max_abs =
         std::max(cell.attn_max_abs, (w - attn_model->cast<double>()).cwiseAbs().maxCoeff());
   }
+}
+
+}  // namespace
+
+void compare_head(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
+                  double scale, const MatF* out_model, const MatF* attn_model,
+                  RecomputeCell& cell) {
+  in_head(-1, cell.layer, cell.head, [&] {
+    compare_head_in(variant, q, k, v, scale, out_model, attn_model, cell);
+  });
 }
 
 std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,

@@ -1,6 +1,7 @@
 // Sweeps over many queries: choosing them in a dump, and collecting their sweeps as heads arrive.
 #include "attnscope/analyses/spikiness.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 
 #include <algorithm>
@@ -103,13 +104,17 @@ void SpikinessCollector::add_head(const HeadView& h) {
   if (first == last) return;
   const MatD k = h.k.cast<double>();
   for (std::size_t v = 0; v < result_.variants.size(); ++v) {
-    const HeadSweeper sweeper(result_.variants[v], k, scale_, opts_);
+    const HeadSweeper sweeper = in_head(h.image, h.layer, h.head, [&] {
+      return HeadSweeper(result_.variants[v], k, scale_, opts_);
+    });
     std::vector<LawResult> laws = sweeper.laws();
     for (auto it = first; it != last; ++it) {
       const auto i = static_cast<std::size_t>(it - result_.samples.begin());
       const VecD q = h.q.row(it->token).cast<double>().transpose();
       // Each sample lives in one head only: no other thread writes this slot.
-      result_.sweeps[v][i] = sweeper.sweep(q, static_cast<int>(i) < keep_weights_, &laws);
+      result_.sweeps[v][i] = in_head(h.image, h.layer, h.head, [&] {
+        return sweeper.sweep(q, static_cast<int>(i) < keep_weights_, &laws);
+      });
       done_[i] = 1;
     }
     const std::lock_guard lock(mutex_);

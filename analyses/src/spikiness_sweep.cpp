@@ -127,7 +127,12 @@ struct LawInputs {
   const MalaTerms& t;
   const VecD& phi_q;
   const MatD& phi_keys;
+  double logit_error = 0.0;  ///< softmax: rounding bound of one logit at a = 1
 };
+
+/// Softmax weights that the law can be read from: normal doubles (a subnormal weight has lost
+/// relative precision, so its logarithm is off by up to ~1).
+bool resolvable(double w) { return w >= std::numeric_limits<double>::min(); }
 
 /// Lower weight at (or, relative to the row, within kPoleGuard of) zero: the ratio is rounding.
 bool near_pole(const VecD& w, int lo) {
@@ -139,10 +144,17 @@ std::optional<double> deviation(Law law, const LawInputs& in, double a, const Ve
   const int hi = in.hi, lo = in.lo;
   switch (law) {
     case Law::SoftmaxPower: {
-      if (!(ws[lo] > 0.0 && ws[hi] > 0.0 && in.w1[lo] > 0.0)) return std::nullopt;  // underflow
+      if (!(resolvable(ws[lo]) && resolvable(ws[hi]) && resolvable(in.w1[lo]) && resolvable(in.w1[hi]))) {
+        return std::nullopt;  // underflow
+      }
       const double lnp = std::log(in.w1[hi]) - std::log(in.w1[lo]);
       const double lnr = std::log(ws[hi]) - std::log(ws[lo]);
-      return std::abs(lnr - a * lnp) / std::max(1.0, std::abs(a * lnp));
+      const double norm = std::max(1.0, std::abs(a * lnp));
+      // lnr and a lnp each difference two logits, off by at most a logit_error apiece: where that
+      // is not far below the tolerance (logits near 1e77 carry errors far above 1), the point
+      // says nothing about the law.
+      if (!(4.0 * (1.0 + a) * in.logit_error <= kLawTolerance / 16.0 * norm)) return std::nullopt;
+      return std::abs(lnr - a * lnp) / norm;
     }
     case Law::LinearInvariant:
       if (near_pole(ws, lo) || near_pole(in.w1, lo)) return std::nullopt;
@@ -182,7 +194,14 @@ void HeadSweeper::check_laws(const VecD& q_in, const MatD& w, const VecD& w1, in
     phi_q = phi_factor_ * raw;
     t = mala_terms(phi_q, phi_keys_);
   }
-  const LawInputs in{w1, hi, lo, t, phi_q, phi_keys_};
+  // The logits s q.k_j are sums of d products: each is off by at most (d + 2) u |s| |q| max|k_j|.
+  double logit_error = 0.0;
+  if (variant_.family == Family::Softmax) {
+    constexpr double kDoubleUnit = 0x1.0p-53;
+    logit_error = static_cast<double>(q_in.size() + 2) * kDoubleUnit * std::abs(scale_) * q_in.norm() *
+                  keys_.rowwise().norm().maxCoeff();
+  }
+  const LawInputs in{w1, hi, lo, t, phi_q, phi_keys_, logit_error};
   for (LawResult& r : laws) {
     if (!r.applicable) continue;
     ++r.queries;

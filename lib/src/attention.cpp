@@ -99,6 +99,15 @@ void linear_rows(const Variant& v, const detail::Features& f, const VecD& key_su
   }
 }
 
+/// Weights and outputs that do not fit T (products of features past 1e154 in double, InLine or
+/// MALA weights past 3.4e38 in float) are refused, never returned as NaN or Inf.
+template <typename Derived>
+void require_finite(const Eigen::DenseBase<Derived>& x, const Variant& v, const char* what) {
+  if (!x.allFinite()) {
+    throw NumericalError(v.name() + ": " + what + " overflow double (inputs too large in magnitude)");
+  }
+}
+
 void publish(Diagnostics* diag, std::vector<int>&& degenerate) {
   if (diag) diag->degenerate_rows = std::move(degenerate);  // rows are visited in order: sorted
 }
@@ -217,6 +226,7 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
     finish(Eigen::Ref<MatD>(o));
     out = o.template cast<T>();
   }
+  require_finite(out, v, "attention outputs");
   publish(diag, std::move(degenerate));
 }
 
@@ -234,6 +244,7 @@ Mat<T> weights_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k, do
   weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
     out.middleRows(r0, b.rows()) = b.cast<T>();
   });
+  require_finite(out, v, "attention weights");
   return out;
 }
 
@@ -247,6 +258,7 @@ Mat<T> outputs_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k,
     detail::count_product(b.rows(), b.cols(), values.cols());
     out.middleRows(r0, b.rows()) = (b * values).template cast<T>();
   });
+  require_finite(out, v, "attention outputs");
   return out;
 }
 

@@ -23,8 +23,14 @@ struct RowNorm {
 };
 
 /// `magnitude` = |phi(q_i)| |sum_kept phi(k)|, the scale that S is compared against.
+/// Throws NumericalError when S or magnitude overflowed: the tiny rule would then call the row
+/// degenerate, a silent wrong answer.
 inline RowNorm row_norm(Family family, double S, int n_kept, double magnitude) {
   if (n_kept == 0) return {};
+  if (!std::isfinite(S) || !std::isfinite(magnitude)) {
+    throw NumericalError(to_string(family) + ": phi(q).sum phi(k) or its scale |phi(q)| |sum phi(k)| "
+                         "overflows double");
+  }
   const bool tiny = !(std::abs(S) > kTinyDenominator * magnitude);  // also catches S == 0
   const double n = static_cast<double>(n_kept);
   switch (family) {

@@ -5,6 +5,7 @@
 #include "attnscope/feature_map.hpp"
 
 #include <array>
+#include <cmath>
 #include <string>
 
 namespace attnscope {
@@ -54,17 +55,23 @@ template <typename T>
 Mat<T> QueryTransform::apply(ConstRef<T> q, int* zero_rows) const {
   if (zero_rows) *zero_rows = 0;
   if (is_identity()) return q;
-  Mat<T> y = unnormalised<T>(*this, q);
+  // In double whatever T is: A q + b of float queries near FLT_MAX would overflow in float, and
+  // the normalised rows always fit (norms are finite in double for any float input).
+  MatD y = unnormalised<double>(*this, q.template cast<double>());
   for (Eigen::Index i = 0; i < y.rows(); ++i) {
-    const double norm = y.row(i).template cast<double>().norm();
+    const double norm = y.row(i).norm();
+    if (!std::isfinite(norm)) {
+      throw NumericalError("query transform " + name() + ": row " + std::to_string(i) +
+                           " has a non-finite norm (non-finite input)");
+    }
     if (norm > 0.0) {
-      y.row(i) = (y.row(i).template cast<double>() / norm).template cast<T>();
+      y.row(i) /= norm;
     } else {
       y.row(i).setZero();
       if (zero_rows) ++*zero_rows;
     }
   }
-  return y;
+  return y.template cast<T>();
 }
 
 template Mat<float> QueryTransform::apply<float>(ConstRef<float>, int*) const;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 namespace attnscope::reference {
 namespace {
@@ -87,6 +88,12 @@ bool kernel_row(Family family, const MatD& fq, const MatD& fk, const Mask* mask,
     }
     ksum_norm2 += ks * ks;
     q_norm2 += fq(i, t) * fq(i, t);
+  }
+  if (!std::isfinite(S) || !std::isfinite(q_norm2) || !std::isfinite(ksum_norm2)) {
+    // Overflow: the row has no value in double. NaN, so that no caller takes it for a result
+    // (the tiny rule below would call it degenerate).
+    for (Eigen::Index j = 0; j < fk.rows(); ++j) w(i, j) = std::numeric_limits<double>::quiet_NaN();
+    return true;
   }
   const bool tiny = !(std::abs(S) > kTinyDenominator * std::sqrt(q_norm2) * std::sqrt(ksum_norm2));
   if (tiny && family != Family::InLine) return false;

@@ -22,11 +22,20 @@
 
 namespace attnscope::analyses {
 
+/// Largest magnitude ExactRows accepts for the quantities that bound its rows: squares and sums
+/// of squares of numbers up to this stay finite in double for any head that fits in memory.
+inline constexpr double kMaxRowMagnitude = 1e150;
+
 /// Attention rows of one head in double precision by plain loops over the formulas of
 /// variant.hpp (phi includes the convention's factor). Row i depends on q_i and all keys only,
 /// so rows can be computed one at a time.
 class ExactRows {
  public:
+  /// Throws NumericalError when q or k holds a non-finite value, when phi overflows, or when
+  /// the rows could overflow double: softmax when |s| max|q_i| max|k_j| > kMaxRowMagnitude; the
+  /// kernel families when |phi(K)|_F, any |phi(q_i)| |phi(K)|_F, or a non-degenerate row's
+  /// |c_i| |phi(q_i)| or (2 |c_i| + 1) |phi(q_i)| |phi(K)|_F + 1 does (c_i = 1/den_i for linear,
+  /// 1 for inline, beta_i for mala). Float inputs with the non-exp maps never come near it.
   ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale);
 
   [[nodiscard]] int tokens() const { return n_; }
@@ -45,6 +54,8 @@ class ExactRows {
   [[nodiscard]] double denominator(int i) const { return den_[static_cast<std::size_t>(i)]; }
 
  private:
+  [[noreturn]] void out_of_range(const std::string& what, double value) const;
+
   Variant variant_;
   int n_ = 0;
   double scale_ = 0.0;

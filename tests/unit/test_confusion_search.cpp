@@ -1,0 +1,98 @@
+// The softmax confusion search on its own (an internal piece of the analyses library): rows hold
+// one entry per KEY, so a head with more queries than keys, or fewer, must count exactly as the
+// brute force over the same exact rows. count_confusion forces the two counts equal today; this
+// keeps the search right if that ever changes. Both of the search's paths run: float rows (small
+// magnitudes) and the exact double rows that replace them for large ones.
+#include "../../analyses/src/confusion_search.hpp"
+
+#include "attnscope/error.hpp"
+#include "random_inputs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace attnscope::analyses {
+namespace {
+
+/// Queries in pairs (2m, 2m + 1) that differ by 1e-4 * magnitude in one coordinate: their rows are
+/// within eps at small magnitudes; every other pair is far apart.
+MatF paired_queries(int nq, int d, double magnitude, std::uint64_t seed) {
+  MatD q = test::random_matrix(nq, d, seed);
+  for (int i = 1; i < nq; i += 2) {
+    q.row(i) = q.row(i - 1);
+    q(i, 0) += 1e-4;
+  }
+  return (q * magnitude).cast<float>();
+}
+
+/// Brute force over every pair, with the exact rows the judge uses.
+std::int64_t brute_force(const MatF& q, const MatF& k, double scale, const ConfusionOptions& opt) {
+  const int nq = static_cast<int>(q.rows()), nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
+  const MatD qd = q.cast<double>(), kd = k.cast<double>();
+  MatD w(nq, nk);
+  for (int i = 0; i < nq; ++i) detail::softmax_exact_row(qd.row(i).data(), kd.data(), nk, d, scale, w.row(i).data());
+  std::int64_t pairs = 0;
+  for (int i = 0; i < nq; ++i) {
+    for (int j = i + 1; j < nq; ++j) {
+      const bool near = squared_distance(w.row(i).data(), w.row(j).data(), nk) <= opt.eps * opt.eps;
+      const bool differ = squared_distance(qd.row(i).data(), qd.row(j).data(), d) > opt.query_eps * opt.query_eps;
+      pairs += near && differ ? 1 : 0;
+    }
+  }
+  return pairs;
+}
+
+std::int64_t searched(const MatF& q, const MatF& k, double scale, const ConfusionOptions& opt) {
+  const int nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
+  const MatD kd = k.cast<double>();
+  detail::PairJudge judge;
+  detail::SoftmaxWorkspace ws;
+  judge.reset(static_cast<int>(q.rows()), nk, q, opt, [&](int i, double* out) {
+    const VecD qi = q.row(i).cast<double>().transpose();
+    detail::softmax_exact_row(qi.data(), kd.data(), nk, d, scale, out);
+  });
+  return detail::search_softmax(q, k, scale, judge, ws).pairs;
+}
+
+TEST(ConfusionSearch, RowsHaveOneEntryPerKeyWhenQueriesAndKeysDiffer) {
+  const int d = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const ConfusionOptions opt;
+  for (auto [nq, nk] : {std::pair{40, 25}, {25, 40}, {64, 3}, {3, 64}, {30, 30}}) {
+    for (double magnitude : {1.0, 1e30}) {
+      const MatF q = paired_queries(nq, d, magnitude, 3);
+      const MatF k = (test::random_matrix(nk, d, 4) * magnitude).cast<float>();
+      const std::string what = "softmax Nq=" + std::to_string(nq) + " Nk=" + std::to_string(nk) +
+                               " d=" + std::to_string(d) + " magnitude=" + std::to_string(magnitude) + " seed=3";
+      std::vector<double> q_norm;
+      double k_max = 0.0;
+      EXPECT_EQ(detail::float_rows_fit(q, k, scale, q_norm, k_max), magnitude == 1.0) << what;
+      const std::int64_t want = brute_force(q, k, scale, opt);
+      EXPECT_EQ(searched(q, k, scale, opt), want) << what;
+      if (magnitude == 1.0) {
+        EXPECT_GE(want, nq / 2) << what << ": the planted pairs are confused";
+      }
+    }
+  }
+}
+
+// A NaN would make the sort of row distances undefined: the search refuses it before any sort.
+TEST(ConfusionSearch, NonFiniteInputNeverReachesTheSort) {
+  const int d = 8;
+  const ConfusionOptions opt;
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    MatF q = paired_queries(20, d, 1.0, 5), k = (test::random_matrix(20, d, 6)).cast<float>();
+    q(3, 1) = bad;
+    EXPECT_THROW((void)searched(q, k, 0.35, opt), NumericalError) << "query " << bad;
+    q(3, 1) = 0.0f;
+    k(5, 2) = bad;
+    EXPECT_THROW((void)searched(q, k, 0.35, opt), NumericalError) << "key " << bad;
+  }
+}
+
+}  // namespace
+}  // namespace attnscope::analyses
