@@ -114,6 +114,10 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     for i in keep:
         if not 0 <= i < len(sites):
             raise ValueError(f"layer {i} out of range: the model has {len(sites)} layers")
+    if len(set(keep)) != len(keep):
+        raise ValueError(f"layers {keep} name a layer twice: each model layer can be dumped once")
+    if not keep:
+        raise ValueError("layers is empty: name at least one model layer to dump")
     attrs = _attributes(model, style, [sites[i] for i in keep], model_name, attention_family,
                         feature_map, convention, grid, prefix_tokens)
     attrs["num_layers"] = len(keep)

@@ -120,3 +120,13 @@ def test_rejects_bad_arguments(tmp_path):
         dump_model(torch.nn.Linear(2, 2), image_loader(2), str(tmp_path / "d.h5"))
     with pytest.raises(ValueError, match="no images"):
         dump_model(model, [], str(tmp_path / "d.h5"))
+
+
+@pytest.mark.parametrize("layers, message", [([2, 0, 2], "name a layer twice"), ([], "layers is empty")])
+def test_repeated_or_empty_layers_are_refused(tmp_path, layers, message):
+    # The dump reader refuses a source_layers attribute that repeats a layer; refuse it here first.
+    model = tiny_vit("softmax", seed=1, depth=3)
+    path = tmp_path / "d.h5"
+    with pytest.raises(ValueError, match=message):
+        dump_model(model, image_loader(3, batch=3), str(path), layers=layers)
+    assert not path.exists()

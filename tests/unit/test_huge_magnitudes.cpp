@@ -260,7 +260,9 @@ TEST_P(HugeMagnitudes, SpikinessLawsNeverFailOnRounding) {
     });
     if (refused) continue;  // the sweep's rows themselves are compared above
     for (const LawResult& r : laws) {
-      EXPECT_TRUE(r.pass()) << what << " law " << to_string(r.law) << " deviation " << r.max_deviation
+      // Either the law is measured and holds, or no point could be compared and the skipped
+      // points say why (reported as NO DATA, never as a violation).
+      EXPECT_TRUE(r.pass() || (!r.has_data() && r.skipped > 0)) << what << " law " << to_string(r.law) << " deviation " << r.max_deviation
                             << " over " << r.points << " points (" << r.skipped << " skipped)";
     }
   }
