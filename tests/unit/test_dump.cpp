@@ -1,5 +1,6 @@
 // DumpReader / DumpWriter: round trips (float32, float16, optional datasets), streaming reads of a
 // layer subset, every malformed file -> the right InputError, and atomic writes.
+#include "scratch_dir.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 
@@ -59,19 +60,8 @@ ImageQKV random_image(const DumpAttributes& a, int image, std::uint64_t seed) {
   return img;
 }
 
-class DumpTest : public ::testing::Test {
+class DumpTest : public test::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attnscope-test-dump-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   /// Writes `n` random images with the given options; returns them.
   std::vector<ImageQKV> write_dump(const std::string& p, const DumpAttributes& a, int n,
                                    DumpWriterOptions o = {}) {
@@ -97,7 +87,6 @@ class DumpTest : public ::testing::Test {
     return out;
   }
 
-  fs::path dir_;
 };
 
 // --- raw HDF5 edits that make a valid file malformed -------------------------------------------

@@ -1,6 +1,7 @@
 // The dump reader's fast paths: float16 read as raw bits and widened by half_to_float must give
 // exactly what HDF5's own half-to-float conversion gives, for every bit pattern; reading without
 // V must give the same Q and K as reading with it.
+#include "scratch_dir.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/half.hpp"
@@ -93,21 +94,7 @@ TEST(HalfToFloat, TextbookValues) {
   EXPECT_TRUE(std::isnan(half_to_float(0x7c01)));  // signalling payload stays NaN
 }
 
-class DumpFastRead : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attnscope-test-fast-read-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  fs::path dir_;
-};
+class DumpFastRead : public test::ScratchDirTest {};
 
 DumpAttributes attrs(int layers, int heads, int height, int width, int d) {
   DumpAttributes a;

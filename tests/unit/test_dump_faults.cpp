@@ -1,6 +1,7 @@
 // Faults around a dump: unreadable chunks (on the reading thread and on the prefetch thread),
 // filters this HDF5 lacks, odd attributes and datasets, source_layers, zero images, and the
 // writer (and synth) refusing what the reader would refuse.
+#include "scratch_dir.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
@@ -24,19 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class DumpFaults : public ::testing::Test {
+class DumpFaults : public test::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attnscope-test-dump-faults-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   /// A small gzip-compressed synthetic dump: 3 layers, 2 heads, 1 + 2x3 tokens, d 4, 3 images.
   std::string synth_dump(const std::string& name, int images = 3) const {
     SynthOptions o;
@@ -50,7 +40,6 @@ class DumpFaults : public ::testing::Test {
     return p;
   }
 
-  fs::path dir_;
 };
 
 /// Opens a file read-write with the raw C API for an edit; closed on scope exit.

@@ -1,5 +1,6 @@
 // Result sets (apps/result_set.hpp): staging, publishing with a manifest written last, write errors
 // reported with the system's reason, stale staging folders, and the SHA-256 of the manifest.
+#include "scratch_dir.hpp"
 #include "result_set.hpp"
 #include "sha256.hpp"
 
@@ -41,17 +42,8 @@ std::set<std::string> entries(const fs::path& dir) {
   return out;
 }
 
-class ResultSetTest : public ::testing::Test {
+class ResultSetTest : public attnscope::test::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attnscope_result_set_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   /// Publishes files {name: content} with a record {"run": run}.
   void publish(const std::vector<std::pair<std::string, std::string>>& files, int run) {
     ResultSet set(dir_, "x.json");
@@ -62,7 +54,6 @@ class ResultSetTest : public ::testing::Test {
     }
     set.publish({{"run", run}});
   }
-  fs::path dir_;
 };
 
 }  // namespace
