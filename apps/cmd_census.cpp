@@ -131,10 +131,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   auto cells = collector.cells();
   long long rows = 0;
   for (const auto& c : cells) rows += c.rows;
-  if (rows == 0) {
-    throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
-                           "(a zero or tiny denominator), so there are no weights to count");
-  }
+  require_measured_rows(rows, "there are no weights to count");
   report_model_layers(cells, schema);
   write_csv(set, cells);
   const auto ts = totals(variants, cells);

@@ -111,10 +111,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     slots += static_cast<std::int64_t>(heads.size());
     for (const auto& h : heads) degenerate += h.degenerate_rows;
   }
-  if (degenerate == r.images * slots * schema.attrs.num_tokens) {
-    throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
-                           "(a zero or tiny denominator), so no pair can be compared");
-  }
+  require_measured_rows(r.images * slots * schema.attrs.num_tokens - degenerate,
+                        "no pair can be compared");
   per_image.close();
   write_per_head(set, r);
   write_histogram(set, r);

@@ -98,10 +98,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   for (const auto& heads : r.per_head) {
     for (const auto& h : heads) measured += h.mass.count;
   }
-  if (measured == 0) {
-    throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
-                           "(a zero or tiny denominator), so there is no mass to measure");
-  }
+  require_measured_rows(measured, "there is no mass to measure");
   for (auto& heads : r.per_head) report_model_layers(heads, schema);
   write_csv(set, r);
   meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},

@@ -143,6 +143,12 @@ void check_omp_num_threads() {
 
 }  // namespace
 
+void require_measured_rows(std::int64_t measured, const std::string& consequence) {
+  if (measured > 0) return;
+  throw NothingToMeasure("no valid queries: every attention row of the selection is degenerate "
+                         "(a zero or tiny denominator), so " + consequence);
+}
+
 int apply_threads(int threads) {
   if (threads < 0) throw UsageError("--threads must be >= 0, got " + std::to_string(threads));
   if (threads > kMaxThreads) {

@@ -37,6 +37,10 @@ class NothingToMeasure : public Error {
   using Error::Error;
 };
 
+/// Throws NothingToMeasure ("no valid queries: every attention row of the selection is
+/// degenerate ..., so <consequence>") when not one row of the run could be measured.
+void require_measured_rows(std::int64_t measured, const std::string& consequence);
+
 /// The most OpenMP threads --threads or OMP_NUM_THREADS may ask for. Work is split per head, so
 /// more never helps, and far more makes the OpenMP runtime crash instead of failing cleanly.
 inline constexpr int kMaxThreads = 1024;
