@@ -3,6 +3,7 @@
 #include "common.hpp"
 
 #include "attnscope/dump.hpp"
+#include "attnscope/family.hpp"
 #include "attnscope/error.hpp"
 
 #include <iomanip>
@@ -99,19 +100,40 @@ void check_values(DumpReader& r) {
   (void)r.read_images(nullptr);
 }
 
+/// The family registry, one block per family: its spec, what it takes, its weight formula.
+void print_families() {
+  for (const AttentionFamily* f : all_families()) {
+    const char* map = f->map_rule() == MapRule::None       ? "none"
+                      : f->map_rule() == MapRule::Required ? "required"
+                                                           : "default ";
+    std::cout << f->name() << "\n  feature map  " << map
+              << (f->map_rule() == MapRule::Defaulted ? std::string(f->default_map()) : std::string())
+              << "\n  form         " << (f->kernel() ? "kernel (linear-time outputs, low-rank W = Z M)" : "scores")
+              << "\n  weights      " << f->formula() << "\n";
+  }
+}
+
 int run_info(const std::vector<std::string>& args) {
   std::string file;
-  bool values = false;
+  bool values = false, families = false;
   po::options_description desc("options");
   auto add = desc.add_options();
-  add("file", po::value(&file)->value_name("FILE")->required(),
+  add("file", po::value(&file)->value_name("FILE"),
       "dump to describe (also accepted as the first positional argument)");
   add("check-values", po::bool_switch(&values),
       "read every image and check that all values are finite");
+  add("families", po::bool_switch(&families),
+      "list the attention families of this build (no FILE): spec name, feature map, form, weights");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  if (!parse_args("info", "FILE [--check-values]", desc, args, vm, &pos)) return 0;
+  if (!parse_args("info", "FILE [--check-values] | --families", desc, args, vm, &pos)) return 0;
+  if (families) {
+    if (!file.empty() || values) throw UsageError("--families takes no FILE and no --check-values");
+    print_families();
+    return 0;
+  }
+  if (file.empty()) throw UsageError("the option '--file' is required but missing");
   DumpReader reader(file);
   if (reader.schema().num_images == 0) {
     throw InputError(file, "/layers/0/q", "at least one image", "no images");

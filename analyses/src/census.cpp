@@ -47,11 +47,10 @@ CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double s
 std::vector<Variant> default_census_variants(const DumpAttributes& attrs) {
   const Convention convention = parse_convention(attrs.convention);
   std::vector<Variant> out;
-  for (Family family : {Family::InLine, Family::Mala}) {
-    Variant v = to_string(family) == attrs.attention_family
-                    ? attrs.variant()
-                    : parse_variant(to_string(family), convention);
-    out.push_back(std::move(v));
+  for (const AttentionFamily* family : all_families()) {
+    if (!family->weights_can_be_negative()) continue;
+    const std::string name(family->name());
+    out.push_back(name == attrs.attention_family ? attrs.variant() : parse_variant(name, convention));
   }
   return out;
 }

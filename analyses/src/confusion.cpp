@@ -3,6 +3,7 @@
 
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/softmax.hpp"
 #include "confusion_search.hpp"
 
 #include <algorithm>
@@ -97,7 +98,7 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
 
 HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
                               double scale, const ConfusionOptions& opt) {
-  if (v.family == Family::Softmax) return detail::count_softmax(v, q, q_raw, k, scale, opt);
+  if (!v.has_linear_form()) return detail::count_softmax(v, q, q_raw, k, scale, opt);
   const ExactRows rows(v, q, k, scale);
   detail::PairJudge& judge = detail::thread_workspace().judge;
   judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });

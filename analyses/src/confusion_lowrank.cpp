@@ -7,8 +7,8 @@
 // Margin argument (u = 2^-53, g = 4 (d' + N + 8) u: a factor 4 over the usual n u bounds of
 // sums of n terms, all in double):
 // * ExactRows' row i has absolute error at most g a_i with
-//   a_i = (2 |c_i| + 1) |phi(q_i)| |phi(K)|_F + 1, c_i = 1/den_i (linear), 1 (inline), beta_i
-//   (mala): the dot products with the uncentred keys, the rounding of den_i, and the shift it
+//   a_i = (2 |c_i| + 1) |phi(q_i)| |phi(K)|_F + 1, c_i the family's row coefficient (1/den_i for
+//   normalised kernels, 1 for inline, beta_i for mala; phi here is the family's features): the dot products with the uncentred keys, the rounding of den_i, and the shift it
 //   causes in the row's sum (the centred form assumes rows sum to 1).
 // * The computed y_i - y_j differs from (z_i - z_j) M by the rounding of z_i, of the mean key and
 //   of z U: at most g (|z_i| + |z_j|) (|M|_F + |phi(K)|_F) in norm; forming G and the
@@ -34,15 +34,8 @@ namespace {
 
 constexpr double kDoubleUnit = 1.1102230246251565e-16;  // 2^-53
 
-/// c_i of the margin argument: the factor on phi(q_i) in z_i.
-double row_coefficient(const ExactRows& rows, int i) {
-  const double den = rows.denominator(i);
-  switch (rows.variant().family) {
-    case Family::Linear: return 1.0 / den;
-    case Family::Mala: return 1.0 + 1.0 / den;
-    default: return 1.0;
-  }
-}
+/// c_i of the margin argument: the factor a_i on f_q(i) in z_i (the family's RowForm).
+double row_coefficient(const ExactRows& rows, int i) { return rows.row_coefficient(i); }
 
 /// y_i = z_i U diag(lambda)^1/2, columns in ascending eigenvalue order (the last is the widest).
 MatD embed(const LowRank& lr) {
@@ -55,6 +48,9 @@ MatD embed(const LowRank& lr) {
 }  // namespace
 
 LowRank build_low_rank(const ExactRows& rows) {
+  if (!rows.variant().rows_sum_to_one()) {
+    throw UsageError(rows.variant().name() + ": the centred low-rank form needs rows summing to 1");
+  }
   const MatD& pk = rows.phi_k();
   LowRank lr;
   lr.z = rows.phi_q();

@@ -23,11 +23,6 @@ double squared_distance_of(const T* a, const T* b, int n) {
   return s;
 }
 
-/// The exact softmax row of ExactRows: logits scale * (q_i . k_j) summed in index order, the max
-/// subtracted, exp, divided by the sum. k is N x d row-major. ExactRows::row and the fast search
-/// both call this one function, so their rows agree bit for bit.
-void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out);
-
 /// Decides pairs with the arithmetic of confusion.hpp. Rows are computed on first use only and
 /// cached; the cache and its index live as long as the judge, so one judge per thread serves
 /// every head without allocating again (reset() prepares it for the next head).
@@ -74,10 +69,9 @@ struct SoftmaxWorkspace {
   std::vector<double> qi;       // one query in double
 };
 
-/// Float softmax rows of one head into w: one GEMM and one exp per entry (a filter, not a result).
-/// Only for heads that float_rows_fit() accepts.
-void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w);
-MatF softmax_rows_float(const MatF& q, const MatF& k, double scale);
+/// Float softmax rows (softmax.hpp) are a filter, not a result: only for heads that
+/// float_rows_fit() accepts. ExactRows::row and the fast search both take exact rows from
+/// softmax_exact_row, so their rows agree bit for bit.
 
 /// Largest value of (d + 6) 2^-24 |s| |q_i| max_j |k_j| (the float logits' absolute error bound)
 /// under which a softmax head is computed in float: above it the float rows are replaced by the
@@ -91,11 +85,10 @@ inline constexpr double kFloatLogitErrorLimit = 1.0 / 16.0;
 bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<double>& q_norm,
                     double& k_max);
 
-/// The low-rank form of a linear-family head, centred: W_ij = z_i . m_j + 1/N with m_j the
-/// j-th centred key feature phi(k_j) - mean phi(k). Every row sums to 1, so
-///   linear: z_i = phi(q_i) / den_i,  inline: z_i = phi(q_i),  mala: z_i = beta_i phi(q_i)
-/// (den_i = phi(q_i).sum phi(k)), the algebra of attention.hpp's LowRankForm with the constant
-/// column folded into 1/N. Centring keeps M M^T free of the large common-mean direction, which
+/// The low-rank form of a kernel-family head, centred: W_ij = z_i . m_j + 1/N with m_j the
+/// j-th centred key feature f_k(j) - mean f_k. Every row sums to 1, so z_i = a_i f_q(i) (a_i of
+/// the family's RowForm: the b_i term and the mean fold into 1/N), the algebra of
+/// attention.hpp's LowRankForm with the constant column folded into 1/N. Centring keeps M M^T free of the large common-mean direction, which
 /// would otherwise swamp the small row differences in rounding. Degenerate rows hold zeros.
 struct LowRank {
   MatD z;  ///< N x d'
@@ -110,7 +103,7 @@ LowRank build_low_rank(const ExactRows& rows);
 /// rows have Nk entries. The judge must already be reset for this head.
 HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
                              SoftmaxWorkspace& ws);
-/// Linear, InLine, MALA: radius search on y_i = z_i L with M M^T = L L^T, exact re-check of the
+/// Kernel families: radius search on y_i = z_i L with M M^T = L L^T, exact re-check of the
 /// pairs whose low-rank distance is within its error bound of the threshold.
 HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge);
 

@@ -30,6 +30,7 @@
 #include "confusion_search.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/softmax.hpp"
 
 #include <algorithm>
 #include <array>
@@ -93,10 +94,6 @@ double row_norm2(const R* a, Eigen::Index n) {
   });
 }
 
-/// Sum of a float row in double.
-double row_sum(const float* a, Eigen::Index n) {
-  return lane_sum(n, [a](Eigen::Index t) { return static_cast<double>(a[t]); });
-}
 
 /// The float logits' absolute error bound for a query of norm q_norm (the margin argument).
 double logit_error(double scale, double q_norm, double k_max, Eigen::Index d) {
@@ -159,24 +156,6 @@ std::int64_t window_pairs(const std::vector<std::pair<double, Eigen::Index>>& ke
 }
 
 }  // namespace
-
-void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
-  w.resize(q.rows(), k.rows());
-  w.noalias() = q * k.transpose();
-  w *= static_cast<float>(scale);
-  for (Eigen::Index i = 0; i < w.rows(); ++i) w.row(i).array() -= w.row(i).maxCoeff();
-  // One exp over the whole matrix: the vectorised exp leaves one short tail, not one per row.
-  w.array() = w.array().exp();
-  for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    w.row(i) /= static_cast<float>(row_sum(w.row(i).data(), w.cols()));
-  }
-}
-
-MatF softmax_rows_float(const MatF& q, const MatF& k, double scale) {
-  MatF w;
-  softmax_rows_float(q, k, scale, w);
-  return w;
-}
 
 namespace {
 

@@ -6,6 +6,7 @@
 
 #include "attnscope/analyses/confusion.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/softmax.hpp"
 #include "confusion_search.hpp"
 
 #include <cmath>
@@ -33,7 +34,8 @@ std::vector<double> softmax_mass(const MatF& q, const MatF& k, double scale, con
   std::vector<double> q_norm;
   double k_max = 0.0;
   if (detail::float_rows_fit(q, k, scale, q_norm, k_max)) {
-    const MatF w = detail::softmax_rows_float(q, k, scale);
+    MatF w;
+    softmax_rows_float(q, k, scale, w);
     for (int i = grid.prefix; i < grid.tokens(); ++i) {
       double s = 0.0;
       for (int j : grid.window(i, window)) s += static_cast<double>(w(i, j));
@@ -45,7 +47,7 @@ std::vector<double> softmax_mass(const MatF& q, const MatF& k, double scale, con
   VecD qi(q.cols()), w(k.rows());
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
     qi = q.row(i).cast<double>().transpose();
-    detail::softmax_exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
+    softmax_exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
                               scale, w.data());
     double s = 0.0;
     for (int j : grid.window(i, window)) s += w(j);
@@ -107,7 +109,7 @@ double RunningStats::stddev() const {
 std::vector<double> local_mass(const Variant& v, const MatF& q, const MatF& k, double scale,
                                const TokenGrid& grid, int window, int* degenerate) {
   check_window(grid, window, k.rows());
-  if (v.family == Family::Softmax) {
+  if (!v.has_linear_form()) {
     std::string why;
     if (!v.supports(&why)) throw UsageError(v.name() + ": " + why);
     if (degenerate) *degenerate = 0;

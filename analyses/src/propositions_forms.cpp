@@ -212,6 +212,16 @@ FormTiming time_forms(const std::string& spec, const std::vector<int>& sizes, in
   return t;
 }
 
+std::vector<std::string> linear_form_specs() {
+  std::vector<std::string> out;
+  for (const AttentionFamily* family : all_families()) {
+    if (!family->kernel()) continue;
+    const std::string map = family->map_rule() == MapRule::Required ? ":relu" : "";
+    for (const char* convention : {"@paper", "@code"}) out.push_back(std::string(family->name()) + map + convention);
+  }
+  return out;
+}
+
 std::vector<CheckRow> verify_all(const VerifyOptions& o) {
   std::vector<CheckRow> rows;
   std::uint64_t salt = 0;
@@ -232,9 +242,7 @@ std::vector<CheckRow> verify_all(const VerifyOptions& o) {
   rows.push_back(check_mala_eq19(seed(), o.trials));
   rows.push_back(check_mala_eq22(seed(), o.trials));
   rows.push_back(check_mala_eq22_counterexample(seed(), o.trials));
-  for (const char* spec : {"inline@paper", "inline@code", "mala@paper", "mala@code"}) {
-    rows.push_back(check_linear_form(spec, seed(), o.trials));
-  }
+  for (const std::string& spec : linear_form_specs()) rows.push_back(check_linear_form(spec, seed(), o.trials));
   for (const char* spec : {"inline@code", "mala@code"}) {
     const std::uint64_t s = seed();
     for (bool linear_time : {true, false}) {

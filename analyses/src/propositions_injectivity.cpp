@@ -1,6 +1,7 @@
 // InLine's Propositions 1-3 and Lemma 1, checked by numbers (propositions.hpp).
 #include "attnscope/analyses/propositions.hpp"
 
+#include "attnscope/attention.hpp"
 #include "propositions_support.hpp"
 
 #include <Eigen/LU>
@@ -32,9 +33,9 @@ double row_gap(const CheckInputs& in, const Variant& v, const VecD& p, const Vec
   return (w.row(0) - w.row(1)).norm();
 }
 
-/// The keys that the variant's weights see: phi(K) for the kernel families.
+/// The keys that the variant's weights see: the key features f_k for the kernel families.
 MatD seen_keys(const Variant& v, const MatD& k) {
-  return v.family == Family::Softmax ? k : v.map.apply<double>(k);
+  return v.has_linear_form() ? kernel_features(v, k, k, 1.0).k : k;
 }
 
 /// Keys meeting both rank conditions (under phi for the kernel families), redrawn until they do:
@@ -197,7 +198,7 @@ CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials, const CheckInpu
         Variant v = detail::check_variant(in, "linear", map);
         FeatureMap phi = parse_feature_map(map.substr(1));  // the construction's map, whatever v
         phi.ensure_params(shape.d);
-        v.map = v.family == Family::Softmax ? v.map : phi;
+        if (v.uses_map()) v.map = phi;
         const MatD& A = phi.A;
         const VecD& b = phi.b;
         return detail::first_usable(kMaxRedraws, [&](int attempt) -> std::optional<double> {

@@ -106,12 +106,13 @@ CheckRow check_mala_eq11(std::uint64_t seed, int trials, const CheckInputs& in) 
         MatD x(2, shape.d);
         x.row(0) = phi_q.transpose();
         x.row(1) = scaled(in, phi_q, a).transpose();
-        // z_i = [beta_i phi(q_i), gamma_i] (attention.hpp): read beta by projecting on phi(q_i).
+        // z_i = [beta_i phi(q_i), -gamma_i] (attention.hpp: a_i f_q(i), b_i): read beta by
+        // projecting on phi(q_i).
         const MatD z = low_rank_form<double>(twin, x, phi_k, 1.0).Z;
         const auto beta = [&](int i) {
           return z.row(i).head(shape.d).dot(x.row(i)) / x.row(i).squaredNorm();
         };
-        const double gamma0 = z(0, shape.d), gamma_a = z(1, shape.d);
+        const double gamma0 = -z(0, shape.d), gamma_a = -z(1, shape.d);
         const double beta0 = beta(0), beta_a = beta(1);
         const double e_beta = std::abs(beta_a - (beta0 + a - 1.0) / a) / std::abs(beta_a);
         const double e_gamma = std::abs(gamma_a - a * gamma0) / std::abs(gamma_a);

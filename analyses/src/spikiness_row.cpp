@@ -200,12 +200,12 @@ std::string to_string(ScaleSpace s) {
 }
 
 ScaleSpace effective_space(const Variant& v, ScaleSpace s) {
-  if (v.family == Family::Softmax) return ScaleSpace::Query;  // softmax has no feature map
+  if (!v.has_linear_form()) return ScaleSpace::Query;  // softmax has no query features
   return s == ScaleSpace::Auto ? ScaleSpace::Feature : s;
 }
 
 std::string to_string(Law law) {
-  switch (law) {
+  switch (law) {  // names of the laws (family.hpp), not of families
     case Law::SoftmaxPower:
       return "softmax_power";
     case Law::LinearInvariant:
@@ -227,9 +227,5 @@ void LawResult::merge(const LawResult& o) {
   skipped += o.skipped;
 }
 
-bool positively_homogeneous(const FeatureMap& map) {
-  return map.kind == MapKind::Identity || map.kind == MapKind::Relu ||
-         map.kind == MapKind::LeakyRelu;
-}
 
 }  // namespace attnscope::analyses

@@ -113,7 +113,7 @@ void SpikinessCollector::add_head(const HeadView& h) {
       const VecD q = h.q.row(it->token).cast<double>().transpose();
       // Each sample lives in one head only: no other thread writes this slot.
       result_.sweeps[v][i] = in_head(h.image, h.layer, h.head, [&] {
-        return sweeper.sweep(q, static_cast<int>(i) < keep_weights_, &laws);
+        return sweeper.sweep(q, it->token, static_cast<int>(i) < keep_weights_, &laws);
       });
       done_[i] = 1;
     }

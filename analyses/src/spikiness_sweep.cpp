@@ -9,15 +9,6 @@
 
 namespace attnscope::analyses {
 
-namespace {
-
-/// phi of one row vector.
-VecD phi_row(const FeatureMap& map, const VecD& x) {
-  return map.apply<double>(MatD(x.transpose())).row(0).transpose();
-}
-
-}  // namespace
-
 MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
   MalaTerms t;
   t.scores = phi_k * phi_q;
@@ -28,77 +19,59 @@ MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
 }
 
 HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts)
-    : variant_(v),
-      compute_(v),
-      keys_(k),
-      scale_(scale),
-      opts_(std::move(opts)),
-      space_(effective_space(v, opts_.space)) {
-  if (v.family == Family::Softmax) return;
+    : variant_(v), keys_(k), scale_(scale), opts_(std::move(opts)), space_(effective_space(v, opts_.space)) {
+  const KernelFamily* family = v.kernel();
+  if (!family) return;
   variant_.map.ensure_params(static_cast<int>(k.cols()));
-  homogeneous_map_ = positively_homogeneous(variant_.map);
-  const MatD phi_k = variant_.map.apply<double>(k);
-  phi_factor_ = variant_.phi_factor(scale, static_cast<int>(k.rows()));
-  phi_keys_ = phi_factor_ * phi_k;
-  if (space_ == ScaleSpace::Feature) {
-    // The library computes the family on phi(q) and phi(K) as plain inputs: the same variant with
-    // the identity map (the convention's factor is still applied by the library).
-    compute_.map = FeatureMap{};
-    keys_ = phi_k;
-  }
+  homogeneous_ = family->query_features_homogeneous(variant_);
+  keys_ = kernel_features(variant_, MatD(0, k.cols()), k, scale).k;
 }
 
-MatD HeadSweeper::rows(const MatD& inputs) const {
-  return attention_weights<double>(compute_, inputs, keys_, scale_);
+MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
+  const auto n_scales = static_cast<Eigen::Index>(opts_.scales.size());
+  const auto scaled = [&](const VecD& x) {  // row 0 is a = 1 (the reference keys are chosen there)
+    MatD out(n_scales + 1, x.size());
+    out.row(0) = x.transpose();
+    for (Eigen::Index s = 0; s < n_scales; ++s) {
+      out.row(s + 1) = opts_.scales[static_cast<std::size_t>(s)] * x.transpose();
+    }
+    return out;
+  };
+  if (!variant_.has_linear_form()) return attention_weights<double>(variant_, scaled(q), keys_, scale_);
+  // Every row is at the query's own token position: only its magnitude changes.
+  const TokenPositions at_token{token, 0};
+  if (space_ == ScaleSpace::Feature) {
+    f_one = query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_).row(0).transpose();
+    return kernel_weights(variant_, scaled(f_one), keys_);
+  }
+  const MatD f = query_features(variant_, scaled(q), at_token, keys_.rows(), scale_);
+  f_one = f.row(0).transpose();
+  return kernel_weights(variant_, f, keys_);
 }
 
 std::vector<LawResult> HeadSweeper::laws() const {
-  std::vector<Law> which;
-  switch (variant_.family) {
-    case Family::Softmax:
-      which = {Law::SoftmaxPower};
-      break;
-    case Family::Linear:
-      which = {Law::LinearInvariant};
-      break;
-    case Family::InLine:
-      which = {Law::InlineAffine};
-      break;
-    case Family::Mala:
-      which = {Law::MalaRatio, Law::MalaBetaGamma};
-      break;
-  }
   std::vector<LawResult> out;
-  for (Law law : which) {
+  for (Law law : variant_.family->magnitude_laws()) {
     LawResult r;
     r.variant = variant_.name();
     r.law = law;
     r.threshold = kLawTolerance;
-    if (variant_.family != Family::Softmax && space_ == ScaleSpace::Query && !homogeneous_map_) {
+    if (variant_.has_linear_form() && space_ == ScaleSpace::Query && !homogeneous_) {
       r.applicable = false;
-      r.why = "query-space scaling with a map that is not positively homogeneous (" +
-              variant_.map.name() + "): phi(a q) != a phi(q)";
+      r.why = "query-space scaling where the query features are not positively homogeneous (" +
+              variant_.name() + "): f(a q) != a f(q)";
     }
     out.push_back(std::move(r));
   }
   return out;
 }
 
-QuerySweep HeadSweeper::sweep(const VecD& q, bool keep_weights,
+QuerySweep HeadSweeper::sweep(const VecD& q, Eigen::Index token, bool keep_weights,
                               std::vector<LawResult>* laws) const {
-  VecD q_in = q;
-  if (variant_.family != Family::Softmax && space_ == ScaleSpace::Feature) {
-    q_in = phi_row(variant_.map, q);
-  }
-  const auto n_scales = static_cast<Eigen::Index>(opts_.scales.size());
-  // Row 0 is a = 1 (the reference keys are chosen there); row 1 + s is scale s.
-  MatD inputs(n_scales + 1, q_in.size());
-  inputs.row(0) = q_in.transpose();
-  for (Eigen::Index s = 0; s < n_scales; ++s) {
-    inputs.row(s + 1) = opts_.scales[static_cast<std::size_t>(s)] * q_in.transpose();
-  }
-  const MatD w = rows(inputs);
+  VecD f_one;
+  const MatD w = rows(q, token, f_one);
   const VecD w1 = w.row(0).transpose();
+  const auto n_scales = static_cast<Eigen::Index>(opts_.scales.size());
 
   QuerySweep out;
   out.key_high = opts_.keys.high.resolve(w1);
@@ -112,7 +85,7 @@ QuerySweep HeadSweeper::sweep(const VecD& q, bool keep_weights,
     out.points.push_back(p);
     if (keep_weights) out.weights.push_back(ws);
   }
-  if (laws != nullptr) check_laws(q_in, w, w1, out.key_high, out.key_low, *laws);
+  if (laws != nullptr) check_laws(q, f_one, w, w1, out.key_high, out.key_low, *laws);
   return out;
 }
 
@@ -185,23 +158,19 @@ std::optional<double> deviation(Law law, const LawInputs& in, double a, const Ve
 
 }  // namespace
 
-void HeadSweeper::check_laws(const VecD& q_in, const MatD& w, const VecD& w1, int hi, int lo,
-                             std::vector<LawResult>& laws) const {
+void HeadSweeper::check_laws(const VecD& q, const VecD& f_one, const MatD& w, const VecD& w1, int hi,
+                             int lo, std::vector<LawResult>& laws) const {
   MalaTerms t;
-  VecD phi_q;
-  if (variant_.family == Family::Mala) {
-    const VecD raw = space_ == ScaleSpace::Feature ? q_in : phi_row(variant_.map, q_in);
-    phi_q = phi_factor_ * raw;
-    t = mala_terms(phi_q, phi_keys_);
-  }
-  // The logits s q.k_j are sums of d products: each is off by at most (d + 2) u |s| |q| max|k_j|.
   double logit_error = 0.0;
-  if (variant_.family == Family::Softmax) {
+  if (variant_.has_linear_form()) {
+    t = mala_terms(f_one, keys_);  // the terms at a = 1 (read by the MALA laws only)
+  } else {
+    // The logits s q.k_j are sums of d products: each is off by at most (d + 2) u |s| |q| max|k_j|.
     constexpr double kDoubleUnit = 0x1.0p-53;
-    logit_error = static_cast<double>(q_in.size() + 2) * kDoubleUnit * std::abs(scale_) * q_in.norm() *
+    logit_error = static_cast<double>(q.size() + 2) * kDoubleUnit * std::abs(scale_) * q.norm() *
                   keys_.rowwise().norm().maxCoeff();
   }
-  const LawInputs in{w1, hi, lo, t, phi_q, phi_keys_, logit_error};
+  const LawInputs in{w1, hi, lo, t, f_one, keys_, logit_error};
   for (LawResult& r : laws) {
     if (!r.applicable) continue;
     ++r.queries;

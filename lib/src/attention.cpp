@@ -1,8 +1,9 @@
-// Explicit weights and outputs of the four families (attention.hpp).
+// Explicit weights and outputs of every family (attention.hpp): the kernel form generically, the
+// score form through softmax.hpp. Nothing here names a family.
 #include "attnscope/attention.hpp"
 
-#include "feature_map_apply.hpp"
-#include "linear_rows.hpp"
+#include "attnscope/softmax.hpp"
+#include "kernel_rows.hpp"
 #include "work_count.hpp"
 
 #include <algorithm>
@@ -31,62 +32,85 @@ void check_inputs(const Variant& v, Eigen::Index q_rows, Eigen::Index q_cols, Ei
   }
 }
 
-Features features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale) {
-  const double c = v.phi_factor(scale, static_cast<int>(k.rows()));
-  return {apply_feature_map<double>(v.map, q, c), apply_feature_map<double>(v.map, k, c)};
+namespace {
+
+const KernelFamily& kernel_of(const Variant& v) {
+  const KernelFamily* f = v.kernel();
+  if (!f) throw UsageError(v.name() + ": " + std::string(v.family->name()) + " has no kernel form");
+  return *f;
+}
+
+void require_finite_features(ConstRef<double> f, const Variant& v, const char* what) {
+  if (f.allFinite()) return;
+  for (Eigen::Index i = 0; i < f.rows(); ++i) {
+    if (!f.row(i).allFinite()) {
+      throw NumericalError(v.name() + ": " + what + " features of row " + std::to_string(i) +
+                           " are not finite (overflow or non-finite input)");
+    }
+  }
+}
+
+}  // namespace
+
+void key_features_into(const Variant& v, ConstRef<double> k, double scale, Eigen::Ref<MatD> out) {
+  kernel_of(v).key_features(v, k, scale, out);
+  require_finite_features(out, v, "key");
+}
+
+void query_features_into(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                         Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) {
+  kernel_of(v).query_features(v, q, positions, n_keys, scale, out);
+  require_finite_features(out, v, "query");
 }
 
 }  // namespace detail
 
+KernelFeatures kernel_features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale) {
+  const int r = detail::kernel_of(v).feature_dim(v, static_cast<int>(q.cols()));
+  KernelFeatures f{MatD(q.rows(), r), MatD(k.rows(), r)};
+  detail::query_features_into(v, q, TokenPositions{}, k.rows(), scale, f.q);
+  detail::key_features_into(v, k, scale, f.k);
+  return f;
+}
+
+MatD query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                    Eigen::Index n_keys, double scale) {
+  MatD out(q.rows(), detail::kernel_of(v).feature_dim(v, static_cast<int>(q.cols())));
+  detail::query_features_into(v, q, positions, n_keys, scale, out);
+  return out;
+}
+
+RowForm kernel_row_form(const Variant& v, double S, int n_kept, double magnitude) {
+  const KernelFamily& family = detail::kernel_of(v);
+  if (n_kept == 0) return {};
+  if (!std::isfinite(S) || !std::isfinite(magnitude)) {
+    throw NumericalError(v.name() + ": f(q).sum f(k) or its scale |f(q)| |sum f(k)| overflows double");
+  }
+  return family.row_form(S, n_kept, magnitude);
+}
+
 namespace {
 
-using detail::RowNorm;
 using RowBlock = Eigen::Ref<MatD>;
 
 /// Rows of W are computed this many at a time: the block stays in cache and no N x N double
 /// matrix is ever allocated (outputs through weights never hold W at all).
 constexpr Eigen::Index kRowBlock = 32;
 
-/// exp(s q.k_j - max) / sum over kept keys; max-subtraction keeps exp() finite. `w` holds rows
-/// r0.. of q k^T.
-void softmax_rows(RowBlock w, Eigen::Index r0, double scale, const Mask* mask,
-                  std::vector<int>& degenerate) {
-  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
-  w *= scale;
-  for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    auto row = w.row(i).array();
-    if (mask) row = mask->row(r0 + i).select(row, kMinusInf);
-    const double top = row.maxCoeff();
-    if (top == kMinusInf) {  // the mask keeps no key
-      row.setZero();
-      degenerate.push_back(static_cast<int>(r0 + i));
-      continue;
-    }
-    if (mask) {
-      // Eigen's vectorised exp clamps its argument, so exp(-inf) is tiny, not 0: select again.
-      row = mask->row(r0 + i).select((row - top).exp(), 0.0);
-    } else {
-      row = (row - top).exp();
-    }
-    row /= row.sum();
-  }
-}
-
-/// Turns rows r0.. of P = phi(Q) phi(K)^T into weights, by the affine row form of linear_rows.hpp.
-/// `key_sum` is sum_m phi(k_m) over all keys (used without a mask).
-void linear_rows(const Variant& v, const detail::Features& f, const VecD& key_sum, RowBlock w,
+/// Turns rows r0.. of P = F_q F_k^T into weights by each row's RowForm. `key_sum` is
+/// sum_m f_k(m) over all keys (used without a mask).
+void kernel_rows(const Variant& v, const MatD& fq, const MatD& fk, const VecD& key_sum, RowBlock w,
                  Eigen::Index r0, const Mask* mask, std::vector<int>& degenerate) {
-  MatD kept_sums;  // row i: sum of phi(k_m) over the keys kept by query r0 + i
-  if (mask) kept_sums.noalias() = mask->middleRows(r0, w.rows()).cast<double>().matrix() * f.k;
+  MatD kept_sums;  // row i: sum of f_k(m) over the keys kept by query r0 + i
+  if (mask) kept_sums.noalias() = mask->middleRows(r0, w.rows()).cast<double>().matrix() * fk;
   const double key_sum_norm = key_sum.norm();
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    const auto q = f.q.row(r0 + i);
-    const RowNorm rn =
-        mask ? detail::row_norm(v.family, q.dot(kept_sums.row(i)),
-                                static_cast<int>(mask->row(r0 + i).count()),
-                                q.norm() * kept_sums.row(i).norm())
-             : detail::row_norm(v.family, q.dot(key_sum.transpose()), static_cast<int>(f.k.rows()),
-                                q.norm() * key_sum_norm);
+    const auto q = fq.row(r0 + i);
+    const RowForm rn =
+        mask ? kernel_row_form(v, q.dot(kept_sums.row(i)), static_cast<int>(mask->row(r0 + i).count()),
+                               q.norm() * kept_sums.row(i).norm())
+             : kernel_row_form(v, q.dot(key_sum.transpose()), static_cast<int>(fk.rows()),
+                               q.norm() * key_sum_norm);
     auto row = w.row(i).array();
     if (rn.degenerate) {
       row.setZero();
@@ -117,11 +141,11 @@ template <typename Sink>
 void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
                    const Mask* mask, Diagnostics* diag, Sink sink) {
   detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
-  const bool softmax = v.family == Family::Softmax;
-  detail::Features f;
+  const bool scores = !v.has_linear_form();
+  KernelFeatures f;
   VecD key_sum;
-  if (!softmax) {
-    f = detail::features(v, q, k, scale);
+  if (!scores) {
+    f = kernel_features(v, q, k, scale);
     key_sum = f.k.colwise().sum().transpose();
   }
   std::vector<int> degenerate;
@@ -129,14 +153,14 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
   for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += kRowBlock) {
     const Eigen::Index rows = std::min(kRowBlock, q.rows() - r0);
     auto b = block.topRows(rows);
-    if (softmax) {
+    if (scores) {
       detail::count_product(rows, q.cols(), k.rows());
       b.noalias() = q.middleRows(r0, rows) * k.transpose();
       softmax_rows(b, r0, scale, mask, degenerate);
     } else {
       detail::count_product(rows, f.q.cols(), f.k.rows());
       b.noalias() = f.q.middleRows(r0, rows) * f.k.transpose();
-      linear_rows(v, f, key_sum, b, r0, mask, degenerate);
+      kernel_rows(v, f.q, f.k, key_sum, b, r0, mask, degenerate);
     }
     sink(r0, b);
   }
@@ -180,7 +204,7 @@ ConstRef<double> widened(ConstRef<T> x, Scratch& s, Scratch::Slot slot) {
   }
 }
 
-/// Linear-time outputs, no mask: o_i = a_i phi(q_i) (phi(K)^T V) + b_i sum_j v_j, computed in
+/// Linear-time outputs, no mask: o_i = a_i f_q(i) (F_k^T V) + b_i sum_j v_j, computed in
 /// double in the thread's scratch and written into `out`.
 template <typename T>
 void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, ConstRef<T> v_in,
@@ -189,12 +213,11 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
   const ConstRef<double> q = widened<T>(q_in, s, Scratch::kQ);
   const ConstRef<double> k = widened<T>(k_in, s, Scratch::kK);
   const ConstRef<double> values = widened<T>(v_in, s, Scratch::kV);
-  const double c = v.phi_factor(scale, static_cast<int>(k.rows()));
-  const Eigen::Index r = v.map.out_dim(static_cast<int>(q.cols()));
+  const Eigen::Index r = detail::kernel_of(v).feature_dim(v, static_cast<int>(q.cols()));
   Eigen::Map<MatD> fq = s.get(Scratch::kFeatQ, q.rows(), r);
   Eigen::Map<MatD> fk = s.get(Scratch::kFeatK, k.rows(), r);
-  detail::apply_feature_map_into<double>(v.map, q, c, fq);
-  detail::apply_feature_map_into<double>(v.map, k, c, fk);
+  detail::query_features_into(v, q, TokenPositions{}, k.rows(), scale, fq);
+  detail::key_features_into(v, k, scale, fk);
   Eigen::Map<MatD> kv = s.get(Scratch::kKV, r, values.cols());  // d' x dv
   detail::count_product(r, k.rows(), values.cols());
   kv.noalias() = fk.transpose() * values;
@@ -209,8 +232,8 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
     o.noalias() = fq * kv;
     for (Eigen::Index i = 0; i < o.rows(); ++i) {
       const auto qi = fq.row(i);
-      const RowNorm rn = detail::row_norm(v.family, qi.dot(key_sum.row(0)),
-                                          static_cast<int>(k.rows()), qi.norm() * key_sum_norm);
+      const RowForm rn = kernel_row_form(v, qi.dot(key_sum.row(0)), static_cast<int>(k.rows()),
+                                         qi.norm() * key_sum_norm);
       if (rn.degenerate) {
         o.row(i).setZero();
         degenerate.push_back(static_cast<int>(i));
@@ -276,6 +299,21 @@ ConstRef<double> as_double(ConstRef<T> x, MatD& storage) {
 }
 
 }  // namespace
+
+MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk, Diagnostics* diag) {
+  (void)detail::kernel_of(v);
+  if (fq.cols() != fk.cols()) {
+    throw UsageError(v.name() + ": query features are " + std::to_string(fq.cols()) +
+                     " wide, key features " + std::to_string(fk.cols()));
+  }
+  const VecD key_sum = fk.colwise().sum().transpose();
+  MatD w = fq * fk.transpose();
+  std::vector<int> degenerate;
+  kernel_rows(v, fq, fk, key_sum, w, 0, nullptr, degenerate);
+  require_finite(w, v, "attention weights");
+  publish(diag, std::move(degenerate));
+  return w;
+}
 
 template <typename T>
 Mat<T> attention_weights(const Variant& v, ConstRef<T> q, ConstRef<T> k, double scale,

@@ -24,20 +24,24 @@ namespace {
 struct MapEntry {
   std::string_view name;
   MapKind kind;
+  bool homogeneous;  ///< phi(a x) = a phi(x) for a > 0
 };
-constexpr std::array<MapEntry, 6> kMaps{{{"identity", MapKind::Identity},
-                                         {"relu", MapKind::Relu},
-                                         {"leaky_relu", MapKind::LeakyRelu},
-                                         {"elu1", MapKind::Elu1},
-                                         {"exp", MapKind::Exp},
-                                         {"relu_affine", MapKind::ReluAffine}}};
+constexpr std::array<MapEntry, 7> kMaps{{{"identity", MapKind::Identity, true},
+                                         {"relu", MapKind::Relu, true},
+                                         {"leaky_relu", MapKind::LeakyRelu, true},
+                                         {"elu1", MapKind::Elu1, false},
+                                         {"exp", MapKind::Exp, false},
+                                         {"relu_affine", MapKind::ReluAffine, false},
+                                         {"focused", MapKind::Focused, true}}};
 
-std::string_view kind_name(MapKind kind) {
+const MapEntry& entry_of(MapKind kind) {
   for (const auto& e : kMaps) {
-    if (e.kind == kind) return e.name;
+    if (e.kind == kind) return e;
   }
-  return "?";
+  throw UsageError("unknown feature map value");
 }
+
+std::string_view kind_name(MapKind kind) { return entry_of(kind).name; }
 
 std::string shortest(double x) {
   std::array<char, 64> buf{};
@@ -65,7 +69,7 @@ std::string known_feature_maps() {
     if (!out.empty()) out += ", ";
     out += e.name;
   }
-  return out + " (leaky_relu=SLOPE, relu_affine=SEED)";
+  return out + " (leaky_relu=SLOPE, relu_affine=SEED, focused=P)";
 }
 
 namespace detail {
@@ -114,8 +118,11 @@ std::string FeatureMap::name() const {
   std::string out(kind_name(kind));
   if (kind == MapKind::LeakyRelu) out.append("=").append(shortest(slope));
   if (kind == MapKind::ReluAffine) out.append("=").append(std::to_string(seed));
+  if (kind == MapKind::Focused) out.append("=").append(shortest(power));
   return out;
 }
+
+bool FeatureMap::positively_homogeneous() const { return entry_of(kind).homogeneous; }
 
 int FeatureMap::out_dim(int d) const {
   if (kind == MapKind::ReluAffine && A.size() > 0 && A.cols() == d) return static_cast<int>(A.rows());
@@ -156,6 +163,10 @@ FeatureMap parse_feature_map(std::string_view spec, std::uint64_t seed) {
     const auto slope = parse_number<double>(*param);
     if (!slope || !std::isfinite(*slope)) bad_parameter(spec, "slope is not a finite number");
     map.slope = *slope;
+  } else if (map.kind == MapKind::Focused) {
+    const auto p = parse_number<double>(*param);
+    if (!p || !std::isfinite(*p) || !(*p > 0.0)) bad_parameter(spec, "power is not a finite number > 0");
+    map.power = *p;
   } else if (map.kind == MapKind::ReluAffine) {
     const auto s = parse_number<std::uint64_t>(*param);
     if (!s) bad_parameter(spec, "seed is not an unsigned integer");
@@ -198,6 +209,24 @@ void relu_affine(const FeatureMap& map, ConstRef<T> x, Eigen::Ref<Mat<T>> y) {
   relu_affine<T>(drawn, x, y);
 }
 
+/// phi_P row by row. ReLU(x)^P is formed from ReLU(x) / max ReLU(x) (entries in [0, 1], so no
+/// overflow whatever the magnitude); the quotient |r| / |r^P| makes that rescaling cancel:
+/// phi_P(x) = |r| p / |p| with r = ReLU(x), p = (r / max r)^P.
+template <typename T>
+void focused(double power, ConstRef<T> x, Eigen::Ref<Mat<T>> y) {
+  y = x.cwiseMax(T(0));
+  for (Eigen::Index i = 0; i < y.rows(); ++i) {
+    auto row = y.row(i);
+    const T top = row.maxCoeff();
+    if (top == T(0)) continue;  // ReLU killed the row: phi is 0 (a NaN row falls through to the check)
+    row /= top;
+    const T r_norm = top * row.norm();
+    // Entry by entry: Eigen's packet pow trips GCC 12's -Wuninitialized in its AVX-512 headers.
+    for (Eigen::Index t = 0; t < row.size(); ++t) row(t) = std::pow(row(t), static_cast<T>(power));
+    row *= r_norm / row.norm();
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -223,6 +252,9 @@ void apply_feature_map_into(const FeatureMap& map, ConstRef<T> x, double factor,
       break;
     case MapKind::ReluAffine:
       relu_affine<T>(map, x, y);
+      break;
+    case MapKind::Focused:
+      focused<T>(map.power, x, y);
       break;
   }
   if (factor != 1.0) y *= static_cast<T>(factor);

@@ -1,7 +1,8 @@
-// The low-rank form W = Z M of the linear families (attention.hpp).
+// The low-rank form W = Z M of the kernel families (attention.hpp), from the family's features
+// and row form: z_i = [a_i f_q(i), b_i], M = [F_k^T ; 1^T] (no constant column without offset).
 #include "attnscope/attention.hpp"
 
-#include "linear_rows.hpp"
+#include "kernel_rows.hpp"
 
 #include <utility>
 
@@ -10,43 +11,32 @@ namespace attnscope {
 template <typename T>
 LowRankForm low_rank_form(const Variant& v, ConstRef<T> q, ConstRef<T> k, double scale,
                           Diagnostics* diag) {
-  if (v.family == Family::Softmax) {
-    throw UsageError(v.name() + ": softmax attention has no low-rank form");
-  }
+  const KernelFamily* family = v.kernel();
+  if (!family) throw UsageError(v.name() + ": " + std::string(v.family->name()) + " has no low-rank form");
   detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), nullptr);
-  const detail::Features f =
-      detail::features(v, q.template cast<double>(), k.template cast<double>(), scale);
-  const MatD& pq = f.q;
-  const MatD& pk = f.k;
-  const Eigen::Index n = pk.rows();
-  const Eigen::Index r = pk.cols();
-  const VecD key_sum = pk.colwise().sum().transpose();
+  const KernelFeatures f = kernel_features(v, q.template cast<double>(), k.template cast<double>(), scale);
+  const Eigen::Index n = f.k.rows();
+  const Eigen::Index r = f.k.cols();
+  const bool offset = family->has_offset();
+  const VecD key_sum = f.k.colwise().sum().transpose();
+  const double key_sum_norm = key_sum.norm();
 
   LowRankForm out;
-  const bool linear = v.family == Family::Linear;
-  out.Z.setZero(pq.rows(), linear ? r : r + 1);
-  out.M.resize(linear ? r : r + 1, n);
-  out.M.topRows(r) = pk.transpose();
-  if (v.family == Family::InLine) {
-    out.M.topRows(r).colwise() -= key_sum / static_cast<double>(n);
-    out.M.row(r).setConstant(1.0 / static_cast<double>(n));
-  } else if (v.family == Family::Mala) {
-    out.M.row(r).setConstant(-1.0);
-  }
+  out.Z.setZero(f.q.rows(), offset ? r + 1 : r);
+  out.M.resize(offset ? r + 1 : r, n);
+  out.M.topRows(r) = f.k.transpose();
+  if (offset) out.M.row(r).setOnes();
 
   std::vector<int> degenerate;
-  for (Eigen::Index i = 0; i < pq.rows(); ++i) {
-    const double s = pq.row(i).dot(key_sum.transpose());
-    const detail::RowNorm rn =
-        detail::row_norm(v.family, s, static_cast<int>(n), pq.row(i).norm() * key_sum.norm());
-    if (rn.degenerate) {
+  for (Eigen::Index i = 0; i < f.q.rows(); ++i) {
+    const RowForm rf = kernel_row_form(v, f.q.row(i).dot(key_sum.transpose()), static_cast<int>(n),
+                                       f.q.row(i).norm() * key_sum_norm);
+    if (rf.degenerate) {
       degenerate.push_back(static_cast<int>(i));
-    } else if (v.family == Family::InLine) {
-      out.Z.row(i) << pq.row(i), 1.0;
-    } else {
-      out.Z.row(i).head(r) = rn.a * pq.row(i);
-      if (!linear) out.Z(i, r) = -rn.b;  // mala: gamma_i
+      continue;
     }
+    out.Z.row(i).head(r) = rf.a * f.q.row(i);
+    if (offset) out.Z(i, r) = rf.b;
   }
   if (diag) diag->degenerate_rows = std::move(degenerate);
   return out;

@@ -1,4 +1,4 @@
-// The variant registry (variant.hpp): one table of families, one of conventions.
+// Variant specs (variant.hpp): parsing against the family registry and the table of conventions.
 #include "attnscope/variant.hpp"
 
 #include "attnscope/error.hpp"
@@ -10,19 +10,6 @@
 
 namespace attnscope {
 namespace {
-
-enum class MapRule { None, Required, Defaulted };
-
-struct FamilyEntry {
-  std::string_view name;
-  Family family;
-  MapRule map_rule;
-  std::string_view default_map;  ///< for MapRule::Defaulted
-};
-constexpr std::array<FamilyEntry, 4> kFamilies{{{"softmax", Family::Softmax, MapRule::None, ""},
-                                                {"linear", Family::Linear, MapRule::Required, ""},
-                                                {"inline", Family::InLine, MapRule::Defaulted, "identity"},
-                                                {"mala", Family::Mala, MapRule::Defaulted, "elu1"}}};
 
 struct ConventionEntry {
   std::string_view name;
@@ -40,13 +27,6 @@ std::string names_of(const Table& table) {
     out += e.name;
   }
   return out;
-}
-
-const FamilyEntry& family_entry(Family f) {
-  for (const auto& e : kFamilies) {
-    if (e.family == f) return e;
-  }
-  throw UsageError("unknown family value");
 }
 
 std::optional<Convention> find_convention(std::string_view s) {
@@ -69,8 +49,6 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
-std::string to_string(Family f) { return std::string(family_entry(f).name); }
-
 std::string to_string(Convention c) {
   for (const auto& e : kConventions) {
     if (e.convention == c) return std::string(e.name);
@@ -83,38 +61,19 @@ Convention parse_convention(std::string_view s) {
   throw UsageError("unknown convention '" + std::string(s) + "'; known: " + names_of(kConventions));
 }
 
-Family parse_family(std::string_view s) {
-  for (const auto& e : kFamilies) {
-    if (e.name == s) return e.family;
-  }
-  throw UsageError("unknown attention family '" + std::string(s) + "'; known: " + names_of(kFamilies));
-}
+Variant::Variant() : family(&find_family("softmax")) {}
 
 std::string Variant::name() const {
-  std::string out = to_string(family);
-  if (family != Family::Softmax) out.append(":").append(map.name());
+  std::string out(family->name());
+  if (uses_map()) out.append(":").append(map.name());
   return out.append("@").append(to_string(convention));
 }
 
-bool Variant::supports(std::string* why) const {
-  if (convention == Convention::CodeRope) {
-    if (why) {
-      *why = name() + ": the code+rope convention (RoPE applied to q and k after z, as in the "
-                      "released MALA code) is reserved and not implemented";
-    }
-    return false;
-  }
-  return true;
-}
-
-double Variant::phi_factor(double scale, int n_tokens) const {
-  if (convention == Convention::Paper) return 1.0;
-  return std::sqrt(scale / static_cast<double>(n_tokens));
-}
+bool Variant::supports(std::string* why) const { return family->supports(*this, why); }
 
 Variant parse_variant(std::string_view spec_in, Convention default_convention, std::uint64_t seed) {
   const std::string_view spec = trim(spec_in);
-  if (spec.empty()) throw UsageError("empty variant spec; known families: " + names_of(kFamilies));
+  if (spec.empty()) throw UsageError("empty variant spec; known families: " + known_families());
   const auto at = spec.find('@');
   const std::string_view body = spec.substr(0, at);
   std::optional<Convention> convention;
@@ -122,7 +81,7 @@ Variant parse_variant(std::string_view spec_in, Convention default_convention, s
 
   const auto colon = body.find(':');
   Variant v;
-  v.family = parse_family(body.substr(0, colon));
+  v.family = &find_family(body.substr(0, colon));
   std::optional<std::string_view> map_spec;
   if (colon != std::string_view::npos) map_spec = body.substr(colon + 1);
 
@@ -134,18 +93,17 @@ Variant parse_variant(std::string_view spec_in, Convention default_convention, s
       map_spec.reset();
     }
   }
-  const FamilyEntry& entry = family_entry(v.family);
-  if (entry.map_rule == MapRule::None && map_spec) {
-    bad_spec(spec, std::string(entry.name) + " takes no feature map");
-  }
-  if (entry.map_rule == MapRule::Required && !map_spec) {
-    bad_spec(spec, std::string(entry.name) + " needs a feature map, e.g. " + std::string(entry.name) +
-                       ":relu; known maps: " + known_feature_maps());
+  const std::string family(v.family->name());
+  const MapRule rule = v.family->map_rule();
+  if (rule == MapRule::None && map_spec) bad_spec(spec, family + " takes no feature map");
+  if (rule == MapRule::Required && !map_spec) {
+    bad_spec(spec, family + " needs a feature map, e.g. " + family + ":relu; known maps: " +
+                       known_feature_maps());
   }
   if (map_spec) {
     v.map = parse_feature_map(*map_spec, seed);
-  } else if (entry.map_rule == MapRule::Defaulted) {
-    v.map = parse_feature_map(entry.default_map, seed);
+  } else if (rule == MapRule::Defaulted) {
+    v.map = parse_feature_map(v.family->default_map(), seed);
   }
   v.convention = convention.value_or(default_convention);
   return v;
@@ -153,7 +111,7 @@ Variant parse_variant(std::string_view spec_in, Convention default_convention, s
 
 std::vector<Variant> parse_variants(std::string_view specs, Convention default_convention,
                                     std::uint64_t seed) {
-  if (trim(specs).empty()) throw UsageError("empty variant list; known families: " + names_of(kFamilies));
+  if (trim(specs).empty()) throw UsageError("empty variant list; known families: " + known_families());
   std::vector<Variant> out;
   std::vector<std::string_view> spelled;
   std::size_t start = 0;

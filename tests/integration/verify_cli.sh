@@ -5,9 +5,15 @@ for flag in --trials --json --no-timing --timing-max-n --timing-repeats --seed -
   expect_grep "$flag" "$WORK/out.txt"
 done
 
+# 20 fixed rows and the linear-form identity of every kernel family of the registry, paper and code.
+expect_ok "$ATTNSCOPE" info --families
+kernels=$(grep -c '^  form         kernel' "$WORK/out.txt")
+[ "$kernels" -ge 5 ] || { echo "FAIL: info --families lists $kernels kernel families"; exit 1; }
+rows=$((20 + 2 * kernels))
 expect_ok "$ATTNSCOPE" verify --trials 10 --no-timing --seed 3 --out "$WORK/a"
 expect_empty "$WORK/err.txt"
-expect_grep '^24 of 24 checks passed$' "$WORK/out.txt"
+expect_grep "^$rows of $rows checks passed\$" "$WORK/out.txt"
+[ "$(grep -c '^linear_form\.' "$WORK/out.txt")" -eq $((2 * kernels)) ] || { echo "FAIL: linear_form rows"; exit 1; }
 for check in prop1.random prop1.adversarial prop1.hyperplane prop2.relu_collinear \
     prop2.identity_negation prop2.relu_affine lemma1.leaky_relu lemma1.elu1 prop3.random \
     prop3.collinear prop3.hyperplane mala.rows_sum_to_one mala.eq11 mala.eq19 mala.eq22 \
@@ -16,7 +22,7 @@ for check in prop1.random prop1.adversarial prop1.hyperplane prop2.relu_collinea
   expect_grep "^$check +[0-9]+ .*PASS" "$WORK/out.txt"
 done
 expect_grep '^check,what,trials,margin,threshold,result$' "$WORK/a/verify.csv"
-[ "$(grep -c ',PASS$' "$WORK/a/verify.csv")" -eq 24 ] || { echo "FAIL: verify.csv"; exit 1; }
+[ "$(grep -c ',PASS$' "$WORK/a/verify.csv")" -eq "$rows" ] || { echo "FAIL: verify.csv"; exit 1; }
 expect_grep '"failed": 0' "$WORK/a/verify.json"
 
 # Seeded: the same seed gives the same report.
@@ -28,7 +34,7 @@ expect_ok "$ATTNSCOPE" verify --trials 5 --no-timing --json --out "$WORK/c"
 "$PYTHON" -c "
 import json, sys
 j = json.load(open('$WORK/out.txt'))
-assert j['failed'] == 0 and len(j['rows']) == 24, j
+assert j['failed'] == 0 and len(j['rows']) == $rows, j
 assert all(r['result'] == 'PASS' and r['trials'] >= 1 for r in j['rows'])
 " || { echo "FAIL: --json"; cat "$WORK/out.txt"; exit 1; }
 

@@ -93,7 +93,7 @@ TEST_P(EveryVariant, LowRankFormReproducesWeights) {
     const MatD w = attention_weights<double>(v, in.q, in.k, scale, nullptr, &weights_diag);
     const LowRankForm form = low_rank_form<double>(v, in.q, in.k, scale, &form_diag);
     const Eigen::Index r = form.Z.cols();
-    EXPECT_EQ(r, v.map.out_dim(d) + (v.family == Family::Linear ? 0 : 1)) << where;
+    EXPECT_EQ(r, v.kernel()->feature_dim(v, d) + (v.kernel()->has_offset() ? 1 : 0)) << where;
     EXPECT_EQ(form.M.rows(), r) << where;
     EXPECT_TRUE(test::matrices_near(MatD(form.Z * form.M), w, test::kDoubleTol, where));
     EXPECT_EQ(form_diag.degenerate_rows, weights_diag.degenerate_rows) << where;

@@ -8,6 +8,8 @@
 #include "attnscope/error.hpp"
 #include "random_inputs.hpp"
 
+#include "attnscope/softmax.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,7 +35,7 @@ std::int64_t brute_force(const MatF& q, const MatF& k, double scale, const Confu
   const int nq = static_cast<int>(q.rows()), nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
   const MatD qd = q.cast<double>(), kd = k.cast<double>();
   MatD w(nq, nk);
-  for (int i = 0; i < nq; ++i) detail::softmax_exact_row(qd.row(i).data(), kd.data(), nk, d, scale, w.row(i).data());
+  for (int i = 0; i < nq; ++i) softmax_exact_row(qd.row(i).data(), kd.data(), nk, d, scale, w.row(i).data());
   std::int64_t pairs = 0;
   for (int i = 0; i < nq; ++i) {
     for (int j = i + 1; j < nq; ++j) {
@@ -52,7 +54,7 @@ std::int64_t searched(const MatF& q, const MatF& k, double scale, const Confusio
   detail::SoftmaxWorkspace ws;
   judge.reset(static_cast<int>(q.rows()), nk, q, opt, [&](int i, double* out) {
     const VecD qi = q.row(i).cast<double>().transpose();
-    detail::softmax_exact_row(qi.data(), kd.data(), nk, d, scale, out);
+    softmax_exact_row(qi.data(), kd.data(), nk, d, scale, out);
   });
   return detail::search_softmax(q, k, scale, judge, ws).pairs;
 }

@@ -16,6 +16,7 @@
 #include "compare.hpp"
 #include "random_inputs.hpp"
 #include "reference.hpp"
+#include "reference_sweep.hpp"
 #include "tolerances.hpp"
 #include "variant_specs.hpp"
 
@@ -104,7 +105,7 @@ TEST_P(HugeMagnitudes, ConfusionFastEqualsReference) {
   EXPECT_EQ(fast.degenerate_rows, ref.degenerate_rows) << what_;
   // Rows this sharp are one-hot, so queries that share their top key are confused: the
   // comparison is not between two zeros.
-  if (variant_.family == Family::Softmax && magnitude_ >= 1e19) {
+  if (!variant_.has_linear_form() && magnitude_ >= 1e19) {
     EXPECT_GT(ref.pairs, 0) << what_;
   }
 }
@@ -129,7 +130,7 @@ TEST_P(HugeMagnitudes, LocalityFastEqualsReference) {
     ++measured;
     // Errors scale with the row's entries (InLine and MALA rows reach 1e77 here).
     const double row_scale = std::max(1.0, rows.row(i).cwiseAbs().maxCoeff() * 9.0);
-    const double tol = variant_.family == Family::Softmax ? test::kFloatTol : test::kDoubleTol;
+    const double tol = variant_.has_linear_form() ? test::kDoubleTol : test::kFloatTol;
     EXPECT_NEAR(fast[u], ref[u], tol * row_scale) << what_ << " token " << i;
   }
   EXPECT_EQ(measured, kGrid.height * kGrid.width - dead_ref) << what_;
@@ -201,9 +202,9 @@ TEST_P(HugeMagnitudes, RecomputeOutputsEqualLibraryReference) {
 TEST_P(HugeMagnitudes, SpikinessSweepEqualsLibraryReference) {
   SpikinessOptions opts;
   opts.scales = {0.5, 1.0, 3.0};
-  const std::vector<ScaleSpace> spaces = variant_.family == Family::Softmax
-                                             ? std::vector<ScaleSpace>{ScaleSpace::Query}
-                                             : std::vector<ScaleSpace>{ScaleSpace::Query, ScaleSpace::Feature};
+  const std::vector<ScaleSpace> spaces = variant_.has_linear_form()
+                                             ? std::vector<ScaleSpace>{ScaleSpace::Query, ScaleSpace::Feature}
+                                             : std::vector<ScaleSpace>{ScaleSpace::Query};
   for (ScaleSpace space : spaces) {
     opts.space = space;
     const std::string what = what_ + " space=" + to_string(space);
@@ -212,22 +213,14 @@ TEST_P(HugeMagnitudes, SpikinessSweepEqualsLibraryReference) {
     QuerySweep sweep;
     const bool refused = refuses([&] {
       const HeadSweeper sweeper(variant_, k, head_.scale, opts);
-      sweep = sweeper.sweep(q, true, nullptr);
+      sweep = sweeper.sweep(q, 1, true, nullptr);
     });
-    // The reference: the sweep's rows are the family's weights at a q (query space) or, in
-    // feature space, the identity-map family on a phi(q) and phi(K).
-    Variant plain = variant_;
-    MatD keys = k, query = q.transpose();
-    if (space == ScaleSpace::Feature) {
-      plain.map = FeatureMap{};
-      keys = reference::feature_map(variant_.map, k);
-      query = reference::feature_map(variant_.map, query);
-    }
-    bool ref_finite = keys.allFinite() && query.allFinite();
+    // The reference: the sweep's rows at token 1 in the sweep's space (reference_sweep.hpp).
+    bool ref_finite = true;
     std::vector<MatD> want;
     for (double a : opts.scales) {
       if (!ref_finite) break;
-      want.push_back(reference::weights(plain, MatD(a * query), keys, head_.scale));
+      want.push_back(MatD(test::reference_sweep_row(variant_, space, q, 1, a, k, head_.scale).transpose()));
       ref_finite = want.back().allFinite();
     }
     ASSERT_EQ(refused, !ref_finite) << what;
@@ -255,7 +248,7 @@ TEST_P(HugeMagnitudes, SpikinessLawsNeverFailOnRounding) {
       const HeadSweeper sweeper(variant_, k, head_.scale, opts);
       laws = sweeper.laws();
       for (int t = 0; t < kGrid.tokens(); t += 7) {
-        (void)sweeper.sweep(head_.q.row(t).cast<double>().transpose(), false, &laws);
+        (void)sweeper.sweep(head_.q.row(t).cast<double>().transpose(), t, false, &laws);
       }
     });
     if (refused) continue;  // the sweep's rows themselves are compared above

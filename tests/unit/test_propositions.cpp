@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -151,7 +152,17 @@ TEST(VerifyAll, EveryRowPassesAndNoneDependsOnTiming) {
   o.work_sizes = {64, 128, 256};
   o.timing = false;
   const auto rows = verify_all(o);
-  EXPECT_EQ(rows.size(), 24u);
+  // 20 fixed rows and the linear-form identity of every kernel family, paper and code.
+  const std::vector<std::string> forms = linear_form_specs();
+  EXPECT_EQ(forms.size(), 2 * static_cast<std::size_t>(std::count_if(
+                                  all_families().begin(), all_families().end(),
+                                  [](const AttentionFamily* f) { return f->kernel() != nullptr; })));
+  EXPECT_EQ(rows.size(), 20u + forms.size());
+  for (const std::string& spec : forms) {
+    const std::string name = "linear_form." + parse_variant(spec).name();
+    EXPECT_EQ(std::count_if(rows.begin(), rows.end(), [&](const CheckRow& r) { return r.check == name; }), 1)
+        << name;
+  }
   for (const CheckRow& r : rows) EXPECT_TRUE(r.pass) << describe(r);
   // Timing adds information, never a row nor a verdict.
   std::vector<FormTiming> timings;

@@ -6,6 +6,7 @@
 #include "compare.hpp"
 #include "random_inputs.hpp"
 #include "reference.hpp"
+#include "reference_sweep.hpp"
 #include "tolerances.hpp"
 #include "variant_specs.hpp"
 
@@ -138,26 +139,19 @@ SpikinessOptions sweep_options() {
   return o;
 }
 
-/// The reference row of query q scaled by a in the sweeper's space.
-VecD reference_row(const Variant& v, ScaleSpace space, const VecD& q, double a, const MatD& k,
-                   double scale) {
-  if (v.family == Family::Softmax || space == ScaleSpace::Query) {
-    return reference::weights(v, MatD(a * q.transpose()), k, scale).row(0).transpose();
+/// A few maps and conventions of the papers' families, and every family of the registry with
+/// its default map (relu where it needs one).
+std::vector<std::string> sweep_variants() {
+  std::vector<std::string> out{"linear:elu1",     "inline@code",    "mala:elu1@code",
+                               "linear:identity", "mala:relu@code", "linear:focused=3"};
+  for (const AttentionFamily* family : all_families()) {
+    out.push_back(std::string(family->name()) + (family->map_rule() == MapRule::Required ? ":relu" : ""));
   }
-  Variant twin = v;
-  twin.map = FeatureMap{};
-  const MatD phi_q = reference::feature_map(v.map, MatD(q.transpose()));
-  return reference::weights(twin, a * phi_q, reference::feature_map(v.map, k), scale)
-      .row(0)
-      .transpose();
+  return out;
 }
 
-const char* const kSweepVariants[] = {"softmax",        "linear:relu",     "linear:elu1",
-                                      "inline",         "inline@code",     "mala",
-                                      "mala:elu1@code", "linear:identity", "mala:relu@code"};
-
 TEST(HeadSweeper, RowsMatchReferenceAndLawsHold) {
-  for (const char* spec : kSweepVariants) {
+  for (const std::string& spec : sweep_variants()) {
     const Variant v = parse_variant(spec);
     long points = 0;  // per variant: with ReLU and d = 1 a median key often has weight 0
     for (int n : {2, 50, 197}) {
@@ -171,12 +165,13 @@ TEST(HeadSweeper, RowsMatchReferenceAndLawsHold) {
         auto laws = sweeper.laws();
         for (int i = 0; i < std::min(n, 5); ++i) {
           const VecD q = in.q.row(i).transpose();
-          const QuerySweep s = sweeper.sweep(q, true, &laws);
+          const QuerySweep s = sweeper.sweep(q, i, true, &laws);
           ASSERT_EQ(s.points.size(), opts.scales.size()) << where;
-          const VecD w1 = reference_row(v, sweeper.space(), q, 1.0, in.k, scale);
+          const VecD w1 = test::reference_sweep_row(v, sweeper.space(), q, i, 1.0, in.k, scale);
           EXPECT_EQ(s.key_high, KeyRef{}.resolve(w1)) << where << " query " << i;
           for (std::size_t j = 0; j < opts.scales.size(); ++j) {
-            const VecD want = reference_row(v, sweeper.space(), q, opts.scales[j], in.k, scale);
+            const VecD want =
+                test::reference_sweep_row(v, sweeper.space(), q, i, opts.scales[j], in.k, scale);
             EXPECT_TRUE(test::matrices_near(
                 MatD(s.weights[j]), MatD(want), test::kDoubleTol,
                 where + " query " + std::to_string(i) + " a=" + std::to_string(opts.scales[j])));
@@ -203,7 +198,7 @@ TEST(HeadSweeper, SoftmaxRatioIsPowerOfItsValueAtOne) {
   const double scale = 1.0 / std::sqrt(7.0);
   const HeadSweeper sweeper(parse_variant("softmax"), in.k, scale, sweep_options());
   const VecD q = in.q.row(3).transpose();
-  const QuerySweep s = sweeper.sweep(q, false, nullptr);
+  const QuerySweep s = sweeper.sweep(q, 3, false, nullptr);
   const double logit_gap = scale * q.dot(in.k.row(s.key_high) - in.k.row(s.key_low));
   EXPECT_GT(logit_gap, 0.0);
   for (const SweepPoint& p : s.points) {
@@ -220,7 +215,7 @@ TEST(HeadSweeper, SoftmaxRatioIsPowerOfItsValueAtOne) {
 TEST(HeadSweeper, LinearRowDoesNotMoveWithMagnitude) {
   const auto in = test::random_qkv(50, 7, 7, kSeed + 1);
   const HeadSweeper sweeper(parse_variant("linear:elu1"), in.k, 0.4, sweep_options());
-  const QuerySweep s = sweeper.sweep(in.q.row(0).transpose(), true, nullptr);
+  const QuerySweep s = sweeper.sweep(in.q.row(0).transpose(), 0, true, nullptr);
   for (std::size_t j = 1; j < s.weights.size(); ++j) {
     EXPECT_TRUE(test::matrices_near(MatD(s.weights[j]), MatD(s.weights[0]), test::kDoubleTol,
                                     "linear:elu1 a=" + std::to_string(s.points[j].scale)));
@@ -261,7 +256,7 @@ TEST(HeadSweeper, MalaRatioGrowsFractionallyTowardsAFiniteLimit) {
   o.keys = KeyPair{KeyRef{KeyRef::Kind::Top, 0}, KeyRef{KeyRef::Kind::Index, low}};
   const HeadSweeper sweeper(v, k, scale, o);
   auto laws = sweeper.laws();
-  const QuerySweep s = sweeper.sweep(q, true, &laws);
+  const QuerySweep s = sweeper.sweep(q, 0, true, &laws);
   ASSERT_EQ(s.key_high, top);
   const double limit = (score[static_cast<std::size_t>(top)] - gamma) /
                        (score[static_cast<std::size_t>(low)] - gamma);
@@ -293,7 +288,7 @@ TEST(HeadSweeper, QuerySpaceLawsApplyOnlyToHomogeneousMaps) {
   }
   const HeadSweeper relu(parse_variant("mala:relu"), in.k, 0.4, o);
   auto laws = relu.laws();
-  for (int i = 0; i < 5; ++i) (void)relu.sweep(in.q.row(i).transpose(), false, &laws);
+  for (int i = 0; i < 5; ++i) (void)relu.sweep(in.q.row(i).transpose(), i, false, &laws);
   for (const LawResult& law : laws) {
     EXPECT_TRUE(law.applicable) << to_string(law.law);
     EXPECT_TRUE(law.pass()) << to_string(law.law) << " " << law.max_deviation;
@@ -388,7 +383,7 @@ TEST(SpikinessCollector, SweepsEverySampleOfSynthHeadsLikeHeadSweeper) {
       const HeadSweeper direct(variants[v], img.K(s.layer, s.head).cast<double>(), so.scale(),
                                sweep_options());
       const QuerySweep want = direct.sweep(
-          img.Q(s.layer, s.head).row(s.token).cast<double>().transpose(), false, nullptr);
+          img.Q(s.layer, s.head).row(s.token).cast<double>().transpose(), s.token, false, nullptr);
       const QuerySweep& got = r.sweeps[v][i];
       EXPECT_EQ(got.key_high, want.key_high) << variants[v].name() << " sample " << i;
       EXPECT_EQ(got.key_low, want.key_low) << variants[v].name() << " sample " << i;

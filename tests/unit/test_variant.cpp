@@ -12,7 +12,8 @@ namespace {
 
 TEST(Variant, DefaultsFollowTheHeader) {
   const Variant softmax = parse_variant("softmax");
-  EXPECT_EQ(softmax.family, Family::Softmax);
+  EXPECT_EQ(softmax.family, &find_family("softmax"));
+  EXPECT_EQ(Variant().name(), "softmax@paper");
   EXPECT_EQ(softmax.convention, Convention::Paper);
   EXPECT_EQ(softmax.name(), "softmax@paper");
 
@@ -85,10 +86,14 @@ TEST(Variant, CodeRopeParsesButIsNotSupported) {
   EXPECT_TRUE(parse_variant("mala@code").supports());
 }
 
-TEST(Variant, PhiFactor) {
-  EXPECT_EQ(parse_variant("inline").phi_factor(0.125, 197), 1.0);
-  EXPECT_DOUBLE_EQ(parse_variant("inline@code").phi_factor(0.125, 197), std::sqrt(0.125 / 197.0));
-  EXPECT_DOUBLE_EQ(parse_variant("mala@code").phi_factor(0.5, 2), 0.5);
+TEST(Variant, FeatureFactor) {
+  const auto factor = [](const char* spec, double scale, int n) {
+    const Variant v = parse_variant(spec);
+    return v.kernel()->feature_factor(v, scale, n);
+  };
+  EXPECT_EQ(factor("inline", 0.125, 197), 1.0);
+  EXPECT_DOUBLE_EQ(factor("inline@code", 0.125, 197), std::sqrt(0.125 / 197.0));
+  EXPECT_DOUBLE_EQ(factor("mala@code", 0.5, 2), 0.5);
 }
 
 TEST(Variant, ListsAndWhitespace) {
@@ -126,13 +131,16 @@ TEST(Variant, ListsRefuseEmptyItemsAndRepeats) {
 }
 
 TEST(Variant, FamilyAndConventionNames) {
-  for (Family f : {Family::Softmax, Family::Linear, Family::InLine, Family::Mala}) {
-    EXPECT_EQ(parse_family(to_string(f)), f);
+  ASSERT_GE(all_families().size(), 6U);
+  for (const AttentionFamily* f : all_families()) {
+    EXPECT_EQ(&find_family(f->name()), f);
+    EXPECT_NE(known_families().find(f->name()), std::string::npos);
+    EXPECT_FALSE(f->formula().empty()) << f->name();
   }
   for (Convention c : {Convention::Paper, Convention::Code, Convention::CodeRope}) {
     EXPECT_EQ(parse_convention(to_string(c)), c);
   }
-  EXPECT_THROW((void)parse_family("Softmax"), UsageError);
+  EXPECT_THROW((void)find_family("Softmax"), UsageError);
   EXPECT_THROW((void)parse_convention("Paper"), UsageError);
   EXPECT_TRUE(parse_variant("linear:relu").has_linear_form());
   EXPECT_FALSE(parse_variant("softmax").has_linear_form());

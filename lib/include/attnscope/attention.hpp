@@ -1,11 +1,13 @@
-// The four attention families for one head: explicit N x N weights, outputs (linear time where the
-// family allows it), the low-rank form W = Z M of the linear families, and per-query masks.
+// Attention of one head, for every family of the registry (family.hpp): explicit N x N weights,
+// outputs (linear time where the family has a kernel form), the kernel form's features and
+// low-rank form W = Z M, and per-query masks. Nothing here names a family.
 //
 // Inputs follow layout.hpp: q, k are N x d, v is N x dv, row-major. `scale` is s (the model's,
 // normally d^-1/2). All functions are templated on the scalar (float, double) with explicit
 // instantiations in the library; accumulation of sums over N is done in double.
 #pragma once
 
+#include "attnscope/family.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -16,32 +18,30 @@
 namespace attnscope {
 
 /// Per-query masks: kept(i, j) == true when key j stays visible to query i. Rows are renormalised
-/// over the kept keys: softmax and linear divide by the kept sum; inline and mala re-derive their
-/// normalisation with N replaced by the kept count n_i and sums taken over kept keys (the feature
-/// scaling of the code convention keeps the model's N). A row that keeps no key is degenerate.
+/// over the kept keys: softmax over the kept logits; a kernel family takes its RowForm from S_i
+/// summed over the kept keys and the kept count n_i in place of N (normalised kernels divide by
+/// the kept sum; inline and mala re-derive their terms); features keep the model's N (the code
+/// convention's factor, cosformer's positions). A row that keeps no key is degenerate.
 using Mask = Eigen::Array<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// Degenerate rows found while computing. Their weights and outputs are set to 0, never NaN;
 /// analyses skip them and report how many there were.
 struct Diagnostics {
-  /// Queries whose linear-attention denominator phi(q).sum phi(k) is zero or below
-  /// `tiny_denominator` relative to |phi(q)| |sum phi(k)| (e.g. ReLU killed the whole query),
-  /// or whose mala denominator is zero, or whose mask keeps no key.
+  /// Queries whose RowForm is degenerate: a denominator f_q(i).sum f_k that is zero or below
+  /// kTinyDenominator relative to |f_q(i)| |sum f_k| (e.g. ReLU killed the whole query), or a
+  /// mask that keeps no key.
   /// Sorted; each call that is given this struct replaces the list.
   std::vector<int> degenerate_rows;
   [[nodiscard]] bool clean() const { return degenerate_rows.empty(); }
 };
-
-/// Relative threshold under which a normalising denominator counts as zero.
-inline constexpr double kTinyDenominator = 1e-12;
 
 /// Explicit N x N weights. `mask` may be null. `diag` may be null.
 template <typename T>
 Mat<T> attention_weights(const Variant& v, ConstRef<T> q, ConstRef<T> k, double scale,
                          const Mask* mask = nullptr, Diagnostics* diag = nullptr);
 
-/// Outputs O = W V (N x dv). Linear families without a mask run in O(N d dv) (InLine eq. 5,
-/// MALA eq. 13, linear attention) and never form W; softmax and masked runs form W row by row.
+/// Outputs O = W V (N x dv). Kernel families without a mask run in O(N r dv) (InLine eq. 5,
+/// MALA eq. 13, linear attention, ...) and never form W; softmax and masked runs form W row by row.
 template <typename T>
 Mat<T> attention_outputs(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
                          double scale, const Mask* mask = nullptr, Diagnostics* diag = nullptr);
@@ -61,16 +61,36 @@ Mat<T> attention_outputs_explicit(const Variant& v, ConstRef<T> q, ConstRef<T> k
                                   const Mat<T>& v_in, double scale, const Mask* mask = nullptr,
                                   Diagnostics* diag = nullptr);
 
-/// Low-rank form of the linear families (no mask): W = Z M with Z = N x r, M = r x N.
-///   linear: z_i = phi(q_i) / (phi(q_i).sum phi(k)),  M = phi(K)^T               (r = d')
-///   inline: z_i = [phi(q_i), 1],  M = [(phi(K) - mean phi(K))^T ; (1/N) 1^T]      (r = d'+1)
-///   mala:   z_i = [beta_i phi(q_i), gamma_i],  M = [phi(K)^T ; -1^T]              (r = d'+1)
-/// with phi including the convention's factor. Hence |W_i - W_j|^2 = (z_i-z_j)^T (M M^T) (z_i-z_j).
-struct LowRankForm {
-  MatD Z;  ///< N x r
-  MatD M;  ///< r x N
+/// The kernel form's features of a head: f_q of the queries (token positions 0..) and f_k of the
+/// keys, in double with the convention's factor (the model's N = number of keys). Throws
+/// UsageError for a family without a kernel form, NumericalError naming the row of a feature that
+/// is not finite.
+struct KernelFeatures {
+  MatD q;  ///< N_q x r
+  MatD k;  ///< N x r
 };
-/// Throws UsageError for softmax.
+[[nodiscard]] KernelFeatures kernel_features(const Variant& v, ConstRef<double> q, ConstRef<double> k,
+                                             double scale);
+/// f_q of query rows at `positions`, against n_keys keys.
+[[nodiscard]] MatD query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                                  Eigen::Index n_keys, double scale);
+/// The family's RowForm of one row (family.hpp), after refusing (NumericalError) an S or
+/// magnitude that overflowed double: the tiny rule would then call the row degenerate.
+[[nodiscard]] RowForm kernel_row_form(const Variant& v, double S, int n_kept, double magnitude);
+/// Weights from features (no mask): w_ij = a_i fq(i).fk(j) + b_i with each row's RowForm;
+/// degenerate rows are 0 and listed in `diag`.
+[[nodiscard]] MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk,
+                                  Diagnostics* diag = nullptr);
+
+/// Low-rank form of the kernel families (no mask): W = Z M with Z = N x r', M = r' x N,
+///   z_i = [a_i f_q(i), b_i],  M = [F_k^T ; 1^T]       (r' = r + 1)
+/// or without the constant column for families without an offset (has_offset(), r' = r).
+/// Hence |W_i - W_j|^2 = (z_i-z_j)^T (M M^T) (z_i-z_j). Degenerate rows have z_i = 0.
+struct LowRankForm {
+  MatD Z;  ///< N x r'
+  MatD M;  ///< r' x N
+};
+/// Throws UsageError for a family without a kernel form (softmax).
 template <typename T>
 LowRankForm low_rank_form(const Variant& v, ConstRef<T> q, ConstRef<T> k, double scale,
                           Diagnostics* diag = nullptr);

@@ -9,23 +9,29 @@
 
 namespace attnscope {
 
-enum class MapKind { Identity, Relu, LeakyRelu, Elu1, Exp, ReluAffine };
+enum class MapKind { Identity, Relu, LeakyRelu, Elu1, Exp, ReluAffine, Focused };
 
 /// A feature map by name: identity, relu, leaky_relu (slope), elu1 (ELU(x)+1), exp,
-/// relu_affine (ReLU(A x + b); A is d_out x d, b has d_out entries).
+/// relu_affine (ReLU(A x + b); A is d_out x d, b has d_out entries), focused (FLatten's focused
+/// map, Han et al. ICCV 2023: phi_P(x) = (|ReLU(x)| / |ReLU(x)^P|) ReLU(x)^P with the power taken
+/// entry by entry and the norms over the row; a row whose ReLU is zero maps to zero).
 ///
 /// Spec strings (parse_feature_map): "identity", "relu", "leaky_relu" or "leaky_relu=0.2",
 /// "elu1", "exp", "relu_affine" (A, b drawn from the seed given to parse) or
-/// "relu_affine=SEED". Unknown names throw UsageError listing the known ones.
+/// "relu_affine=SEED", "focused" (P = 3) or "focused=P" (P > 0). Unknown names throw UsageError
+/// listing the known ones.
 struct FeatureMap {
   MapKind kind = MapKind::Identity;
   double slope = 0.01;  ///< leaky_relu negative slope
+  double power = 3.0;   ///< focused: the power P
   MatD A;               ///< relu_affine only; empty until set or drawn
   VecD b;               ///< relu_affine only
   std::uint64_t seed = 0;  ///< relu_affine: seed that drew A, b when they were not given
 
   /// Canonical spec string, round-trips through parse_feature_map (A, b by seed).
   [[nodiscard]] std::string name() const;
+  /// Whether phi(a x) = a phi(x) for every a > 0 and every x.
+  [[nodiscard]] bool positively_homogeneous() const;
   /// Output dimension for input dimension d (d_out = rows of A for relu_affine, else d).
   [[nodiscard]] int out_dim(int d) const;
   /// Draws A (d x d, entries N(0, 1/d)) and b (N(0, 1)) from `seed` for input dimension d

@@ -1,24 +1,19 @@
 // Attention families by name: one registry, one table (variant.cpp), no chains of special cases.
 //
 // Spec grammar:   family[:map][@convention]
-//   family      softmax | linear | inline | mala
-//   map         a feature_map spec (feature_map.hpp); softmax takes none, linear requires one,
-//               inline defaults to identity, mala defaults to elu1
+//   family      a name of the family registry (family.hpp; `attnscope info --families` lists them)
+//   map         a feature_map spec (feature_map.hpp), for families whose MapRule allows one:
+//               softmax, efficient and cosformer take none, linear requires one, inline defaults
+//               to identity, mala to elu1
 //   convention  paper (the papers' equations) | code (the released code's scaling) |
 //               code+rope (reserved for MALA's post-z RoPE: parses, supports() says no)
 // "mala:code" and "inline:paper" are accepted as shorthand: a map slot holding a convention name.
 // Without @convention the default passed to parse_variant applies (a dump's own, or paper).
-//
-// Conventions (s = scale, normally head_dim^-1/2; N = number of tokens):
-//   softmax  both:  exp(s q.k_j) / sum_m exp(s q.k_m)
-//   linear   both:  phi(q).phi(k_j) / sum_m phi(q).phi(k_m)          (a scale on phi cancels)
-//   inline   paper: phi(q).phi(k_j) - (1/N) sum_m phi(q).phi(k_m) + 1/N           (eq. 4)
-//            code:  the paper form with phi replaced by (s/N)^1/2 phi
-//   mala     paper: beta phi(q).phi(k_j) - gamma, beta = 1 + 1/(phi(q).sum_m phi(k_m)),
-//                   gamma = phi(q).sum_m phi(k_m) / N                            (eq. 8-9)
-//            code:  the paper form with phi replaced by (s/N)^1/2 phi
+// Each family's weights, in both conventions, are documented in its own file under
+// lib/src/families/ and in docs/attention.md.
 #pragma once
 
+#include "attnscope/family.hpp"
 #include "attnscope/feature_map.hpp"
 
 #include <string>
@@ -27,24 +22,26 @@
 
 namespace attnscope {
 
-enum class Family { Softmax, Linear, InLine, Mala };
 enum class Convention { Paper, Code, CodeRope };
 
 struct Variant {
-  Family family = Family::Softmax;
-  FeatureMap map;  ///< ignored for softmax
+  Variant();  ///< softmax@paper
+  const AttentionFamily* family;  ///< never null: an entry of the registry
+  FeatureMap map;  ///< used only by families whose MapRule is not None
   Convention convention = Convention::Paper;
 
   /// Canonical spec, e.g. "softmax@paper", "linear:relu@paper", "mala:elu1@code".
   [[nodiscard]] std::string name() const;
   /// Whether this build can compute the variant; when not, `why` says why.
   [[nodiscard]] bool supports(std::string* why = nullptr) const;
-  /// True where the outputs can be computed in O(N d^2) (linear, inline, mala).
-  [[nodiscard]] bool has_linear_form() const { return family != Family::Softmax; }
-  /// True where rows are guaranteed to sum to 1 (all four families; false for code+rope).
-  [[nodiscard]] bool rows_sum_to_one() const { return convention != Convention::CodeRope; }
-  /// The multiplier c applied to phi: 1 for paper, sqrt(scale / n_tokens) for code.
-  [[nodiscard]] double phi_factor(double scale, int n_tokens) const;
+  /// The family's kernel form (outputs in O(N d^2), low-rank form), or null (softmax).
+  [[nodiscard]] const KernelFamily* kernel() const { return family->kernel(); }
+  /// True where the outputs can be computed in O(N d^2).
+  [[nodiscard]] bool has_linear_form() const { return kernel() != nullptr; }
+  /// True where rows are guaranteed to sum to 1 (false for code+rope).
+  [[nodiscard]] bool rows_sum_to_one() const { return family->rows_sum_to_one(*this); }
+  /// Whether the spec carries a feature map (the family's MapRule is not None).
+  [[nodiscard]] bool uses_map() const { return family->map_rule() != MapRule::None; }
 };
 
 [[nodiscard]] Variant parse_variant(std::string_view spec, Convention default_convention = Convention::Paper,
@@ -54,9 +51,7 @@ struct Variant {
 [[nodiscard]] std::vector<Variant> parse_variants(std::string_view specs,
                                                   Convention default_convention = Convention::Paper,
                                                   std::uint64_t seed = 0);
-[[nodiscard]] std::string to_string(Family f);
 [[nodiscard]] std::string to_string(Convention c);
 [[nodiscard]] Convention parse_convention(std::string_view s);
-[[nodiscard]] Family parse_family(std::string_view s);
 
 }  // namespace attnscope

@@ -1,18 +1,14 @@
 // Plain-loop references (reference.hpp).
 #include "reference.hpp"
 
+#include "attnscope/error.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 
 namespace attnscope::reference {
 namespace {
-
-double dot(const MatD& a, Eigen::Index i, const MatD& b, Eigen::Index j) {
-  double s = 0.0;
-  for (Eigen::Index t = 0; t < a.cols(); ++t) s += a(i, t) * b(j, t);
-  return s;
-}
 
 double scalar_map(const FeatureMap& map, double x) {
   switch (map.kind) {
@@ -27,9 +23,32 @@ double scalar_map(const FeatureMap& map, double x) {
     case MapKind::Exp:
       return std::exp(x);
     case MapKind::ReluAffine:
+    case MapKind::Focused:
       break;
   }
   return 0.0;
+}
+
+/// FLatten's focused map, row by row: (|r| / |r^P|) r^P, r = ReLU(x); a zero r maps to 0. The
+/// powers are taken of r / max r (the quotient is unchanged, and nothing overflows).
+MatD focused(double power, const MatD& x) {
+  MatD y = MatD::Zero(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    double top = 0.0;
+    for (Eigen::Index t = 0; t < x.cols(); ++t) top = std::max(top, x(i, t));
+    if (top == 0.0) continue;
+    double r2 = 0.0, p2 = 0.0;
+    for (Eigen::Index t = 0; t < x.cols(); ++t) {
+      const double r = x(i, t) > 0.0 ? x(i, t) / top : 0.0;
+      const double p = std::pow(r, power);
+      y(i, t) = p;
+      r2 += r * r;
+      p2 += p * p;
+    }
+    const double factor = top * std::sqrt(r2) / std::sqrt(p2);
+    for (Eigen::Index t = 0; t < x.cols(); ++t) y(i, t) *= factor;
+  }
+  return y;
 }
 
 /// ReLU(A x + b) for every row, with explicit loops.
@@ -45,84 +64,6 @@ MatD relu_affine(const MatD& A, const VecD& b, const MatD& x) {
   return y;
 }
 
-bool kept(const Mask* mask, Eigen::Index i, Eigen::Index j) { return mask == nullptr || (*mask)(i, j); }
-
-/// Softmax row i over kept keys; false when no key is kept.
-bool softmax_row(const MatD& q, const MatD& k, double scale, const Mask* mask, Eigen::Index i,
-                 MatD& w) {
-  bool any = false;
-  double top = 0.0;
-  for (Eigen::Index j = 0; j < k.rows(); ++j) {
-    if (!kept(mask, i, j)) continue;
-    const double logit = scale * dot(q, i, k, j);
-    if (!any || logit > top) top = logit;
-    any = true;
-  }
-  if (!any) return false;
-  double total = 0.0;
-  for (Eigen::Index j = 0; j < k.rows(); ++j) {
-    w(i, j) = kept(mask, i, j) ? std::exp(scale * dot(q, i, k, j) - top) : 0.0;
-    total += w(i, j);
-  }
-  for (Eigen::Index j = 0; j < k.rows(); ++j) w(i, j) /= total;
-  return true;
-}
-
-/// Linear / InLine / MALA row i from phi(q), phi(k) (convention factor included); false when
-/// the row is degenerate.
-bool kernel_row(Family family, const MatD& fq, const MatD& fk, const Mask* mask, Eigen::Index i,
-                MatD& w) {
-  int n = 0;
-  double S = 0.0;  // phi(q_i) . sum_kept phi(k_m)
-  for (Eigen::Index m = 0; m < fk.rows(); ++m) {
-    if (!kept(mask, i, m)) continue;
-    ++n;
-    S += dot(fq, i, fk, m);
-  }
-  if (n == 0) return false;
-  double q_norm2 = 0.0, ksum_norm2 = 0.0;
-  for (Eigen::Index t = 0; t < fq.cols(); ++t) {
-    double ks = 0.0;
-    for (Eigen::Index m = 0; m < fk.rows(); ++m) {
-      if (kept(mask, i, m)) ks += fk(m, t);
-    }
-    ksum_norm2 += ks * ks;
-    q_norm2 += fq(i, t) * fq(i, t);
-  }
-  if (!std::isfinite(S) || !std::isfinite(q_norm2) || !std::isfinite(ksum_norm2)) {
-    // Overflow: the row has no value in double. NaN, so that no caller takes it for a result
-    // (the tiny rule below would call it degenerate).
-    for (Eigen::Index j = 0; j < fk.rows(); ++j) w(i, j) = std::numeric_limits<double>::quiet_NaN();
-    return true;
-  }
-  const bool tiny = !(std::abs(S) > kTinyDenominator * std::sqrt(q_norm2) * std::sqrt(ksum_norm2));
-  if (tiny && family != Family::InLine) return false;
-  const double inv_n = 1.0 / n;
-  const double beta = 1.0 + 1.0 / S;  // MALA eq. 9
-  const double gamma = S / n;
-  for (Eigen::Index j = 0; j < fk.rows(); ++j) {
-    if (!kept(mask, i, j)) {
-      w(i, j) = 0.0;
-      continue;
-    }
-    const double qk = dot(fq, i, fk, j);
-    switch (family) {
-      case Family::Linear:
-        w(i, j) = qk / S;
-        break;
-      case Family::InLine:  // eq. 4
-        w(i, j) = qk - inv_n * S + inv_n;
-        break;
-      case Family::Mala:  // eq. 8
-        w(i, j) = beta * qk - gamma;
-        break;
-      case Family::Softmax:
-        break;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 MatD feature_map(const FeatureMap& map, const MatD& x) {
@@ -131,6 +72,7 @@ MatD feature_map(const FeatureMap& map, const MatD& x) {
     with_params.ensure_params(static_cast<int>(x.cols()));
     return relu_affine(with_params.A, with_params.b, x);
   }
+  if (map.kind == MapKind::Focused) return focused(map.power, x);
   MatD y(x.rows(), x.cols());
   for (Eigen::Index i = 0; i < x.rows(); ++i) {
     for (Eigen::Index t = 0; t < x.cols(); ++t) y(i, t) = scalar_map(map, x(i, t));
@@ -138,28 +80,33 @@ MatD feature_map(const FeatureMap& map, const MatD& x) {
   return y;
 }
 
+#define ATTNSCOPE_FAMILY(name)                                                               \
+  MatD weights_##name(const Variant& v, const MatD& q, const MatD& k, double scale,                \
+                      const Mask* mask, std::vector<int>& degenerate);
+#include "reference_list.inc"
+#undef ATTNSCOPE_FAMILY
+
+bool has_weights(std::string_view family) {
+#define ATTNSCOPE_FAMILY(name) \
+  if (family == #name) return true;
+#include "reference_list.inc"
+#undef ATTNSCOPE_FAMILY
+  return false;
+}
+
 MatD weights(const Variant& v, const MatD& q, const MatD& k, double scale, const Mask* mask,
              std::vector<int>* degenerate) {
-  MatD w = MatD::Zero(q.rows(), k.rows());
-  MatD fq, fk;
-  if (v.family != Family::Softmax) {
-    // code convention: phi scaled by (s/N)^1/2 with the model's N (the number of keys)
-    const double c = v.convention == Convention::Paper
-                         ? 1.0
-                         : std::sqrt(scale / static_cast<double>(k.rows()));
-    fq = c * feature_map(v.map, q);
-    fk = c * feature_map(v.map, k);
+  std::vector<int> rows;
+  const std::string_view family = v.family->name();
+#define ATTNSCOPE_FAMILY(name)                                                      \
+  if (family == #name) {                                                            \
+    MatD w = weights_##name(v, q, k, scale, mask, rows);                            \
+    if (degenerate) *degenerate = rows;                                             \
+    return w;                                                                       \
   }
-  if (degenerate) degenerate->clear();
-  for (Eigen::Index i = 0; i < q.rows(); ++i) {
-    const bool ok = v.family == Family::Softmax ? softmax_row(q, k, scale, mask, i, w)
-                                                : kernel_row(v.family, fq, fk, mask, i, w);
-    if (!ok) {
-      for (Eigen::Index j = 0; j < k.rows(); ++j) w(i, j) = 0.0;
-      if (degenerate) degenerate->push_back(static_cast<int>(i));
-    }
-  }
-  return w;
+#include "reference_list.inc"
+#undef ATTNSCOPE_FAMILY
+  throw UsageError("no reference for the attention family '" + std::string(family) + "'");
 }
 
 MatD outputs(const Variant& v, const MatD& q, const MatD& k, const MatD& values, double scale,

@@ -1,7 +1,8 @@
 // Plain-loop, double-precision references of the attention library, kept forever for tests.
 //
-// Written from the papers' formulas entry by entry (no Eigen products, no shared code with the
-// fast paths beyond the parameter drawing of relu_affine / f2), so that a test comparing the two
+// One file per family under families/ (weights_<name>), written from the papers' formulas entry
+// by entry (no Eigen products, no shared code with the fast paths beyond the parameter drawing of
+// relu_affine / f2, and no use of the family registry's maths), so that a test comparing the two
 // checks the algebra of the fast paths (the affine row form, the linear-time outputs) as well as
 // their arithmetic. Degenerate rows follow the library's policy: weights and outputs 0, the row
 // listed in `degenerate` (sorted).
@@ -13,6 +14,7 @@
 #include "attnscope/query_transform.hpp"
 #include "attnscope/variant.hpp"
 
+#include <string_view>
 #include <vector>
 
 namespace attnscope::reference {
@@ -20,7 +22,11 @@ namespace attnscope::reference {
 /// phi applied entry by entry (relu_affine: the map's A, b, drawn from its seed when unset).
 MatD feature_map(const FeatureMap& map, const MatD& x);
 
-/// Explicit attention weights, one entry at a time.
+/// Whether the family has a reference (lib/src/reference/families/<name>.cpp).
+bool has_weights(std::string_view family);
+
+/// Explicit attention weights, one entry at a time, by the family's own reference file. Throws
+/// UsageError for a family that has none.
 MatD weights(const Variant& v, const MatD& q, const MatD& k, double scale,
              const Mask* mask = nullptr, std::vector<int>* degenerate = nullptr);
 

@@ -31,11 +31,12 @@ inline constexpr double kMaxRowMagnitude = 1e150;
 /// so rows can be computed one at a time.
 class ExactRows {
  public:
-  /// Throws NumericalError when q or k holds a non-finite value, when phi overflows, or when
-  /// the rows could overflow double: softmax when |s| max|q_i| max|k_j| > kMaxRowMagnitude; the
-  /// kernel families when |phi(K)|_F, any |phi(q_i)| |phi(K)|_F, or a non-degenerate row's
-  /// |c_i| |phi(q_i)| or (2 |c_i| + 1) |phi(q_i)| |phi(K)|_F + 1 does (c_i = 1/den_i for linear,
-  /// 1 for inline, beta_i for mala). Float inputs with the non-exp maps never come near it.
+  /// Throws NumericalError when q or k holds a non-finite value, when a feature overflows, or
+  /// when the rows could overflow double: softmax when |s| max|q_i| max|k_j| > kMaxRowMagnitude;
+  /// the kernel families when |F_k|_F, any |f_q(i)| |F_k|_F, or a non-degenerate row's
+  /// |a_i| |f_q(i)| or (2 |a_i| + 1) |f_q(i)| |F_k|_F + 1 does (a_i of the family's RowForm:
+  /// 1/den_i for normalised kernels, 1 for inline, beta_i for mala). Float inputs with the non-exp
+  /// maps never come near it.
   ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale);
 
   [[nodiscard]] int tokens() const { return n_; }
@@ -46,12 +47,14 @@ class ExactRows {
   [[nodiscard]] bool degenerate(int i) const { return degenerate_[static_cast<std::size_t>(i)] != 0; }
   [[nodiscard]] int degenerate_count() const;
 
-  // Features of the linear families (empty for softmax): phi(q), phi(k) with the convention's
-  // factor, sum_m phi(k_m) and each query's phi(q_i).sum phi(k).
+  // The kernel form (empty for softmax): the family's features f_q, f_k (convention's factor
+  // included), sum_m f_k(m), each query's f_q(i).sum f_k and its row coefficients: row i is
+  // a_i f_q(i).f_k(j) + b_i.
   [[nodiscard]] const MatD& phi_q() const { return phi_q_; }
   [[nodiscard]] const MatD& phi_k() const { return phi_k_; }
   [[nodiscard]] const VecD& phi_k_sum() const { return phi_k_sum_; }
   [[nodiscard]] double denominator(int i) const { return den_[static_cast<std::size_t>(i)]; }
+  [[nodiscard]] double row_coefficient(int i) const { return a_[static_cast<std::size_t>(i)]; }
 
  private:
   [[noreturn]] void out_of_range(const std::string& what, double value) const;
@@ -62,7 +65,7 @@ class ExactRows {
   MatD q_, k_;              // softmax only
   MatD phi_q_, phi_k_;      // linear families only
   VecD phi_k_sum_;
-  std::vector<double> den_;
+  std::vector<double> den_, a_, b_;
   std::vector<char> degenerate_;
 };
 

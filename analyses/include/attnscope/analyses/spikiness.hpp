@@ -9,10 +9,15 @@
 //            beta(a) = (beta + a - 1) / a,  gamma(a) = a gamma                 (MALA eq. 11)
 // where ratio(a) is the weight of the higher-ranked reference key over that of the lower one.
 //
-// Where the query is scaled: softmax scales q; the kernel families scale phi(q) ("feature" space,
-// what the laws assume: MALA eq. 11 keeps the direction of phi(q) fixed). With the "query" space
-// the kernel families see phi(a q) instead; the two coincide for positively homogeneous maps
-// (identity, relu, leaky_relu), and for the others the laws do not apply and are reported as such.
+// Each family names its laws (family.hpp's magnitude_laws()); efficient and cosformer, normalised
+// kernels, obey linear's.
+//
+// Where the query is scaled: softmax scales q; the kernel families scale their query features
+// f_q (phi(q) with the convention's factor; "feature" space, what the laws assume: MALA eq. 11
+// keeps the direction of phi(q) fixed). With the "query" space the kernel families see f_q(a q)
+// instead; the two coincide where the family's query features are positively homogeneous
+// (identity, relu, leaky_relu, focused maps; cosformer), and elsewhere the laws do not apply and
+// are reported as such.
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
@@ -96,8 +101,8 @@ struct QuerySweep {
   std::vector<VecD> weights;  ///< the row at each scale, when asked for (keep_weights)
 };
 
-/// The law a family should obey under the sweep.
-enum class Law { SoftmaxPower, LinearInvariant, InlineAffine, MalaRatio, MalaBetaGamma };
+/// The law a family should obey under the sweep (the family lists its own).
+using Law = MagnitudeLaw;
 [[nodiscard]] std::string to_string(Law law);
 
 /// Largest deviation from one law over many queries and scales. Deviations (all relative):
@@ -133,16 +138,17 @@ struct LawResult {
 inline constexpr double kLawTolerance = 1e-8;
 inline constexpr double kPoleGuard = 1e-6;
 
-/// Sweeps queries of one head for one variant. Holds phi(K) (with the convention's factor), so
-/// that many queries of the same head share it. Thread-safe for concurrent sweep() calls.
+/// Sweeps queries of one head for one variant. Holds the key features f_k (kernel families), so
+/// that many queries of the same head share them. Thread-safe for concurrent sweep() calls.
 class HeadSweeper {
  public:
   /// k: N x d keys; scale: the model's s.
   HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts);
 
-  /// Sweeps one query (a row of d values). Adds its law deviations to `laws` (one entry per law
+  /// Sweeps one query (a row of d values) at token position `token` (the features of
+  /// position-dependent families need it). Adds its law deviations to `laws` (one entry per law
   /// of the family, as returned by laws()) when not null.
-  [[nodiscard]] QuerySweep sweep(const VecD& q, bool keep_weights,
+  [[nodiscard]] QuerySweep sweep(const VecD& q, Eigen::Index token, bool keep_weights,
                                  std::vector<LawResult>* laws) const;
   /// Empty results of the laws this family is checked against (variant, law, threshold and
   /// applicability filled in).
@@ -150,24 +156,19 @@ class HeadSweeper {
   [[nodiscard]] ScaleSpace space() const { return space_; }
 
  private:
-  /// Rows of weights for the given query rows (already in the sweep's space).
-  [[nodiscard]] MatD rows(const MatD& inputs) const;
-  void check_laws(const VecD& q_in, const MatD& w, const VecD& w1, int hi, int lo,
+  /// Rows of weights for the query q scaled by 1 (row 0) and by every scale; f_one is set to the
+  /// query features at a = 1 (kernel families).
+  [[nodiscard]] MatD rows(const VecD& q, Eigen::Index token, VecD& f_one) const;
+  void check_laws(const VecD& q, const VecD& f_one, const MatD& w, const VecD& w1, int hi, int lo,
                   std::vector<LawResult>& laws) const;
 
-  Variant variant_;  ///< as given
-  Variant compute_;  ///< what rows() runs: the variant itself, or its identity-map twin
-  MatD keys_;        ///< K (query space) or phi(K) (feature space)
-  MatD phi_keys_;    ///< c phi(K), c the convention's factor (kernel families)
+  Variant variant_;
+  MatD keys_;        ///< K (softmax) or f_k (kernel families, the convention's factor included)
   double scale_;
-  double phi_factor_ = 1.0;
   SpikinessOptions opts_;
   ScaleSpace space_;
-  bool homogeneous_map_ = true;
+  bool homogeneous_ = true;  ///< the family's query features are positively homogeneous
 };
-
-/// Whether phi(a x) = a phi(x) for every a > 0.
-[[nodiscard]] bool positively_homogeneous(const FeatureMap& map);
 
 /// MALA's per-query terms for features already carrying the convention's factor:
 /// S = phi(q).sum_m phi(k_m), beta = 1 + 1/S, gamma = S / N, and the scores phi(q).phi(k_j).

@@ -1,0 +1,112 @@
+// The registry of attention families: each family's maths, defined once, in one file of its own
+// under lib/src/families/. Everything else (explicit weights, linear-time outputs, the low-rank
+// form, masks, every analysis) asks the family through this interface and never names one.
+//
+// Two forms exist:
+//  * the kernel form, w_ij = a_i f_q(i).f_k(j) + b_i over the kept keys, where f_q, f_k are the
+//    family's query and key features (a feature map, the convention's factor, token positions...)
+//    and (a_i, b_i) come from S_i = f_q(i).sum_kept f_k and the number n_i of kept keys
+//    (KernelFamily): linear, inline, mala, efficient, cosformer. Outputs in linear time as
+//    o_i = a_i f_q(i) [F_k^T V] + b_i sum_j v_j, and W = Z M with z_i = [a_i f_q(i), b_i],
+//    M = [F_k^T ; 1^T].
+//  * the score form of softmax, exp(s q.k_j) over the kept keys (softmax.hpp), which has none.
+//
+// Adding a family: one file lib/src/families/<name>.cpp defining `family_<name>()` (the build
+// lists that folder; see docs/attention.md "Adding a family"), one plain-loop reference
+// lib/src/reference/families/<name>.cpp, and one entry in docs/attention.md.
+#pragma once
+
+#include "attnscope/layout.hpp"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace attnscope {
+
+struct Variant;
+class KernelFamily;
+
+/// How a spec's map slot is used: none allowed, required, or defaulted.
+enum class MapRule { None, Required, Defaulted };
+
+/// The laws a magnitude sweep (one query scaled by a > 0) is checked against (MALA §3.2-3.3).
+enum class MagnitudeLaw { SoftmaxPower, LinearInvariant, InlineAffine, MalaRatio, MalaBetaGamma };
+
+/// Relative threshold under which a normalising denominator counts as zero.
+inline constexpr double kTinyDenominator = 1e-12;
+
+class AttentionFamily {
+ public:
+  virtual ~AttentionFamily() = default;
+  /// Spec name ("softmax", "linear", ...).
+  [[nodiscard]] virtual std::string_view name() const = 0;
+  /// The weight of key j for query i, one line, with its source.
+  [[nodiscard]] virtual std::string_view formula() const = 0;
+  [[nodiscard]] virtual MapRule map_rule() const = 0;
+  /// The map used when the spec names none (MapRule::Defaulted).
+  [[nodiscard]] virtual std::string_view default_map() const { return {}; }
+  /// Whether this build computes `v`; when not, `why` says why. Default: every convention but
+  /// code+rope (reserved).
+  [[nodiscard]] virtual bool supports(const Variant& v, std::string* why) const;
+  /// Whether rows are guaranteed to sum to 1 (over the kept keys under a mask).
+  [[nodiscard]] virtual bool rows_sum_to_one(const Variant& v) const;
+  /// Whether weights can be negative (the weight census walks these families by default).
+  [[nodiscard]] virtual bool weights_can_be_negative() const { return false; }
+  /// The laws a magnitude sweep checks: in feature space for kernel families (f_q scaled), in
+  /// query space for softmax.
+  [[nodiscard]] virtual std::vector<MagnitudeLaw> magnitude_laws() const = 0;
+  /// The kernel form, or null (softmax).
+  [[nodiscard]] virtual const KernelFamily* kernel() const { return nullptr; }
+};
+
+/// a_i, b_i of one row of the kernel form, or a degenerate row (weights and outputs 0, reported).
+struct RowForm {
+  double a = 0.0;
+  double b = 0.0;
+  bool degenerate = true;
+};
+
+/// Token positions of a block of query rows: row r is token first + r * step.
+struct TokenPositions {
+  Eigen::Index first = 0;
+  Eigen::Index step = 1;
+  [[nodiscard]] Eigen::Index at(Eigen::Index r) const { return first + r * step; }
+};
+
+class KernelFamily : public AttentionFamily {
+ public:
+  [[nodiscard]] const KernelFamily* kernel() const override { return this; }
+  /// Width r of f_q and f_k for head dim d. Default: the map's output width.
+  [[nodiscard]] virtual int feature_dim(const Variant& v, int d) const;
+  /// Query features f_q (q.rows() x feature_dim), in double, with the convention's factor; the
+  /// model's N is `n_keys`. Default: c phi(q), c = feature_factor().
+  virtual void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                              Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const;
+  /// Key features f_k of all N keys (row j is token j). Default: c phi(k).
+  virtual void key_features(const Variant& v, ConstRef<double> k, double scale,
+                            Eigen::Ref<MatD> out) const;
+  /// The convention's factor on phi used by the default features: 1 (paper), (s/N)^1/2 (code).
+  [[nodiscard]] virtual double feature_factor(const Variant& v, double scale, Eigen::Index n_keys) const;
+  /// a_i, b_i from S = f_q(i).sum_kept f_k, the kept count and magnitude = |f_q(i)| |sum_kept f_k|
+  /// (finite: the caller refuses overflow first).
+  [[nodiscard]] virtual RowForm row_form(double S, int n_kept, double magnitude) const = 0;
+  /// Whether b_i can be non-zero: the low-rank form then carries the constant column.
+  [[nodiscard]] virtual bool has_offset() const = 0;
+  /// Whether f_q(a q) = a f_q(q) for every a > 0 (query-space magnitude sweeps). Default: the
+  /// map's positive homogeneity.
+  [[nodiscard]] virtual bool query_features_homogeneous(const Variant& v) const;
+};
+
+/// The row form of normalised kernels (linear attention, efficient, cosformer): a = 1/S, b = 0;
+/// degenerate when S is zero or below kTinyDenominator * magnitude.
+[[nodiscard]] RowForm normalised_row(double S, int n_kept, double magnitude);
+
+/// Every family of this build, in a fixed order.
+[[nodiscard]] const std::vector<const AttentionFamily*>& all_families();
+/// The family of that spec name; UsageError listing the known ones otherwise.
+[[nodiscard]] const AttentionFamily& find_family(std::string_view name);
+/// "softmax, linear, ..." for messages.
+[[nodiscard]] std::string known_families();
+
+}  // namespace attnscope

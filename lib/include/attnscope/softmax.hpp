@@ -1,0 +1,27 @@
+// The score form of the softmax family (lib/src/families/softmax.cpp): its rows explicit and
+// masked, exact in double entry by entry, and in float. Softmax has no kernel form; these are the
+// only places its weights are computed.
+#pragma once
+
+#include "attnscope/attention.hpp"
+
+#include <vector>
+
+namespace attnscope {
+
+/// Turns w, rows r0.. of q k^T (unscaled), into softmax rows over the keys `mask` keeps (all
+/// when null), with the max subtracted before exp. Rows that keep no key are zeroed and appended
+/// to `degenerate`.
+void softmax_rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask* mask,
+                  std::vector<int>& degenerate);
+
+/// The exact row of query qi (d entries) against k (n x d, row-major): logits scale * (qi.k_j)
+/// summed in index order, the max subtracted, exp, divided by the sum. Every exact softmax count
+/// is defined by this one function.
+void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out);
+
+/// Float rows of q (Nq x d) against k (Nk x d): one GEMM and one exp per entry, row sums in
+/// double. An approximation for searches that bound its error, never a result.
+void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w);
+
+}  // namespace attnscope

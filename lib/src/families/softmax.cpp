@@ -1,0 +1,101 @@
+// softmax: exp(s q_i.k_j) / sum_m exp(s q_i.k_m), the same in both conventions (s is the model's
+// scale, normally d^-1/2). The score form: no features, no linear-time output, no low-rank form.
+// Its rows (explicit, exact, float) are in softmax.hpp, defined here.
+#include "attnscope/softmax.hpp"
+
+#include "attnscope/variant.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace attnscope {
+namespace {
+
+class Softmax final : public AttentionFamily {
+ public:
+  std::string_view name() const override { return "softmax"; }
+  std::string_view formula() const override {
+    return "exp(s q_i.k_j) / sum_m exp(s q_i.k_m)   (Vaswani et al. 2017; InLine eq. 1)";
+  }
+  MapRule map_rule() const override { return MapRule::None; }
+  std::vector<MagnitudeLaw> magnitude_laws() const override { return {MagnitudeLaw::SoftmaxPower}; }
+};
+
+double dot(const double* a, const double* b, int n) {
+  double s = 0.0;
+  for (int t = 0; t < n; ++t) s += a[t] * b[t];
+  return s;
+}
+
+}  // namespace
+
+const AttentionFamily& family_softmax() {
+  static const Softmax family;
+  return family;
+}
+
+void softmax_rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask* mask,
+                  std::vector<int>& degenerate) {
+  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+  w *= scale;
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    auto row = w.row(i).array();
+    if (mask) row = mask->row(r0 + i).select(row, kMinusInf);
+    const double top = row.maxCoeff();
+    if (top == kMinusInf) {  // the mask keeps no key
+      row.setZero();
+      degenerate.push_back(static_cast<int>(r0 + i));
+      continue;
+    }
+    if (mask) {
+      // Eigen's vectorised exp clamps its argument, so exp(-inf) is tiny, not 0: select again.
+      row = mask->row(r0 + i).select((row - top).exp(), 0.0);
+    } else {
+      row = (row - top).exp();
+    }
+    row /= row.sum();
+  }
+}
+
+void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out) {
+  // Four keys at a time: four independent sums, each still accumulated in index order exactly as
+  // dot() does, so the logits are dot()'s without waiting on one chain of dependent additions.
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const double* k0 = k + static_cast<std::ptrdiff_t>(j) * d;
+    const double *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int t = 0; t < d; ++t) {
+      const double a = qi[t];
+      s0 += a * k0[t];
+      s1 += a * k1[t];
+      s2 += a * k2[t];
+      s3 += a * k3[t];
+    }
+    out[j] = scale * s0;
+    out[j + 1] = scale * s1;
+    out[j + 2] = scale * s2;
+    out[j + 3] = scale * s3;
+  }
+  for (; j < n; ++j) out[j] = scale * dot(qi, k + static_cast<std::ptrdiff_t>(j) * d, d);
+  double max_logit = -HUGE_VAL;
+  for (int t = 0; t < n; ++t) max_logit = std::max(max_logit, out[t]);
+  double sum = 0.0;
+  for (int t = 0; t < n; ++t) sum += (out[t] = std::exp(out[t] - max_logit));
+  for (int t = 0; t < n; ++t) out[t] /= sum;
+}
+
+void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
+  w.resize(q.rows(), k.rows());
+  w.noalias() = q * k.transpose();
+  w *= static_cast<float>(scale);
+  for (Eigen::Index i = 0; i < w.rows(); ++i) w.row(i).array() -= w.row(i).maxCoeff();
+  // One exp over the whole matrix: the vectorised exp leaves one short tail, not one per row.
+  w.array() = w.array().exp();
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    w.row(i) /= static_cast<float>(w.row(i).cast<double>().sum());
+  }
+}
+
+}  // namespace attnscope

@@ -1,0 +1,81 @@
+// The family registry (family.hpp): the list of families, built from lib/src/families/ (the build
+// writes one ATTNSCOPE_FAMILY(name) line per file there), and the defaults of the interface.
+#include "attnscope/family.hpp"
+
+#include "attnscope/error.hpp"
+#include "attnscope/variant.hpp"
+#include "feature_map_apply.hpp"
+
+#include <cmath>
+
+namespace attnscope {
+
+#define ATTNSCOPE_FAMILY(name) const AttentionFamily& family_##name();
+#include "family_list.inc"
+#undef ATTNSCOPE_FAMILY
+
+const std::vector<const AttentionFamily*>& all_families() {
+  static const std::vector<const AttentionFamily*> list = [] {
+    std::vector<const AttentionFamily*> out;
+#define ATTNSCOPE_FAMILY(name) out.push_back(&family_##name());
+#include "family_list.inc"
+#undef ATTNSCOPE_FAMILY
+    return out;
+  }();
+  return list;
+}
+
+std::string known_families() {
+  std::string out;
+  for (const AttentionFamily* f : all_families()) {
+    if (!out.empty()) out += ", ";
+    out += f->name();
+  }
+  return out;
+}
+
+const AttentionFamily& find_family(std::string_view name) {
+  for (const AttentionFamily* f : all_families()) {
+    if (f->name() == name) return *f;
+  }
+  throw UsageError("unknown attention family '" + std::string(name) + "'; known: " + known_families());
+}
+
+bool AttentionFamily::supports(const Variant& v, std::string* why) const {
+  if (v.convention != Convention::CodeRope) return true;
+  if (why) {
+    *why = v.name() + ": the code+rope convention (RoPE applied to q and k after z, as in the "
+                      "released MALA code) is reserved and not implemented";
+  }
+  return false;
+}
+
+bool AttentionFamily::rows_sum_to_one(const Variant& v) const { return v.convention != Convention::CodeRope; }
+
+int KernelFamily::feature_dim(const Variant& v, int d) const { return v.map.out_dim(d); }
+
+double KernelFamily::feature_factor(const Variant& v, double scale, Eigen::Index n_keys) const {
+  if (v.convention == Convention::Paper) return 1.0;
+  return std::sqrt(scale / static_cast<double>(n_keys));
+}
+
+void KernelFamily::query_features(const Variant& v, ConstRef<double> q, TokenPositions /*positions*/,
+                                  Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const {
+  detail::apply_feature_map_into<double>(v.map, q, feature_factor(v, scale, n_keys), out);
+}
+
+void KernelFamily::key_features(const Variant& v, ConstRef<double> k, double scale,
+                                Eigen::Ref<MatD> out) const {
+  detail::apply_feature_map_into<double>(v.map, k, feature_factor(v, scale, k.rows()), out);
+}
+
+bool KernelFamily::query_features_homogeneous(const Variant& v) const {
+  return v.map.positively_homogeneous();
+}
+
+RowForm normalised_row(double S, int n_kept, double magnitude) {
+  if (n_kept == 0 || !(std::abs(S) > kTinyDenominator * magnitude)) return {};  // also S == 0
+  return {1.0 / S, 0.0, false};
+}
+
+}  // namespace attnscope
