@@ -56,7 +56,7 @@ def _focused(x: torch.Tensor, p: float) -> torch.Tensor:
     live = top > 0
     top = torch.where(live, top, torch.ones_like(top))  # keeps 0/0 out, also of the backward pass
     t = r / top
-    u = t ** p
+    u = t ** p  # its largest entry is exactly 1, so |u| >= 1 on a live row (0 on a dead one)
     y = top * (t.norm(dim=-1, keepdim=True) / u.norm(dim=-1, keepdim=True).clamp_min(1.0)) * u
     return torch.where(live, y, torch.zeros_like(y))
 

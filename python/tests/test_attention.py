@@ -341,11 +341,12 @@ def test_focused_map_survives_large_powers():
         assert 0 < y[row, 1 - big].item() < 1e-30 * n and y[row, 2] == 0, f"row {row}: {y[row]}"
 
 
-@pytest.mark.parametrize("spec,name", [("focused", "focused=3"), ("focused=3", "focused=3"),
-                                        ("focused=2.5", "focused=2.5"), ("focused=100", "focused=100"),
-                                        ("focused=1e-4", "focused=1e-04"),
-                                        ("leaky_relu", "leaky_relu=0.01"), ("relu", "relu"),
-                                        ("elu1", "elu1"), ("exp", "exp"), ("identity", "identity")])
+@pytest.mark.parametrize("spec,name", [
+    ("focused", "focused=3"), ("focused=3", "focused=3"), ("focused=2.5", "focused=2.5"),
+    ("focused=100", "focused=100"), ("focused=1e-4", "focused=1e-04"),
+    ("focused=0.001", "focused=0.001"), ("focused=1e15", "focused=1e+15"),
+    ("leaky_relu", "leaky_relu=0.01"), ("relu", "relu"), ("elu1", "elu1"), ("exp", "exp"),
+    ("identity", "identity")])
 def test_map_names_are_the_libraries_canonical_ones(spec, name):
     """As the C++ names them (shortest round-trip number, std::to_chars style); a name parses
     back to itself."""
