@@ -84,11 +84,14 @@ def _recompute_cpp(attnscope_bin, dump, out_dir, tol, images=None):
 def test_cpp_recompute_gives_model_output_float32(tmp_path, family, fmap, attnscope_bin):
     model = tiny_vit(family, seed=5, depth=2, dim=32, heads=2, image_size=28, feature_map=fmap)
     dump = tmp_path / "d.h5"
-    dump_model(model, image_loader(2, size=28), str(dump), dtype="float32")
+    dump_model(model, image_loader(2, size=28), str(dump), dtype="float32", with_attn=True)
     variant = f"{family}:{model.blocks[0].attn.feature_map}"
     r, rel = _recompute_cpp(attnscope_bin, dump, tmp_path / "r", 1e-5)
     assert r.returncode == 0, f"{variant}: attnscope recompute failed: {r.stdout}{r.stderr}"
     assert rel.size == 2 * 2 and rel.max() < 1e-5, f"{variant} float32 N=50 d=16: {rel}"
+    attn = read_csv(os.path.join(str(tmp_path / "r"), "recompute.csv"))["attn_max_abs_error"]
+    attn = np.asarray(attn, dtype=float)
+    assert attn.size == 2 * 2 and attn.max() < 1e-5, f"{variant} float32 weights: {attn}"
 
 
 @pytest.mark.skipif(not DATA_DUMPS, reason="no dumps in data/dumps (make data writes them)")
