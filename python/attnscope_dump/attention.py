@@ -203,22 +203,22 @@ class AffineRows(Family):
         return alpha * a + beta
 
     def _denominators(self, fq, fk, c2):
-        """S [B, H, n, 1], sum_j f(k_j) [B, H, 1, d'] and whether each row is degenerate."""
+        """S [B, H, n, 1] and whether each row is degenerate (module docstring)."""
         ksum = fk.sum(dim=-2, keepdim=True)
         s = c2 * (fq @ ksum.transpose(-2, -1))
         if not self.guarded:
-            return s, ksum, torch.zeros_like(s, dtype=torch.bool)
+            return s, torch.zeros_like(s, dtype=torch.bool)
         with torch.no_grad():  # a decision, not a value: no gradient through the norms
             magnitude = c2 * fq.norm(dim=-1, keepdim=True) * ksum.norm(dim=-1, keepdim=True)
             dead = ~(s.abs() > _TINY * magnitude)
         # keeps 0/0 out of the values and of the backward pass
-        return torch.where(dead, torch.ones_like(s), s), ksum, dead
+        return torch.where(dead, torch.ones_like(s), s), dead
 
     def weights(self, q, k, scale, phi):
         n = k.shape[-2]
         fq, fk = self.features(q, k, phi)
         c2 = self.product_factor(scale, n)
-        s, _, dead = self._denominators(fq, fk, c2)
+        s, dead = self._denominators(fq, fk, c2)
         w = self.explicit(c2 * (fq @ fk.transpose(-2, -1)), s, n)
         return torch.where(dead, torch.zeros_like(w), w) if self.guarded else w
 
@@ -227,7 +227,7 @@ class AffineRows(Family):
         n = k.shape[-2]
         fq, fk = self.features(q, k, phi)
         c2 = self.product_factor(scale, n)
-        s, _, dead = self._denominators(fq, fk, c2)
+        s, dead = self._denominators(fq, fk, c2)
         alpha, beta = self.coefficients(s, n)
         o = alpha * (c2 * (fq @ (fk.transpose(-2, -1) @ v))) + beta * v.sum(dim=-2, keepdim=True)
         return torch.where(dead, torch.zeros_like(o), o) if self.guarded else o
