@@ -28,6 +28,8 @@ from attnscope_dump.weights_io import model_name, save_weights  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=FAMILIES, required=True)
+    p.add_argument("--feature-map", default=None,
+                   help="feature-map spec, e.g. focused=3 (default: the family's own)")
     p.add_argument("--out", default="data/models", help="output folder")
     p.add_argument("--epochs", type=float, default=8.0, help="may be fractional")
     p.add_argument("--batch-size", type=int, default=128)
@@ -68,8 +70,9 @@ def evaluate(model, loader) -> float:
 
 def train(args) -> dict:
     torch.set_num_threads(args.threads)
-    cfg = ViTConfig(family=args.family, patch_size=args.patch_size, embed_dim=args.embed_dim,
-                    depth=args.depth, num_heads=args.heads, mlp_ratio=args.mlp_ratio)
+    cfg = ViTConfig(family=args.family, feature_map=args.feature_map, patch_size=args.patch_size,
+                    embed_dim=args.embed_dim, depth=args.depth, num_heads=args.heads,
+                    mlp_ratio=args.mlp_ratio)
     model = build_model(cfg, seed=args.seed)
     train_loader = data.loader("train", args.batch_size, shuffle=True, seed=args.seed,
                                limit=args.train_limit, root=args.data_root)

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import torch
 
+from .attention import family as family_entry
 from .hooks import call_kwargs, check_rotary, check_supported, find_sites, token_layout
 
 _DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -204,12 +205,13 @@ def _attributes(model, style, sites, model_name, family, fmap, convention, grid,
     gh, gw = (grid if grid is not None else layout[:2])
     prefix = prefix if prefix is not None else layout[2]
     family = family or first.family
+    takes_map = family_entry(family).takes_map  # ValueError on a family the C++ does not know
     return {
         "format": "attnscope-dump", "format_version": 1,
         "model_name": model_name or type(model).__name__,
         "attention_family": family,
         "convention": convention,
-        "feature_map": fmap or (first.feature_map if family != "softmax" else "none"),
+        "feature_map": fmap or (first.feature_map if takes_map else "none"),
         "scale": float(first.scale), "num_heads": int(first.num_heads),
         "head_dim": int(first.head_dim), "num_tokens": int(prefix + gh * gw),
         "grid_height": int(gh), "grid_width": int(gw), "prefix_tokens": int(prefix),

@@ -320,7 +320,7 @@ def check_supported(sites) -> None:
     for i, site in enumerate(sites):
         if hasattr(site.m, "lambda_q1") or hasattr(site.m, "lambda_init"):
             raise ValueError(f"layer {i}: {type(site.m).__name__} is differential attention "
-                             "(two softmax maps subtracted), not one of the four families")
+                             "(two softmax maps subtracted), not one of the attention families")
 
 
 def token_layout(model: nn.Module, style: str):

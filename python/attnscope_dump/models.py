@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .attention import FEATURE_MAPS, attention_weights
+from .attention import attention_weights, family as family_entry
 
 
 @dataclass
 class ViTConfig:
     family: str = "softmax"
+    feature_map: str | None = None  # a feature-map spec; None: the family's own (FEATURE_MAPS)
     image_size: int = 28
     patch_size: int = 4
     in_chans: int = 1
@@ -40,7 +41,7 @@ class ViTConfig:
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, family: str):
+    def __init__(self, dim: int, num_heads: int, family: str, feature_map: str | None = None):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed dim {dim} not divisible by {num_heads} heads")
@@ -48,7 +49,10 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.attention_family = family
-        self.feature_map = FEATURE_MAPS[family]
+        # Canonical spec (what the dump records and the C++ parses), "none" for a family without
+        # one; an unknown family or map, or a map the family does not take, is a ValueError here.
+        phi = family_entry(family).resolve_map(feature_map)
+        self.feature_map = phi.name if phi is not None else "none"
         self.fused_attn = False  # weights are always formed explicitly; kept for timm's interface
         self.qkv = nn.Linear(dim, 3 * dim)
         self.q_norm = nn.Identity()
@@ -79,10 +83,11 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_hidden: int, family: str):
+    def __init__(self, dim: int, num_heads: int, mlp_hidden: int, family: str,
+                 feature_map: str | None = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = Attention(dim, num_heads, family)
+        self.attn = Attention(dim, num_heads, family, feature_map)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, mlp_hidden)
 
@@ -112,7 +117,8 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_tokens, dim))
         hidden = int(dim * cfg.mlp_ratio)
         self.blocks = nn.ModuleList(
-            [Block(dim, cfg.num_heads, hidden, cfg.family) for _ in range(cfg.depth)])
+            [Block(dim, cfg.num_heads, hidden, cfg.family, cfg.feature_map)
+             for _ in range(cfg.depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, cfg.num_classes)
         self._init_weights()

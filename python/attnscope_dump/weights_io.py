@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import torch
 
+from .attention import FEATURE_MAPS, family
 from .models import ViTConfig, VisionTransformer
 
 FORMAT = "attnscope-vit-weights"
@@ -76,7 +77,12 @@ def load_weights(path: str) -> VisionTransformer:
 
 
 def model_name(cfg: ViTConfig) -> str:
-    return f"vit{cfg.grid}-{cfg.family}-fmnist"
+    """vit7-linear-fmnist; a feature map other than the family's own is named too
+    (vit7-linear-focused=3-fmnist)."""
+    phi = family(cfg.family).resolve_map(cfg.feature_map)
+    fmap = phi.name if phi is not None else "none"
+    own = FEATURE_MAPS[cfg.family]
+    return f"vit{cfg.grid}-{cfg.family}" + (f"-{fmap}" if fmap != own else "") + "-fmnist"
 
 
 def _mean_std():

@@ -32,11 +32,23 @@ def loader16():
 
 
 def tiny_vit(family: str, seed: int = 0, depth: int = 2, dim: int = 16, heads: int = 2,
-             image_size: int = 16, patch: int = 4):
+             image_size: int = 16, patch: int = 4, feature_map: str | None = None):
     from attnscope_dump.models import ViTConfig, build_model
-    cfg = ViTConfig(family=family, image_size=image_size, patch_size=patch, num_classes=5,
-                    embed_dim=dim, depth=depth, num_heads=heads)
+    cfg = ViTConfig(family=family, feature_map=feature_map, image_size=image_size,
+                    patch_size=patch, num_classes=5, embed_dim=dim, depth=depth, num_heads=heads)
     return build_model(cfg, seed=seed).eval()
+
+
+def _model_variants():
+    """(family, feature map spec or None) for the model tests: every family with its own map, and
+    every family that takes a map with the focused one."""
+    from attnscope_dump.attention import FAMILIES, family
+    return ([(f, None) for f in FAMILIES]
+            + [(f, "focused=3") for f in FAMILIES if family(f).takes_map])
+
+
+MODEL_VARIANTS = _model_variants()
+MODEL_VARIANT_IDS = [f if m is None else f"{f}:{m}" for f, m in MODEL_VARIANTS]
 
 
 @pytest.fixture(scope="session")

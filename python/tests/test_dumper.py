@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnscope_dump import dump_model
-from attnscope_dump.attention import FAMILIES, FEATURE_MAPS, attention_weights
-from conftest import image_loader, tiny_vit
+from attnscope_dump.attention import FEATURE_MAPS, attention_weights
+from conftest import MODEL_VARIANT_IDS, MODEL_VARIANTS, image_loader, tiny_vit
 
 
 def reference_tensors(model, x):
@@ -22,15 +22,15 @@ def reference_tensors(model, x):
         b, n, c = h.shape
         qkv = a.qkv(blk.norm1(h)).reshape(b, n, 3, a.num_heads, a.head_dim)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        w = attention_weights(a.attention_family, q, k, a.scale)
+        w = attention_weights(a.attention_family, q, k, a.scale, a.feature_map)
         layers.append(dict(q=q, k=k, v=v, attn=w, out=w @ v))
         h = blk(h)
     return layers
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_round_trip_float32(tmp_path, family):
-    model = tiny_vit(family, seed=1)
+@pytest.mark.parametrize("family,fmap", MODEL_VARIANTS, ids=MODEL_VARIANT_IDS)
+def test_round_trip_float32(tmp_path, family, fmap):
+    model = tiny_vit(family, seed=1, feature_map=fmap)
     batches = image_loader(12, batch=5)
     path = tmp_path / "d.h5"
     s = dump_model(model, batches, str(path), dtype="float32", with_attn=True, with_images=True,
@@ -45,7 +45,7 @@ def test_round_trip_float32(tmp_path, family):
         at = dict(f.attrs)
         assert at["format"] == "attnscope-dump" and at["format_version"] == 1
         assert at["attention_family"] == family and at["convention"] == "code"
-        assert at["feature_map"] == FEATURE_MAPS[family]
+        assert at["feature_map"] == (fmap or FEATURE_MAPS[family])  # canonical: what C++ parses
         assert (at["num_layers"], at["num_heads"], at["head_dim"], at["num_tokens"]) == (2, 2, 8, 17)
         assert (at["grid_height"], at["grid_width"], at["prefix_tokens"]) == (4, 4, 1)
         assert at["scale"] == pytest.approx(8 ** -0.5, rel=1e-15)

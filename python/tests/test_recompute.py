@@ -1,5 +1,7 @@
 """The attention output recomputed from a dump's q, k, v equals the model's own output (the
-dump's /layers/L/out, captured by the dumper), for every family.
+dump's /layers/L/out, captured by the dumper), for every family of attention.FAMILIES (and, for
+the families that take a feature map, with the focused map too), through tests/recompute.py and
+through the C++ library (`attnscope recompute`).
 
 Tolerances: float32 dumps of the tiny models, 1e-5 of the head's largest |out|. float16 dumps
 (the committed data/dumps): q, k, v, out each carry a relative rounding of 2^-11, which the
@@ -15,9 +17,8 @@ import numpy as np
 import pytest
 
 from attnscope_dump import dump_model
-from attnscope_dump.attention import FAMILIES
 from attnscope_dump.figures import read_csv
-from conftest import REPO, image_loader, tiny_vit
+from conftest import MODEL_VARIANT_IDS, MODEL_VARIANTS, REPO, image_loader, tiny_vit
 from recompute import outputs
 
 F16_WORST, F16_MEAN = 5e-3, 5e-4  # relative to the head's largest |out|
@@ -40,14 +41,15 @@ def _worst(f, images):
     return worst, float(np.mean(errs)), where
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_tiny_model_float32(tmp_path, family):
-    model = tiny_vit(family, seed=4, depth=2, dim=32, heads=2, image_size=28)
+@pytest.mark.parametrize("family,fmap", MODEL_VARIANTS, ids=MODEL_VARIANT_IDS)
+def test_tiny_model_float32(tmp_path, family, fmap):
+    model = tiny_vit(family, seed=4, depth=2, dim=32, heads=2, image_size=28, feature_map=fmap)
     path = tmp_path / "d.h5"
     dump_model(model, image_loader(6, size=28), str(path), dtype="float32")
     with h5py.File(path) as f:
         worst, _, where = _worst(f, range(6))
-    assert worst < 1e-5, f"{family} float32 N=50 d=16: worst relative error {worst:.3g} at {where}"
+        variant = f"{f.attrs['attention_family']}:{f.attrs['feature_map']}"
+    assert worst < 1e-5, f"{variant} float32 N=50 d=16: worst relative error {worst:.3g} at {where}"
 
 
 @pytest.mark.skipif(not DATA_DUMPS, reason="no dumps in data/dumps (make data writes them)")
@@ -72,18 +74,24 @@ def _recompute_cpp(attnscope_bin, dump, out_dir, tol, images=None):
     if images is not None:
         cmd += ["--images", ",".join(map(str, images))]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:  # the caller's assertion shows stderr; there may be no CSV
+        return r, np.zeros(0)
     c = read_csv(os.path.join(str(out_dir), "recompute.csv"))
     return r, np.asarray(c["out_max_rel_error"], dtype=float)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_cpp_recompute_gives_model_output_float32(tmp_path, family, attnscope_bin):
-    model = tiny_vit(family, seed=5, depth=2, dim=32, heads=2, image_size=28)
+@pytest.mark.parametrize("family,fmap", MODEL_VARIANTS, ids=MODEL_VARIANT_IDS)
+def test_cpp_recompute_gives_model_output_float32(tmp_path, family, fmap, attnscope_bin):
+    model = tiny_vit(family, seed=5, depth=2, dim=32, heads=2, image_size=28, feature_map=fmap)
     dump = tmp_path / "d.h5"
-    dump_model(model, image_loader(2, size=28), str(dump), dtype="float32")
+    dump_model(model, image_loader(2, size=28), str(dump), dtype="float32", with_attn=True)
+    variant = f"{family}:{model.blocks[0].attn.feature_map}"
     r, rel = _recompute_cpp(attnscope_bin, dump, tmp_path / "r", 1e-5)
-    assert r.returncode == 0, f"{family}: attnscope recompute failed: {r.stdout}{r.stderr}"
-    assert rel.size == 2 * 2 and rel.max() < 1e-5, f"{family} float32 N=50 d=16: {rel}"
+    assert r.returncode == 0, f"{variant}: attnscope recompute failed: {r.stdout}{r.stderr}"
+    assert rel.size == 2 * 2 and rel.max() < 1e-5, f"{variant} float32 N=50 d=16: {rel}"
+    attn = read_csv(os.path.join(str(tmp_path / "r"), "recompute.csv"))["attn_max_abs_error"]
+    attn = np.asarray(attn, dtype=float)
+    assert attn.size == 2 * 2 and attn.max() < 1e-5, f"{variant} float32 weights: {attn}"
 
 
 @pytest.mark.skipif(not DATA_DUMPS, reason="no dumps in data/dumps (make data writes them)")

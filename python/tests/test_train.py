@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope_dump import data
-from attnscope_dump.attention import FAMILIES
-from attnscope_dump.weights_io import load_weights, save_weights
-from conftest import PYTHON_DIR, tiny_vit
+from attnscope_dump import data, dump_model
+from attnscope_dump.attention import FEATURE_MAPS
+from attnscope_dump.weights_io import load_weights, model_name, save_weights
+from conftest import MODEL_VARIANT_IDS, MODEL_VARIANTS, PYTHON_DIR, image_loader, tiny_vit
 
 
 def _write_idx(path, arr):
@@ -72,16 +72,51 @@ def test_one_step_training_smoke(tmp_path, fake_fmnist):
     assert acc.item() == pytest.approx(rec["test_accuracy"])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_weights_round_trip(tmp_path, family):
-    model = tiny_vit(family, seed=3, image_size=28)
+@pytest.mark.parametrize("family,fmap", MODEL_VARIANTS, ids=MODEL_VARIANT_IDS)
+def test_weights_round_trip(tmp_path, family, fmap):
+    model = tiny_vit(family, seed=3, image_size=28, feature_map=fmap)
     path = tmp_path / "w.h5"
     save_weights(model, str(path), extra={"test_accuracy": 0.5})
     back = load_weights(str(path))
     x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
-        assert torch.equal(model(x), back(x)), f"{family}: reloaded model differs"
+        assert torch.equal(model(x), back(x)), f"{family}:{fmap}: reloaded model differs"
+    assert back.blocks[0].attn.feature_map == (fmap or FEATURE_MAPS[family])
     assert os.listdir(tmp_path) == ["w.h5"]
+
+
+@pytest.mark.parametrize("family,fmap", MODEL_VARIANTS, ids=MODEL_VARIANT_IDS)
+def test_every_family_trains_a_step_and_dumps(tmp_path, family, fmap):
+    """A tiny model of each family: finite loss and gradients, a step that changes the weights,
+    and a dump that names the family and map as the C++ reads them."""
+    import h5py
+    model = tiny_vit(family, seed=8, feature_map=fmap).train()
+    x, y = image_loader(8)[0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.blocks[0].attn.qkv.weight.detach().clone()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads), \
+        f"{family}:{fmap}: non-finite loss or gradient"
+    opt.step()
+    assert not torch.equal(before, model.blocks[0].attn.qkv.weight), f"{family}:{fmap}: no step"
+    path = tmp_path / "d.h5"
+    dump_model(model.eval(), [(x, y)], str(path), dtype="float32")
+    with h5py.File(path) as f:
+        assert f.attrs["attention_family"] == family
+        assert f.attrs["feature_map"] == (fmap or FEATURE_MAPS[family])
+        assert np.isfinite(f["layers/1/out"][()]).all()
+
+
+def test_model_names_name_a_map_other_than_the_familys_own():
+    from attnscope_dump.models import ViTConfig
+    assert model_name(ViTConfig(family="linear")) == "vit7-linear-fmnist"
+    assert model_name(ViTConfig(family="linear", feature_map="relu")) == "vit7-linear-fmnist"
+    assert model_name(ViTConfig(family="linear", feature_map="focused")) == \
+        "vit7-linear-focused=3-fmnist"
+    with pytest.raises(ValueError, match="takes no feature map"):
+        tiny_vit("softmax", feature_map="relu")
 
 
 def test_load_weights_names_missing_dataset(tmp_path):
