@@ -41,7 +41,7 @@ void add_synth_options(po::options_description& d, SynthOptions& o, std::string&
   add("model-name", po::value(&o.model_name)->value_name("NAME")->default_value(o.model_name),
       "model_name attribute");
   add("family", po::value(&o.family)->value_name("F")->default_value(o.family),
-      "attention_family attribute: softmax, linear, inline or mala");
+      "attention_family attribute: a family of `attnscope info --families`");
   add("convention", po::value(&o.convention)->value_name("C")->default_value(o.convention),
       "convention attribute: paper, code or code+rope");
   add("feature-map", po::value(&o.feature_map)->value_name("MAP")->default_value(o.feature_map),

@@ -82,7 +82,10 @@ VecD weight_row(const CheckInputs& in, const Variant& v, const VecD& x, const Ma
 
 Variant check_variant(const CheckInputs& in, const std::string& family, const std::string& rest) {
   const std::string f = in.family.empty() ? family : in.family;
-  return parse_variant(f == "softmax" ? f : f + rest);
+  // The check's map and convention where the family takes a map; the convention alone otherwise.
+  if (find_family(f).map_rule() != MapRule::None) return parse_variant(f + rest);
+  const auto at = rest.find('@');
+  return parse_variant(at == std::string::npos ? f : f + rest.substr(at));
 }
 
 MatD draw_keys(Draws& draws, const CheckInputs& in, int n, int d) {

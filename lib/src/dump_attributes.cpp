@@ -3,8 +3,10 @@
 #include "hdf5_util.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
 
 #include <array>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -211,8 +213,10 @@ std::vector<int> read_source_layers(hid_t root, const std::string& file, int num
 }
 
 void validate_attributes(const DumpAttributes& a, const std::string& file) {
-  if (!one_of(a.attention_family, {"softmax", "linear", "inline", "mala"})) {
-    throw InputError(file, attr_name("attention_family"), "softmax, linear, inline or mala",
+  const auto& families = all_families();
+  if (std::none_of(families.begin(), families.end(),
+                   [&](const AttentionFamily* f) { return f->name() == a.attention_family; })) {
+    throw InputError(file, attr_name("attention_family"), "one of " + known_families(),
                      "'" + a.attention_family + "'");
   }
   if (!one_of(a.convention, {"paper", "code", "code+rope"})) {

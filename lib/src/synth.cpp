@@ -1,6 +1,10 @@
 // Synthetic dumps with planted structure (see synth.hpp for the model).
 #include "attnscope/synth.hpp"
 
+#include "attnscope/family.hpp"
+
+#include "attnscope/family.hpp"
+
 #include "attnscope/error.hpp"
 #include "attnscope/parallel.hpp"
 #include "dump_internal.hpp"
@@ -147,8 +151,10 @@ void SynthOptions::validate() const {
        "at most " + std::to_string(kMaxTokens) + " tokens, got " + std::to_string(n));
   need(compression >= 0 && compression <= 9,
        "compression must be a gzip level 0-9, got " + std::to_string(compression));
-  need(family == "softmax" || family == "linear" || family == "inline" || family == "mala",
-       "family must be softmax, linear, inline or mala, got '" + family + "'");
+  const auto& families = all_families();
+  need(std::any_of(families.begin(), families.end(),
+                   [&](const AttentionFamily* f) { return f->name() == family; }),
+       "family must be one of " + known_families() + ", got '" + family + "'");
   need(convention == "paper" || convention == "code" || convention == "code+rope",
        "convention must be paper, code or code+rope, got '" + convention + "'");
   need(!feature_map.empty(), "feature map must be a spec or 'none'");

@@ -78,7 +78,14 @@ TEST(CensusCollector, MatchesPlainCountsOfTheReference) {
   sel.images = {0, 1};
   sel.layers = {0, 2};
   sel.heads = {0, 2};
-  for (const char* specs : {"inline,mala", "inline@code,mala:elu1@code", "mala:relu"}) {
+  // Every family of the registry (its default map, relu where it needs one) as well.
+  std::string every_family;
+  for (const AttentionFamily* f : all_families()) {
+    every_family += (every_family.empty() ? "" : ",") + std::string(f->name()) +
+                    (f->map_rule() == MapRule::Required ? ":relu" : "");
+  }
+  for (const std::string& specs : {std::string("inline,mala"), std::string("inline@code,mala:elu1@code"),
+                                   std::string("mala:relu"), every_family}) {
     const auto variants = parse_variants(specs);
     CensusCollector collector(variants, sel, so.scale(), 1e-6);
     std::vector<ImageQKV> images;

@@ -22,7 +22,7 @@ enum class DType { F16, F32 };
 struct DumpAttributes {
   int format_version = 1;
   std::string model_name;
-  std::string attention_family = "softmax";  ///< softmax | linear | inline | mala
+  std::string attention_family = "softmax";  ///< a family of the registry (family.hpp)
   std::string convention = "paper";          ///< paper | code | code+rope
   std::string feature_map = "none";          ///< feature_map spec, "none" for softmax
   double scale = 0.125;

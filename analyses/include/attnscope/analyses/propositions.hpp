@@ -51,8 +51,8 @@ inline constexpr double kIdentityTolerance = 1e-12;  ///< algebraic identities, 
 
 /// The pieces of a check that a caller may replace. Each check documents which it reads.
 struct CheckInputs {
-  /// Family to run instead of the check's own ("softmax", "linear", "inline", "mala"); the
-  /// check's feature map and convention are kept (softmax takes none).
+  /// Family to run instead of the check's own (a registry name, e.g. "softmax"); the check's
+  /// feature map and convention are kept (a family that takes no map keeps the convention only).
   std::string family;
   /// Keys of one draw, n x d, from a seed the check draws.
   std::function<MatD(int n, int d, std::uint64_t seed)> keys;
