@@ -1,0 +1,39 @@
+# Every family of the registry (`attnscope info --families`) through every analysis on a synthetic
+# dump of its own (the code convention, whose InLine and MALA rows are O(1/N) as in real models):
+# confusion (fast counts equal to --reference, at a radius wide enough that the counts are not all
+# zero), locality, maps, census, spikiness. No family is named here: a family
+# added to the registry is run by this test as it is.
+need_h5py
+
+expect_ok "$ATTNSCOPE" info --families
+cp "$WORK/out.txt" "$WORK/families.txt"
+families=$(grep -E '^[a-z]' "$WORK/families.txt")
+[ "$(echo "$families" | wc -l)" -ge 6 ] || { echo "FAIL: info --families: $families"; exit 1; }
+for family in $families; do
+  rule=$(awk -v f="$family" '$0 == f {getline; print $3; exit}' "$WORK/families.txt")
+  case "$rule" in
+    none) map=none; spec=$family ;;
+    required) map=relu; spec=$family:relu ;;
+    default) map=$(awk -v f="$family" '$0 == f {getline; print $4; exit}' "$WORK/families.txt"); spec=$family ;;
+    *) echo "FAIL: $family: feature map rule '$rule'"; exit 1 ;;
+  esac
+  d="$WORK/$family"
+  expect_ok "$ATTNSCOPE" synth --out "$d.h5" --images 2 --layers 2 --heads 2 --family "$family" \
+    --feature-map "$map" --convention code --plant-duplicates 2 --plant-collinear 2 --seed 5
+  # The dump's own variant is the default everywhere.
+  expect_ok "$ATTNSCOPE" confusion --dump "$d.h5" --out "$d/fast" --eps 0.2
+  expect_ok "$ATTNSCOPE" confusion --dump "$d.h5" --out "$d/ref" --eps 0.2 --reference
+  expect_grep "^$family" "$d/fast/confusion_per_image.csv"
+  cmp "$d/fast/confusion_per_image.csv" "$d/ref/confusion_per_image.csv" ||
+    { echo "FAIL: $spec: fast and reference confusion counts differ"; exit 1; }
+  total=$(awk -F, 'NR > 1 { s += $3 } END { print s + 0 }' "$d/fast/confusion_per_image.csv")
+  [ "$total" -gt 0 ] || { echo "FAIL: $spec: no confused pair at eps 0.2, nothing compared"; exit 1; }
+  expect_ok "$ATTNSCOPE" locality --dump "$d.h5" --out "$d/loc"
+  expect_grep "^$family" "$d/loc/locality.csv"
+  expect_ok "$ATTNSCOPE" maps --dump "$d.h5" --out "$d/maps" --images 0 --tokens 3
+  expect_grep "^$family" "$d/maps/maps.csv"
+  expect_ok "$ATTNSCOPE" census --dump "$d.h5" --out "$d/census" --variant "$spec"
+  expect_grep "^$family" "$d/census/census.csv"
+  expect_ok "$ATTNSCOPE" spikiness --dump "$d.h5" --out "$d/spk" --variant "$spec" --samples 8 --scales 0.5:4:5
+  expect_grep "^$family.*,PASS$" "$d/spk/spikiness_laws.csv"
+done
