@@ -30,6 +30,7 @@
 #include "confusion_search.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/lane_sum.hpp"
 #include "attnscope/softmax.hpp"
 
 #include <algorithm>
@@ -48,25 +49,8 @@ constexpr double kFloatUnit = 5.9604644775390625e-8;  // 2^-24
 constexpr double kSlack = 1e-9;                       // double rounding of distances, generous
 constexpr int kPivots = 4;
 
-// Float-row reductions in double. kLanes independent partial sums (combined at the end) let the
-// compiler widen and accumulate whole vectors at a time: one running sum would serialise every
-// addition. The order of a double sum of at most a few thousand terms moves it by far less than
-// the 1e-12 and kSlack the margin argument allows for.
-constexpr int kLanes = 16;
+// Float-row reductions in double: lane_sum (lane_sum.hpp).
 constexpr Eigen::Index kCheckEvery = 64;  // entries between early-exit checks of a row distance
-
-template <typename Term>
-double lane_sum(Eigen::Index n, Term term) {
-  std::array<double, kLanes> acc{};
-  Eigen::Index t = 0;
-  for (; t + kLanes <= n; t += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[static_cast<std::size_t>(l)] += term(t + l);
-  }
-  double s = 0.0;
-  for (; t < n; ++t) s += term(t);
-  for (const double a : acc) s += a;
-  return s;
-}
 
 /// Squared distance between two rows, float entries widened to double. With a finite
 /// stop_above it sums kCheckEvery entries at a time and returns the partial sum as soon as that

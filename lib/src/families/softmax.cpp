@@ -3,6 +3,7 @@
 // Its rows (explicit, exact, float) are in softmax.hpp, defined here.
 #include "attnscope/softmax.hpp"
 
+#include "attnscope/lane_sum.hpp"
 #include "attnscope/variant.hpp"
 
 #include <algorithm>
@@ -94,7 +95,8 @@ void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
   // One exp over the whole matrix: the vectorised exp leaves one short tail, not one per row.
   w.array() = w.array().exp();
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    w.row(i) /= static_cast<float>(w.row(i).cast<double>().sum());
+    const float* row = w.row(i).data();
+    w.row(i) /= static_cast<float>(lane_sum(w.cols(), [row](Eigen::Index t) { return static_cast<double>(row[t]); }));
   }
 }
 
