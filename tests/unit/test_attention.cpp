@@ -1,5 +1,5 @@
-// The four families against the plain-loop reference: weights, outputs (linear time and
-// explicit), row sums, low-rank form, degenerate rows and numerical edge cases.
+// Every family of the registry against its plain-loop reference: weights, outputs (linear time
+// and explicit), row sums, low-rank form, degenerate rows, token order and numerical edge cases.
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "compare.hpp"
@@ -266,6 +266,38 @@ TEST(Arguments, ShapeMismatchAndUnsupportedVariantThrow) {
   EXPECT_THROW((void)attention_weights<double>(softmax, q, q, 1.0, &wrong), UsageError);
   EXPECT_THROW((void)attention_weights<double>(parse_variant("mala@code+rope"), q, q, 1.0),
                UsageError);
+}
+
+// Every family of the registry has its own reference file, and one family's reference is not
+// another's: the references differ wherever the formulas do.
+TEST(Registry, EveryFamilyHasItsReference) {
+  ASSERT_GE(all_families().size(), 6U);
+  for (const AttentionFamily* f : all_families()) {
+    EXPECT_TRUE(reference::has_weights(f->name())) << f->name() << ": no lib/src/reference/families/"
+                                                   << f->name() << ".cpp";
+  }
+  EXPECT_FALSE(reference::has_weights("no_such_family"));
+}
+
+// Token order: permuting queries and keys together permutes W (W(PQ, PK) = P W P^T) for every
+// family whose weights do not depend on position; for a positional family (cosformer) it does
+// not, which is the negative control of the check.
+TEST_P(EveryVariant, PermutingTokensPermutesWeightsUnlessPositional) {
+  const Variant v = variant();
+  const int n = 12, d = 5;
+  const auto in = test::random_qkv(n, d, d, kSeed + 7, test::input_mean(v));
+  Eigen::PermutationMatrix<Eigen::Dynamic> p(n);
+  p.setIdentity();
+  for (int i = 0; i < n; ++i) p.indices()[i] = (i * 5 + 3) % n;  // a full cycle-mix of 12
+  const MatD w = attention_weights<double>(v, in.q, in.k, 0.5);
+  const MatD wp = attention_weights<double>(v, MatD(p * in.q), MatD(p * in.k), 0.5);
+  const double gap = (wp - p * w * p.transpose()).cwiseAbs().maxCoeff();
+  const double size = std::max(1.0, w.cwiseAbs().maxCoeff());
+  if (v.family->position_dependent()) {
+    EXPECT_GT(gap, 1e-6 * size) << v.name() << ": positional weights ignored the permutation";
+  } else {
+    EXPECT_LE(gap, 1e-12 * size) << v.name();
+  }
 }
 
 }  // namespace

@@ -55,6 +55,35 @@ TEST(FeatureMap, PointValuesFromTheDefinitions) {
   EXPECT_NEAR(apply("exp")(0, 2), std::exp(1.5), 1e-14);
 }
 
+// FLatten's focused map, phi_P(x) = (|r| / |r^P|) r^P with r = ReLU(x), from its definition.
+TEST(FeatureMap, FocusedFromItsDefinition) {
+  MatD x(3, 3);
+  x << 3.0, -1.0, 4.0,  // r = [3, 0, 4], |r| = 5, r^2 = [9, 0, 16], |r^2| = sqrt(337)
+      -1.0, -2.0, 0.0,  // ReLU kills the row: phi = 0
+      1e200, 2e200, -1.0;  // r^P would overflow: the map must not
+  const MatD y = parse_feature_map("focused=2").apply<double>(x);
+  const double c = 5.0 / std::sqrt(337.0);
+  EXPECT_NEAR(y(0, 0), 9.0 * c, 1e-14);
+  EXPECT_EQ(y(0, 1), 0.0);
+  EXPECT_NEAR(y(0, 2), 16.0 * c, 1e-14);
+  EXPECT_EQ(y.row(1), MatD::Zero(1, 3));
+  // r = 1e200 [1, 2, 0]: |r| = sqrt(5) 1e200, r^2 direction [1, 4, 0] / sqrt(17).
+  EXPECT_NEAR(y(2, 0) / 1e200, std::sqrt(5.0) / std::sqrt(17.0), 1e-14);
+  EXPECT_NEAR(y(2, 1) / 1e200, 4.0 * std::sqrt(5.0) / std::sqrt(17.0), 1e-14);
+  // Norm-preserving, positively homogeneous; P = 1 is ReLU.
+  EXPECT_NEAR(y.row(0).norm(), 5.0, 1e-14);
+  const MatD y3 = parse_feature_map("focused=2").apply<double>(MatD(3.0 * x.topRows(1)));
+  EXPECT_NEAR((y3 - 3.0 * y.topRows(1)).norm(), 0.0, 1e-13);
+  EXPECT_TRUE(parse_feature_map("focused").positively_homogeneous());
+  EXPECT_FALSE(parse_feature_map("elu1").positively_homogeneous());
+  EXPECT_NEAR((parse_feature_map("focused=1").apply<double>(x.topRows(1)) -
+               parse_feature_map("relu").apply<double>(x.topRows(1))).norm(), 0.0, 1e-14);
+  EXPECT_EQ(parse_feature_map("focused").name(), "focused=3");
+  for (const char* bad : {"focused=0", "focused=-1", "focused=abc", "focused=inf"}) {
+    EXPECT_THROW((void)parse_feature_map(bad), UsageError) << bad;
+  }
+}
+
 TEST(FeatureMap, NamesRoundTrip) {
   for (const std::string& spec : test::feature_map_specs()) {
     const FeatureMap map = parse_feature_map(spec);
@@ -71,7 +100,7 @@ TEST(FeatureMap, ParseErrorsListKnownNames) {
     FAIL() << "gelu should not parse";
   } catch (const UsageError& e) {
     const std::string what = e.what();
-    for (const char* name : {"identity", "relu", "leaky_relu", "elu1", "exp", "relu_affine"}) {
+    for (const char* name : {"identity", "relu", "leaky_relu", "elu1", "exp", "relu_affine", "focused"}) {
       EXPECT_NE(what.find(name), std::string::npos) << what;
     }
   }

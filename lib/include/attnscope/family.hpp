@@ -51,6 +51,8 @@ class AttentionFamily {
   [[nodiscard]] virtual bool supports(const Variant& v, std::string* why) const;
   /// Whether rows are guaranteed to sum to 1 (over the kept keys under a mask).
   [[nodiscard]] virtual bool rows_sum_to_one(const Variant& v) const;
+  /// Whether weights depend on token positions (not only on the queries and keys as sets).
+  [[nodiscard]] virtual bool position_dependent() const { return false; }
   /// Whether weights can be negative (the weight census walks these families by default).
   [[nodiscard]] virtual bool weights_can_be_negative() const { return false; }
   /// The laws a magnitude sweep checks: in feature space for kernel families (f_q scaled), in

@@ -35,6 +35,7 @@ class CosFormer final : public KernelFamily {
            "   (Qin et al. 2022, cosFormer)";
   }
   MapRule map_rule() const override { return MapRule::None; }
+  bool position_dependent() const override { return true; }
   std::vector<MagnitudeLaw> magnitude_laws() const override { return {MagnitudeLaw::LinearInvariant}; }
   int feature_dim(const Variant& /*v*/, int d) const override { return 2 * d; }
   void query_features(const Variant& /*v*/, ConstRef<double> q, TokenPositions positions,
