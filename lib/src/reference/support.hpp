@@ -26,6 +26,13 @@ inline int kept_count(const Mask* mask, Eigen::Index i, Eigen::Index n_keys) {
   return n;
 }
 
+/// S_i = sum over kept keys m of fq_i . fk_m.
+inline double kept_score_sum(const MatD& fq, const MatD& fk, const Mask* mask, Eigen::Index i) {
+  double S = 0.0;
+  for (Eigen::Index m = 0; m < fk.rows(); ++m) S += kept(mask, i, m) ? dot(fq, i, fk, m) : 0.0;
+  return S;
+}
+
 /// |fq_i| |sum_kept fk|, the scale the tiny rule compares a denominator against.
 inline double magnitude(const MatD& fq, const MatD& fk, const Mask* mask, Eigen::Index i) {
   double q2 = 0.0, s2 = 0.0;

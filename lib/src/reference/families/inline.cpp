@@ -16,8 +16,7 @@ MatD weights_inline(const Variant& v, const MatD& q, const MatD& k, double scale
       degenerate.push_back(static_cast<int>(i));
       continue;
     }
-    double S = 0.0;
-    for (Eigen::Index m = 0; m < k.rows(); ++m) S += kept(mask, i, m) ? dot(fq, i, fk, m) : 0.0;
+    const double S = kept_score_sum(fq, fk, mask, i);
     if (!std::isfinite(S) || !std::isfinite(magnitude(fq, fk, mask, i))) {
       poison(w, i);
       continue;

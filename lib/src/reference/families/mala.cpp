@@ -12,8 +12,7 @@ MatD weights_mala(const Variant& v, const MatD& q, const MatD& k, double scale, 
   MatD w = MatD::Zero(q.rows(), k.rows());
   for (Eigen::Index i = 0; i < q.rows(); ++i) {
     const int n = kept_count(mask, i, k.rows());
-    double S = 0.0;
-    for (Eigen::Index m = 0; m < k.rows(); ++m) S += kept(mask, i, m) ? dot(fq, i, fk, m) : 0.0;
+    const double S = kept_score_sum(fq, fk, mask, i);
     const double mag = magnitude(fq, fk, mask, i);
     if (!std::isfinite(S) || !std::isfinite(mag)) {
       poison(w, i);
