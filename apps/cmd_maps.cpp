@@ -28,8 +28,7 @@ po::options_description maps_options(MapsFlags& f) {
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/maps");
   add_variant_option(d, f.common);
-  f.sel.images = "0";
-  add_selection_options(d, f.sel, true);
+  add_selection_options(d, f.sel, true, "0");
   d.add_options()("tokens", po::value(&f.tokens)->value_name("LIST")->required(),
                   "query tokens: indices (0 = first prefix token) or grid cells ROW:COL, e.g. 0,7:7");
   add_threads_option(d, f.common);
@@ -54,7 +53,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   const TokenGrid grid = schema.attrs.grid;
   analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   sel.need_v = false;  // maps are weights only
-  const std::vector<Variant> variants = selected_variants(f.common.variant, schema, f.common.seed);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
   const std::vector<int> tokens = analyses::parse_tokens(f.tokens, grid);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

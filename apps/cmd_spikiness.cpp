@@ -36,16 +36,14 @@ struct SpikinessFlags {
 
 po::options_description spikiness_options(SpikinessFlags& f) {
   po::options_description d("options");
-  d.add_options()("dump", po::value(&f.common.dump)->value_name("FILE"),
-                  "HDF5 dump to read (docs/dump-format.md); or --synthetic")(
+  add_dump_option(d, f.common, "--synthetic");
+  d.add_options()(
       "synthetic", po::bool_switch(&f.synthetic),
       "use synthetic heads (the `synth` model, seeded by --seed) instead of a dump")(
       "synth-images", po::value(&f.synth_images)->value_name("N")->default_value(f.synth_images),
       "images of the synthetic model");
   add_out_option(d, f.common, "results/spikiness");
-  d.add_options()("variant", po::value(&f.common.variant)->value_name("SPEC[,SPEC...]"),
-                  "families to sweep (default: softmax,linear:relu,inline,mala under the dump's "
-                  "convention)");
+  add_variant_option(d, f.common, variants_under_dump_convention(kDefaultVariants));
   add_selection_options(d, f.sel, true);
   d.add_options()(
       "tokens", po::value(&f.tokens)->value_name("LIST"),
@@ -108,16 +106,6 @@ Source synthetic_source(const SynthOptions& so) {
     }
   };
   return s;
-}
-
-std::vector<Variant> sweep_variants(const SpikinessFlags& f, const DumpSchema& schema) {
-  const std::string spec = f.common.variant.empty() ? kDefaultVariants : f.common.variant;
-  auto variants = parse_variants(spec, parse_convention(schema.attrs.convention), f.common.seed);
-  for (const Variant& v : variants) {
-    std::string why;
-    if (!v.supports(&why)) throw UsageError("--variant " + v.name() + ": " + why);
-  }
-  return variants;
 }
 
 void write_rows(ResultSet& set, const std::string& source, const analyses::SpikinessResult& r) {
@@ -286,7 +274,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   }
   const DumpSchema& schema = source.schema;
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = sweep_variants(f, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
   const int n_tokens = schema.attrs.num_tokens;
   const auto samples =
       f.tokens.empty()
