@@ -73,8 +73,11 @@ std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& 
     std::string why;
     if (v.supports(&why)) continue;
     if (given) throw UsageError("--variant " + v.name() + ": " + why);
+    const std::string hint = v.convention == Convention::CodeRope
+                                 ? "pass --variant with @code to compute under the code formula"
+                                 : "choose the variants with --variant";
     throw UsageError(v.name() + " (--variant left out: " + o.variant_default.help +
-                     ") cannot be computed: " + why + "; choose the variants with --variant");
+                     ") cannot be computed: " + why + " (" + hint + ")");
   }
   return out;
 }
