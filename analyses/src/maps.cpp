@@ -46,9 +46,10 @@ AttentionMap attention_map(const ExactRows& rows, const TokenGrid& grid, int tok
   return m;
 }
 
-MapsRun run_maps(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
-                 const std::vector<int>& tokens,
-                 const std::function<void(int image, const std::vector<MapEntry>& maps)>& on_image) {
+MapsRun run_maps(DumpReader& reader, const Selection& resolved,
+                 const std::vector<Variant>& variants, const std::vector<int>& tokens,
+                 const std::function<void(int image, const std::vector<MapEntry>& maps)>&
+                     on_image) {
   const DumpSchema& schema = reader.schema();
   Selection sel = resolved;
   sel.need_v = false;  // maps are weights only

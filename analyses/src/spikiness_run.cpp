@@ -191,11 +191,9 @@ void HeadSource::for_each_head(const Selection& resolved, const HeadFn& fn,
 }
 
 std::vector<int> sample_images(const std::vector<QuerySample>& samples) {
-  std::vector<int> images;
-  for (const auto& s : samples) {
-    if (images.empty() || images.back() != s.image) images.push_back(s.image);
-  }
-  return images;
+  std::set<int> images;
+  for (const auto& s : samples) images.insert(s.image);
+  return {images.begin(), images.end()};
 }
 
 SpikinessResult run_spikiness(const HeadSource& source, const Selection& resolved,

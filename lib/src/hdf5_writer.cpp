@@ -10,7 +10,7 @@ namespace attnscope {
 struct Hdf5Writer::Impl {
   std::string name;  // the display name errors start with
   h5::Handle file;
-  h5::Handle lcpl;   // link creation: missing groups are created
+  h5::Handle lcpl;  // link creation: missing groups are created
 
   [[noreturn]] void fail(const std::string& object, const std::string& what) const {
     std::string m = name;
@@ -30,8 +30,7 @@ struct Hdf5Writer::Impl {
   void doubles_attribute(hid_t obj, const std::string& attr, const std::vector<double>& v,
                          const std::string& where) const {
     const hsize_t n = v.size();
-    const h5::Handle space =
-        h5::space(n ? H5Screate_simple(1, &n, nullptr) : H5Screate(H5S_NULL));
+    const h5::Handle space = h5::space(n ? H5Screate_simple(1, &n, nullptr) : H5Screate(H5S_NULL));
     h5::Handle a = h5::attr(
         H5Acreate2(obj, attr.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
     if (!a.valid() || (n && H5Awrite(a.get(), H5T_NATIVE_DOUBLE, v.data()) < 0) ||

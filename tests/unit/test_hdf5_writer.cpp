@@ -17,7 +17,8 @@ class Hdf5WriterTest : public test::ScratchDirTest {};
 
 // Reads what the writer wrote with the plain HDF5 API (no attnscope code on this side).
 struct Reader {
-  explicit Reader(const std::string& path) : file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)) {}
+  explicit Reader(const std::string& path)
+      : file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)) {}
   ~Reader() {
     if (file >= 0) H5Fclose(file);
   }
@@ -55,8 +56,8 @@ struct Reader {
   }
 
   // The float64 list attribute; *null true when its dataspace is null (an empty list).
-  std::vector<double> doubles_attr(const std::string& object, const std::string& name,
-                                   bool* f64le, bool* null) const {
+  std::vector<double> doubles_attr(const std::string& object, const std::string& name, bool* f64le,
+                                   bool* null) const {
     const hid_t a = H5Aopen_by_name(file, object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
     const hid_t type = H5Aget_type(a), space = H5Aget_space(a);
     *f64le = H5Tequal(type, H5T_IEEE_F64LE) > 0;
@@ -82,7 +83,8 @@ TEST_F(Hdf5WriterTest, MatricesAndAttributesReadBack) {
   {
     Hdf5Writer w(path("r.h5"), "results/r.h5");
     w.write_root_attributes({{{"grid_height", 7}, {"grid_width", -3}}, {}});
-    w.write_matrix("/x/y/a", a, {{{"token", 12}, {"query_row", -1}}, {{"prefix_weights", {0.5, 0.25}}}});
+    w.write_matrix("/x/y/a", a,
+                   {{{"token", 12}, {"query_row", -1}}, {{"prefix_weights", {0.5, 0.25}}}});
     w.write_matrix("/x/b", b, {{}, {{"prefix_weights", {}}}});
     w.close();
     w.close();  // a second close does nothing
@@ -100,7 +102,8 @@ TEST_F(Hdf5WriterTest, MatricesAndAttributesReadBack) {
   EXPECT_EQ(r.int_attr("/x/y/a", "token", &ok), 12);
   EXPECT_TRUE(ok);
   EXPECT_EQ(r.int_attr("/x/y/a", "query_row", &ok), -1);
-  EXPECT_EQ(r.doubles_attr("/x/y/a", "prefix_weights", &ok, &null), (std::vector<double>{0.5, 0.25}));
+  EXPECT_EQ(r.doubles_attr("/x/y/a", "prefix_weights", &ok, &null),
+            (std::vector<double>{0.5, 0.25}));
   EXPECT_TRUE(ok);
   EXPECT_FALSE(null);
   EXPECT_TRUE(r.doubles_attr("/x/b", "prefix_weights", &ok, &null).empty());

@@ -44,8 +44,8 @@ void expect_same(const SpikinessResult& a, const SpikinessResult& b, const std::
   for (std::size_t v = 0; v < a.sweeps.size(); ++v) {
     for (std::size_t i = 0; i < a.samples.size(); ++i) {
       const QuerySweep &x = a.sweeps[v][i], &y = b.sweeps[v][i];
-      const std::string where = what + ", variant " + a.variants[v].name() + ", sample " +
-                                std::to_string(i);
+      const std::string where =
+          what + ", variant " + a.variants[v].name() + ", sample " + std::to_string(i);
       EXPECT_EQ(x.key_high, y.key_high) << where;
       EXPECT_EQ(x.key_low, y.key_low) << where;
       ASSERT_EQ(x.points.size(), y.points.size()) << where;
@@ -66,7 +66,8 @@ void expect_same(const SpikinessResult& a, const SpikinessResult& b, const std::
   ASSERT_EQ(a.laws.size(), b.laws.size()) << what;
   for (std::size_t l = 0; l < a.laws.size(); ++l) {
     EXPECT_EQ(a.laws[l].variant, b.laws[l].variant) << what;
-    EXPECT_EQ(a.laws[l].max_deviation, b.laws[l].max_deviation) << what << ", " << a.laws[l].variant;
+    EXPECT_EQ(a.laws[l].max_deviation, b.laws[l].max_deviation)
+        << what << ", " << a.laws[l].variant;
     EXPECT_EQ(a.laws[l].points, b.laws[l].points) << what << ", " << a.laws[l].variant;
   }
 }
@@ -110,6 +111,8 @@ TEST(SpikinessRun, ReadsOnlySampledImagesAndEqualsFeedingEveryHead) {
   const Selection sel = resolve(src.schema(), Selection{});
   const std::vector<QuerySample> samples = {{1, 0, 1, 3}, {1, 1, 0, 0}, {3, 0, 0, 12}};
   ASSERT_EQ(sample_images(samples), (std::vector<int>{1, 3}));
+  EXPECT_EQ(sample_images({{3, 0, 0, 1}, {0, 1, 1, 2}, {3, 1, 0, 0}}), (std::vector<int>{0, 3}))
+      << "unsorted samples";
 
   std::vector<int> read;
   const SpikinessResult run = run_spikiness(src, sel, variants(), samples, sweep_options(), 2,
@@ -161,7 +164,8 @@ SpikinessResult hand_result() {
   SpikinessResult r;
   r.variants = parse_variants("softmax,inline");
   r.samples = {{0, 0, 0, 0}, {0, 0, 0, 1}, {0, 0, 0, 2}};
-  const double ratio[2][3][2] = {{{1, 10}, {3, 30}, {2, kNaN}}, {{kNaN, kNaN}, {kNaN, kNaN}, {kNaN, kNaN}}};
+  const double ratio[2][3][2] = {{{1, 10}, {3, 30}, {2, kNaN}},
+                                 {{kNaN, kNaN}, {kNaN, kNaN}, {kNaN, kNaN}}};
   const double eff[2][3][2] = {{{5, 1}, {7, 2}, {6, 4}}, {{1, 1}, {2, 2}, {4, 4}}};
   r.sweeps.resize(2);
   for (int v = 0; v < 2; ++v) {

@@ -43,9 +43,10 @@ struct MapsRun {
 /// for_each_head (V is not read). After each image, on_image receives that image's maps ordered
 /// by variant, then the model's layer index (DumpSchema::model_layer, as results report layers),
 /// head and token; they are dropped after the call. A degenerate row gets no map and is counted.
-MapsRun run_maps(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
-                 const std::vector<int>& tokens,
-                 const std::function<void(int image, const std::vector<MapEntry>& maps)>& on_image);
+MapsRun run_maps(DumpReader& reader, const Selection& resolved,
+                 const std::vector<Variant>& variants, const std::vector<int>& tokens,
+                 const std::function<void(int image, const std::vector<MapEntry>& maps)>&
+                     on_image);
 
 /// Parses "--tokens": comma-separated token indices ("0,17") or grid cells "ROW:COL" ("7:7").
 /// Throws UsageError naming the bad item (malformed, outside the grid, or a token named twice).

@@ -31,7 +31,8 @@ class HeadSource {
   [[nodiscard]] const DumpSchema& schema() const { return schema_; }
   /// Calls fn for every (image, layer, head) of a resolved selection, images in order, and
   /// on_image after each image (as for_each_head does for a dump).
-  void for_each_head(const Selection& resolved, const HeadFn& fn, const ImageFn& on_image = {}) const;
+  void for_each_head(const Selection& resolved, const HeadFn& fn,
+                     const ImageFn& on_image = {}) const;
 
  private:
   std::string name_;
@@ -39,7 +40,7 @@ class HeadSource {
   std::function<void(const Selection&, const HeadFn&, const ImageFn&)> loop_;
 };
 
-/// The images that hold at least one of the (sorted) samples, in order: the only ones a run reads.
+/// The images that hold at least one of the samples, ascending: the only ones a run reads.
 [[nodiscard]] std::vector<int> sample_images(const std::vector<QuerySample>& samples);
 
 /// Sweeps every sample query for every variant. Reads only the images holding a sample, and only
