@@ -24,9 +24,12 @@ po::options_description census_options(CensusFlags& f) {
   po::options_description d("options");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/census");
-  d.add_options()("variant", po::value(&f.common.variant)->value_name("SPEC[,SPEC...]"),
-                  "variants to count (default: inline and mala under the dump's convention, the "
-                  "dump's own map where its model is one of them)");
+  add_variant_option(d, f.common,
+                     {"inline and mala under the dump's convention, the dump's own map where its "
+                      "model is one of them",
+                      [](const DumpSchema& schema, std::uint64_t) {
+                        return analyses::default_census_variants(schema.attrs);
+                      }});
   add_selection_options(d, f.sel, false);
   d.add_options()("sum-tol",
                   po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
@@ -106,10 +109,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
   sel.need_v = false;  // the census looks at attention weights only
-  const std::vector<Variant> variants =
-      f.common.variant.empty()
-          ? analyses::default_census_variants(schema.attrs)
-          : parse_variants(f.common.variant, parse_convention(schema.attrs.convention));
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

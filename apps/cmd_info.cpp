@@ -2,6 +2,7 @@
 #include "command.hpp"
 #include "common.hpp"
 
+#include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/family.hpp"
 #include "attnscope/error.hpp"
@@ -81,20 +82,15 @@ void print_schema(const DumpReader& r, std::ostream& os) {
   }
 }
 
-/// Reads every value of the dump (each read checks finiteness and throws at the first NaN/Inf).
+/// Reads every value of the dump (each read checks finiteness and throws at the first NaN/Inf),
+/// images streamed by the analyses' loop with the model's own tensors.
 void check_values(DumpReader& r) {
   const DumpSchema& s = r.schema();
   Progress progress("info", static_cast<std::size_t>(s.num_images));
-  for (int i = 0; i < s.num_images; ++i) {
-    (void)r.read_image(i);
-    for (int l = 0; l < s.attrs.num_layers; ++l) {
-      for (int h = 0; h < s.attrs.num_heads; ++h) {
-        if (s.layer_has_attn[static_cast<std::size_t>(l)]) (void)r.read_attn(i, l, h);
-        if (s.layer_has_out[static_cast<std::size_t>(l)]) (void)r.read_out(i, l, h);
-      }
-    }
-    progress.tick();
-  }
+  analyses::Selection every = analyses::resolve(s, {});
+  every.need_model_tensors = true;
+  analyses::for_each_head(
+      r, every, [](const analyses::HeadView&) {}, [&](int) { progress.tick(); });
   progress.finish();
   (void)r.read_logits();
   (void)r.read_images(nullptr);

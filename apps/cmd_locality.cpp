@@ -77,7 +77,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = selected_variants(f.common.variant, schema, f.common.seed);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   ResultSet set(dir, "locality.json");

@@ -44,8 +44,8 @@ int run_recompute(const std::vector<std::string>& args) {
   po::options_description d("options");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/recompute");
-  d.add_options()("images", po::value(&f.sel.images)->value_name("LIST"),
-                  "images, e.g. 0-9,15 (default: all)")(
+  add_images_option(d, f.sel.images);
+  d.add_options()(
       "tol", po::value(&f.tol)->value_name("T"),
       "largest allowed output error relative to the head's largest |out| (default: 5e-3 for "
       "float16 dumps, 1e-4 for float32); also the largest absolute error allowed on weights");
@@ -56,7 +56,7 @@ int run_recompute(const std::vector<std::string>& args) {
 
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const Variant variant = selected_variants("", schema, f.common.seed).front();
+  const Variant variant = resolve_variants(f.common, schema).front();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   const double tol = f.tol >= 0.0 ? f.tol : default_tolerance(schema.dtype);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);

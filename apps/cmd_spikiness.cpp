@@ -4,8 +4,7 @@
 #include "common.hpp"
 #include "selection_flags.hpp"
 
-#include "attnscope/analyses/spikiness.hpp"
-#include "attnscope/synth.hpp"
+#include "attnscope/analyses/spikiness_run.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -36,16 +35,14 @@ struct SpikinessFlags {
 
 po::options_description spikiness_options(SpikinessFlags& f) {
   po::options_description d("options");
-  d.add_options()("dump", po::value(&f.common.dump)->value_name("FILE"),
-                  "HDF5 dump to read (docs/dump-format.md); or --synthetic")(
+  add_dump_option(d, f.common, "--synthetic");
+  d.add_options()(
       "synthetic", po::bool_switch(&f.synthetic),
       "use synthetic heads (the `synth` model, seeded by --seed) instead of a dump")(
       "synth-images", po::value(&f.synth_images)->value_name("N")->default_value(f.synth_images),
       "images of the synthetic model");
   add_out_option(d, f.common, "results/spikiness");
-  d.add_options()("variant", po::value(&f.common.variant)->value_name("SPEC[,SPEC...]"),
-                  "families to sweep (default: softmax,linear:relu,inline,mala under the dump's "
-                  "convention)");
+  add_variant_option(d, f.common, variants_under_dump_convention(kDefaultVariants));
   add_selection_options(d, f.sel, true);
   d.add_options()(
       "tokens", po::value(&f.tokens)->value_name("LIST"),
@@ -65,59 +62,6 @@ po::options_description spikiness_options(SpikinessFlags& f) {
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
-}
-
-/// Where the heads come from: a dump streamed by for_each_head, or the synthetic model.
-struct Source {
-  std::string name;  ///< "dump" or "synthetic"
-  DumpSchema schema;
-  std::function<void(const analyses::Selection&,
-                     const std::function<void(const analyses::HeadView&)>&,
-                     const std::function<void(int)>&)>
-      for_each_head;
-};
-
-Source dump_source(DumpReader& reader) {
-  Source s{"dump", reader.schema(), {}};
-  s.for_each_head = [&reader](const analyses::Selection& sel, const auto& fn,
-                              const auto& on_image) {
-    analyses::for_each_head(reader, sel, fn, on_image);
-  };
-  return s;
-}
-
-Source synthetic_source(const SynthOptions& so) {
-  Source s{"synthetic", {}, {}};
-  s.schema.path = "synthetic";
-  s.schema.attrs = so.attributes();
-  s.schema.num_images = so.images;
-  s.schema.layer_has_attn.assign(static_cast<std::size_t>(so.layers), false);
-  s.schema.layer_has_out.assign(static_cast<std::size_t>(so.layers), false);
-  s.for_each_head = [so](const analyses::Selection& sel, const auto& fn, const auto& on_image) {
-    for (int image : sel.images) {
-      const ImageQKV img = synth_image(so, image);
-      for (int layer : sel.layers) {
-        for (int head : sel.heads) {
-          const MatF& raw = img.Q(layer, head);
-          const MatF q = sel.transform.apply<float>(raw);
-          fn(analyses::HeadView{image, layer, head, q, img.K(layer, head), img.V(layer, head),
-                                &raw});
-        }
-      }
-      if (on_image) on_image(image);
-    }
-  };
-  return s;
-}
-
-std::vector<Variant> sweep_variants(const SpikinessFlags& f, const DumpSchema& schema) {
-  const std::string spec = f.common.variant.empty() ? kDefaultVariants : f.common.variant;
-  auto variants = parse_variants(spec, parse_convention(schema.attrs.convention), f.common.seed);
-  for (const Variant& v : variants) {
-    std::string why;
-    if (!v.supports(&why)) throw UsageError("--variant " + v.name() + ": " + why);
-  }
-  return variants;
 }
 
 void write_rows(ResultSet& set, const std::string& source, const analyses::SpikinessResult& r) {
@@ -190,29 +134,17 @@ void write_laws(ResultSet& set, const analyses::SpikinessResult& r, std::size_t 
   f.close();
 }
 
-double median(std::vector<double> x) {
-  x.erase(std::remove_if(x.begin(), x.end(), [](double v) { return std::isnan(v); }), x.end());
-  if (x.empty()) return std::nan("");
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-/// Median ratio and effective keys over samples at each scale, per variant.
-nlohmann::json medians(const analyses::SpikinessResult& r, std::size_t scales) {
+/// Median ratio and effective keys over samples at each scale, per variant (null: no value).
+nlohmann::json medians_json(const analyses::SpikinessResult& r, std::size_t scales) {
   nlohmann::json j = nlohmann::json::object();
   const auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); };
+  const auto med = analyses::spikiness_medians(r, scales);
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     nlohmann::json rows = nlohmann::json::array();
-    for (std::size_t s = 0; s < scales; ++s) {
-      std::vector<double> ratio, eff;
-      for (const auto& sweep : r.sweeps[v]) {
-        ratio.push_back(sweep.points[s].ratio);
-        eff.push_back(sweep.points[s].stats.effective_keys);
-      }
-      rows.push_back({{"scale", r.sweeps[v].empty() ? 0.0 : r.sweeps[v][0].points[s].scale},
-                      {"median_ratio", num(median(ratio))},
-                      {"median_effective_keys", num(median(eff))}});
+    for (const auto& m : med[v]) {
+      rows.push_back({{"scale", m.scale},
+                      {"median_ratio", num(m.ratio)},
+                      {"median_effective_keys", num(m.effective_keys)}});
     }
     j[r.variants[v].name()] = rows;
   }
@@ -274,19 +206,18 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
 
   std::unique_ptr<DumpReader> reader;
   SynthOptions so;
-  Source source;
   if (f.synthetic) {
     so.images = f.synth_images;
     so.seed = f.common.seed;
     so.validate();
-    source = synthetic_source(so);
   } else {
     reader = std::make_unique<DumpReader>(f.common.dump);
-    source = dump_source(*reader);
   }
-  const DumpSchema& schema = source.schema;
+  const analyses::HeadSource source =
+      f.synthetic ? analyses::HeadSource::synthetic(so) : analyses::HeadSource::dump(*reader);
+  const DumpSchema& schema = source.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = sweep_variants(f, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
   const int n_tokens = schema.attrs.num_tokens;
   const auto samples =
       f.tokens.empty()
@@ -297,7 +228,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
 
   ResultSet set(dir, "spikiness.json");
   RunMetadata meta("spikiness");
-  meta.inputs() = {{"source", source.name}, {"dump", f.common.dump}};
+  meta.inputs() = {{"source", source.name()}, {"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)},
                    {"scales", opt.scales},
                    {"keys", opt.keys.high.name() + "," + opt.keys.low.name()},
@@ -310,37 +241,21 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
                    {"threads", threads}};
   if (f.synthetic) meta.params()["synth_images"] = so.images;
 
-  analyses::Selection wanted = sel;  // only the images holding a sample are read
-  wanted.need_v = false;              // and only their Q and K
-  wanted.images.clear();
-  for (const auto& s : samples) {
-    if (wanted.images.empty() || wanted.images.back() != s.image) wanted.images.push_back(s.image);
-  }
-  analyses::SpikinessCollector collector(variants, samples, schema.attrs.scale, opt,
-                                         f.dist_samples);
-  Progress progress("spikiness", wanted.images.size());
-  source.for_each_head(
-      wanted, [&](const analyses::HeadView& h) { collector.add_head(h); },
-      [&](int) { progress.tick(); });
+  Progress progress("spikiness", analyses::sample_images(samples).size());
+  analyses::SpikinessResult r = analyses::run_spikiness(source, sel, variants, samples, opt,
+                                                        f.dist_samples, [&](int) { progress.tick(); });
   progress.finish();
-  analyses::SpikinessResult r = collector.finish();
-  bool any_ratio = false;
-  for (const auto& sweeps : r.sweeps) {
-    for (const auto& sweep : sweeps) {
-      for (const auto& p : sweep.points) any_ratio = any_ratio || !std::isnan(p.ratio);
-    }
-  }
-  if (!any_ratio) {
+  if (!analyses::has_ratio(r)) {
     throw NothingToMeasure("no valid queries: no sampled row has a positive weight on its reference "
                            "keys at any scale (every row is degenerate), so there is no ratio to report");
   }
   report_model_layers(r.samples, schema);
 
-  write_rows(set, source.name, r);
+  write_rows(set, source.name(), r);
   write_samples(set, r);
   write_weights(set, r);
   write_laws(set, r, opt.scales.size());
-  const nlohmann::json med = medians(r, opt.scales.size());
+  const nlohmann::json med = medians_json(r, opt.scales.size());
   nlohmann::json laws = nlohmann::json::array();
   bool all_pass = true;
   for (const auto& l : r.laws) {

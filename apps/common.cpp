@@ -23,9 +23,14 @@
 
 namespace attnscope::app {
 
-void add_dump_option(po::options_description& d, CommonOptions& o) {
-  d.add_options()("dump", po::value(&o.dump)->value_name("FILE")->required(),
-                  "HDF5 dump to read (docs/dump-format.md)");
+void add_dump_option(po::options_description& d, CommonOptions& o, const std::string& alternative) {
+  const std::string help = "HDF5 dump to read (docs/dump-format.md)";
+  if (alternative.empty()) {
+    d.add_options()("dump", po::value(&o.dump)->value_name("FILE")->required(), help.c_str());
+  } else {
+    d.add_options()("dump", po::value(&o.dump)->value_name("FILE"),
+                    (help + "; or " + alternative).c_str());
+  }
 }
 
 void add_out_option(po::options_description& d, CommonOptions& o, const std::string& default_dir) {
@@ -33,10 +38,48 @@ void add_out_option(po::options_description& d, CommonOptions& o, const std::str
                   "results folder, created if missing");
 }
 
-void add_variant_option(po::options_description& d, CommonOptions& o) {
-  d.add_options()("variant", po::value(&o.variant)->value_name("SPEC[,SPEC...]"),
-                  "attention variants, e.g. softmax,linear:relu,inline,mala:elu1@code "
-                  "(default: the dump's own)");
+VariantDefault dumps_own_variant() {
+  return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed) {
+            try {
+              return std::vector<Variant>{schema.attrs.variant(seed)};
+            } catch (const UsageError& e) {
+              throw InputError(schema.path, "attribute 'feature_map'", "a known feature-map spec",
+                               e.what());
+            }
+          }};
+}
+
+VariantDefault variants_under_dump_convention(const std::string& specs) {
+  return {specs + " under the dump's convention",
+          [specs](const DumpSchema& schema, std::uint64_t seed) {
+            return parse_variants(specs, parse_convention(schema.attrs.convention), seed);
+          }};
+}
+
+void add_variant_option(po::options_description& d, CommonOptions& o, const VariantDefault& dflt) {
+  o.variant_default = dflt;
+  const std::string help =
+      "attention variants, e.g. softmax,linear:relu,inline,mala:elu1@code (default: " +
+      dflt.help + ")";
+  d.add_options()("variant", po::value(&o.variant)->value_name("SPEC[,SPEC...]"), help.c_str());
+}
+
+std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema) {
+  const bool given = !o.variant.empty();
+  const std::vector<Variant> out =
+      given ? parse_variants(o.variant, parse_convention(schema.attrs.convention), o.seed)
+            : o.variant_default.variants(schema, o.seed);
+  for (const Variant& v : out) {
+    std::string why;
+    if (v.supports(&why)) continue;
+    if (given) throw UsageError("--variant " + v.name() + ": " + why);
+    const std::string hint = v.convention == Convention::CodeRope
+                                 ? "pass --variant with @code to compute under the code formula"
+                                 : "choose the variants with --variant";
+    throw UsageError(v.name() + " (--variant left out: " + o.variant_default.help +
+                     ") cannot be computed: " + why + " (" + hint + ")");
+  }
+  return out;
 }
 
 void add_threads_option(po::options_description& d, CommonOptions& o) {

@@ -5,6 +5,7 @@
 
 #include "result_set.hpp"
 
+#include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/variant.hpp"
 
@@ -45,19 +46,43 @@ void require_measured_rows(std::int64_t measured, const std::string& consequence
 /// more never helps, and far more makes the OpenMP runtime crash instead of failing cleanly.
 inline constexpr int kMaxThreads = 1024;
 
-/// The shared flags. Each subcommand adds the ones it uses, so the spelling is one place.
+/// What --variant means when it is left out: the words that complete "(default: ...)" in --help,
+/// and the variants it stands for in a given dump (seeded like the given ones).
+struct VariantDefault {
+  std::string help;
+  std::function<std::vector<Variant>(const DumpSchema&, std::uint64_t seed)> variants;
+};
+/// The dump's own variant (its attention_family, feature_map and convention attributes).
+VariantDefault dumps_own_variant();
+/// A fixed list of variant names, parsed under the dump's convention.
+VariantDefault variants_under_dump_convention(const std::string& specs);
+
+/// The shared flags. Each one is declared by one function below, used by every command that
+/// takes it, so that its name, value name, help text and default are spelled in one place.
 struct CommonOptions {
   std::string dump;                 ///< --dump FILE
   std::string out;                  ///< --out DIR (results folder, created if missing)
-  std::string variant;              ///< --variant SPEC[,SPEC...] (empty: the dump's own)
+  std::string variant;              ///< --variant SPEC[,SPEC...] (empty: variant_default)
+  VariantDefault variant_default = dumps_own_variant();
   int threads = 0;                  ///< --threads N (0: OpenMP default)
   std::uint64_t seed = 0;           ///< --seed N
 };
-void add_dump_option(po::options_description& d, CommonOptions& o);
+/// --dump FILE, required; with `alternative` (e.g. "--synthetic") optional, the help naming it.
+void add_dump_option(po::options_description& d, CommonOptions& o,
+                     const std::string& alternative = "");
 void add_out_option(po::options_description& d, CommonOptions& o, const std::string& default_dir);
-void add_variant_option(po::options_description& d, CommonOptions& o);
+/// --variant SPEC[,SPEC...]; `dflt` (kept in o.variant_default) is what leaving it out means.
+void add_variant_option(po::options_description& d, CommonOptions& o,
+                        const VariantDefault& dflt = dumps_own_variant());
 void add_threads_option(po::options_description& d, CommonOptions& o);
 void add_seed_option(po::options_description& d, CommonOptions& o);
+
+/// The variants a run computes, resolved the one way every command does: --variant (a comma
+/// list, parsed under the dump's convention with --seed) or, when it was left out, the command's
+/// default (o.variant_default; without --variant, the dump's own). A dump whose own variant the
+/// registry cannot parse is an InputError naming its attribute; a variant this build cannot
+/// compute is a UsageError saying why.
+std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema);
 
 /// Parses args against `desc` (and positional names, if any). Prints help and returns false on
 /// --help (the caller returns 0). Throws UsageError on unknown or malformed flags, on a

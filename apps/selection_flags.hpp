@@ -1,5 +1,5 @@
-// The flags that choose part of a dump (--images, --layers, --heads, --transform) and the
-// variants to compute (--variant, default: the dump's own), shared by the analysis subcommands.
+// The flags that choose part of a dump (--images, --layers, --heads, --transform), shared by the
+// analysis subcommands.
 #pragma once
 
 #include "common.hpp"
@@ -22,9 +22,20 @@ struct SelectionFlags {
   std::string transform = "none";     ///< none | f1 | f2 | l2norm
 };
 
-inline void add_selection_options(po::options_description& d, SelectionFlags& f, bool with_transform) {
+/// --images LIST, declared here only; `default_images` is what leaving it out selects ("": all).
+inline void add_images_option(po::options_description& d, std::string& images,
+                              const std::string& default_images = "") {
+  images = default_images;
+  const std::string help = "images, e.g. 0-9,15 (default: " +
+                           (default_images.empty() ? std::string("all") : default_images) + ")";
+  d.add_options()("images", po::value(&images)->value_name("LIST"), help.c_str());
+}
+
+/// --images, --layers, --heads and, with_transform, --transform. `default_images` as above.
+inline void add_selection_options(po::options_description& d, SelectionFlags& f, bool with_transform,
+                                  const std::string& default_images = "") {
+  add_images_option(d, f.images, default_images);
   d.add_options()
-      ("images", po::value(&f.images)->value_name("LIST"), "images, e.g. 0-9,15 (default: all)")
       ("layers", po::value(&f.layers)->value_name("LIST"), "the model's layers, e.g. 0,11 (default: all)")
       ("heads", po::value(&f.heads)->value_name("LIST"), "heads, e.g. 0-2 (default: all)");
   if (with_transform) {
@@ -46,27 +57,6 @@ inline analyses::Selection make_selection(const SelectionFlags& f, const DumpSch
   sel.heads = analyses::parse_index_list(f.heads, "--heads");
   sel.transform = parse_query_transform(f.transform, seed);
   return analyses::resolve(schema, sel);
-}
-
-/// --variant (comma list) or, when empty, the dump's own variant. Variants this build cannot
-/// compute are a usage error naming why.
-inline std::vector<Variant> selected_variants(const std::string& spec, const DumpSchema& schema,
-                                              std::uint64_t seed) {
-  std::vector<Variant> out;
-  if (spec.empty()) {
-    try {
-      out.push_back(schema.attrs.variant(seed));
-    } catch (const UsageError& e) {
-      throw InputError(schema.path, "attribute 'feature_map'", "a known feature-map spec", e.what());
-    }
-  } else {
-    out = parse_variants(spec, parse_convention(schema.attrs.convention), seed);
-  }
-  for (const Variant& v : out) {
-    std::string why;
-    if (!v.supports(&why)) throw UsageError("--variant " + v.name() + ": " + why);
-  }
-  return out;
 }
 
 inline nlohmann::json variant_names(const std::vector<Variant>& vs) {

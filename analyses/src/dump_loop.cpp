@@ -1,6 +1,7 @@
 // Streaming over a dump: the next image is read on a helper thread while OpenMP threads compute
 // the heads of the current one. Only one thread touches the reader at any time, and the two
-// images in flight reuse their storage.
+// images in flight reuse their storage (the model's own attn and out, when asked for, are read
+// with their image).
 #include "attnscope/analyses/dump_loop.hpp"
 
 #include "attnscope/error.hpp"
@@ -10,6 +11,7 @@
 #include <charconv>
 #include <future>
 #include <numeric>
+#include <optional>
 #include <set>
 
 namespace attnscope::analyses {
@@ -58,8 +60,35 @@ std::vector<MatF> transform_queries(const ImageQKV& img, const Selection& sel) {
   return out;
 }
 
-void compute_image(const ImageQKV& img, const Selection& sel,
+/// One image in flight: its Q, K, V and, when the selection asks for them, the model's own
+/// tensors of each selected (layer, head), indexed like ImageQKV::q (empty when not asked for).
+struct ImageBuffer {
+  ImageQKV qkv;
+  std::vector<std::optional<MatF>> attn, out;
+};
+
+void read_image(DumpReader& reader, const Selection& sel, int image, ImageBuffer& buf) {
+  reader.read_image_into(buf.qkv, image, sel.layers, sel.need_v);
+  buf.attn.clear();
+  buf.out.clear();
+  if (!sel.need_model_tensors) return;
+  const DumpSchema& s = reader.schema();
+  for (int layer : sel.layers) {
+    for (int h = 0; h < s.attrs.num_heads; ++h) {
+      const auto l = static_cast<std::size_t>(layer);
+      buf.attn.push_back(s.layer_has_attn[l] ? reader.read_attn(image, layer, h) : std::nullopt);
+      buf.out.push_back(s.layer_has_out[l] ? reader.read_out(image, layer, h) : std::nullopt);
+    }
+  }
+}
+
+const MatF* model_tensor(const std::vector<std::optional<MatF>>& t, std::size_t index) {
+  return index < t.size() && t[index] ? &*t[index] : nullptr;
+}
+
+void compute_image(const ImageBuffer& buf, const Selection& sel,
                    const std::function<void(const HeadView&)>& fn) {
+  const ImageQKV& img = buf.qkv;
   const std::vector<MatF> transformed = transform_queries(img, sel);
   const int n_heads = static_cast<int>(sel.heads.size());
   const int n_items = static_cast<int>(sel.layers.size()) * n_heads;
@@ -68,8 +97,10 @@ void compute_image(const ImageQKV& img, const Selection& sel,
     const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
+    const auto stored = static_cast<std::size_t>(slot * img.heads + head);
     const HeadView view{img.image, img.layers[static_cast<std::size_t>(slot)], head, q,
-                        img.K(slot, head), img.V(slot, head), &raw};
+                        img.K(slot, head), img.V(slot, head), &raw,
+                        model_tensor(buf.attn, stored), model_tensor(buf.out, stored)};
     fn(view);
   });
 }
@@ -117,24 +148,22 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image) {
   if (resolved.images.empty()) return;
-  const std::vector<int> layers = resolved.layers;
-  const bool with_v = resolved.need_v;
   // Two images in flight, their storage reused: the reader fills one while the other is
   // computed, so no matrix is allocated (and page-faulted in) again after the first two images.
-  ImageQKV buffers[2];
-  auto read = [&reader, &layers, with_v, &buffers](std::size_t slot, int image) {
-    reader.read_image_into(buffers[slot], image, layers, with_v);
+  ImageBuffer buffers[2];
+  auto read = [&reader, &resolved, &buffers](std::size_t slot, int image) {
+    read_image(reader, resolved, image, buffers[slot]);
   };
   std::future<void> next =
       std::async(std::launch::async, read, std::size_t{0}, resolved.images.front());
   for (std::size_t n = 0; n < resolved.images.size(); ++n) {
     next.get();
-    const ImageQKV& img = buffers[n % 2];
+    const ImageBuffer& buf = buffers[n % 2];
     if (n + 1 < resolved.images.size()) {
       next = std::async(std::launch::async, read, (n + 1) % 2, resolved.images[n + 1]);
     }
-    compute_image(img, resolved, fn);
-    if (on_image) on_image(img.image);
+    compute_image(buf, resolved, fn);
+    if (on_image) on_image(buf.qkv.image);
   }
 }
 

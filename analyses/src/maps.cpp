@@ -1,9 +1,14 @@
 // Attention maps: one row of a head laid out on the patch grid.
 #include "attnscope/analyses/maps.hpp"
 
+#include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <mutex>
+#include <tuple>
 
 namespace attnscope::analyses {
 
@@ -39,6 +44,48 @@ AttentionMap attention_map(const ExactRows& rows, const TokenGrid& grid, int tok
   }
   m.prefix.assign(w.data(), w.data() + grid.prefix);
   return m;
+}
+
+MapsRun run_maps(DumpReader& reader, const Selection& resolved,
+                 const std::vector<Variant>& variants, const std::vector<int>& tokens,
+                 const std::function<void(int image, const std::vector<MapEntry>& maps)>&
+                     on_image) {
+  const DumpSchema& schema = reader.schema();
+  Selection sel = resolved;
+  sel.need_v = false;  // maps are weights only
+  std::vector<MapEntry> pending;
+  std::mutex pending_mutex;
+  std::atomic<long long> degenerate{0};
+  auto on_head = [&](const HeadView& hv) {
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const ExactRows rows = in_head(hv.image, hv.layer, hv.head, [&] {
+        return ExactRows(variants[v], hv.q, hv.k, schema.attrs.scale);
+      });
+      for (int t : tokens) {
+        if (rows.degenerate(t)) {
+          degenerate.fetch_add(1);
+          continue;
+        }
+        MapEntry e{v, hv.image, hv.layer, hv.head, attention_map(rows, schema.attrs.grid, t)};
+        const std::lock_guard<std::mutex> lock(pending_mutex);
+        pending.push_back(std::move(e));
+      }
+    }
+  };
+  MapsRun run;
+  auto image_done = [&](int image) {
+    const auto key = [&schema](const MapEntry& e) {
+      return std::make_tuple(e.variant, schema.model_layer(e.layer), e.head, e.map.token);
+    };
+    std::sort(pending.begin(), pending.end(),
+              [&key](const MapEntry& a, const MapEntry& b) { return key(a) < key(b); });
+    on_image(image, pending);
+    run.maps += static_cast<long long>(pending.size());
+    pending.clear();
+  };
+  for_each_head(reader, sel, on_head, image_done);
+  run.degenerate_rows = degenerate.load();
+  return run;
 }
 
 std::vector<int> parse_tokens(std::string_view spec, const TokenGrid& grid) {

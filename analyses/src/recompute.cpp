@@ -1,13 +1,12 @@
 // Recomputation check against the model's own tensors (recompute.hpp).
 #include "attnscope/analyses/recompute.hpp"
 
+#include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
-#include "attnscope/parallel.hpp"
 
 #include <algorithm>
-#include <optional>
 
 namespace attnscope::analyses {
 namespace {
@@ -52,7 +51,7 @@ void compare_head(const Variant& variant, const MatF& q, const MatF& k, const Ma
 }
 
 std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,
-                                          const std::vector<int>& images_in) {
+                                          const std::vector<int>& images) {
   const DumpSchema& s = reader.schema();
   const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
   bool any = false;
@@ -61,34 +60,21 @@ std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& var
     throw InputError(s.path, "/layers/*/out", "the model's own outputs ('out') or weights ('attn')",
                      "neither in any layer");
   }
-  std::vector<int> images = images_in;
-  if (images.empty()) {
-    for (int i = 0; i < s.num_images; ++i) images.push_back(i);
-  }
+  Selection sel;
+  sel.images = images;
+  sel = resolve(s, sel);
+  sel.need_model_tensors = true;
   std::vector<RecomputeCell> cells(static_cast<std::size_t>(layers * heads));
   for (int l = 0; l < layers; ++l)
     for (int h = 0; h < heads; ++h) {
       cells[static_cast<std::size_t>(l * heads + h)].layer = l;
       cells[static_cast<std::size_t>(l * heads + h)].head = h;
     }
-  const std::size_t n_heads = cells.size();
-  for (int image : images) {
-    const ImageQKV img = reader.read_image(image);
-    // HDF5 is read on this thread only; the comparisons run in parallel.
-    std::vector<std::optional<MatF>> out(n_heads), attn(n_heads);
-    for (int l = 0; l < layers; ++l)
-      for (int h = 0; h < heads; ++h) {
-        const auto idx = static_cast<std::size_t>(l * heads + h);
-        if (s.layer_has_out[l]) out[idx] = reader.read_out(image, l, h);
-        if (s.layer_has_attn[l]) attn[idx] = reader.read_attn(image, l, h);
-      }
-    parallel_for(static_cast<int>(n_heads), [&](int idx) {
-      const int l = idx / heads, h = idx % heads;
-      const auto u = static_cast<std::size_t>(idx);
-      compare_head(variant, img.Q(l, h), img.K(l, h), img.V(l, h), s.attrs.scale,
-                   out[u] ? &*out[u] : nullptr, attn[u] ? &*attn[u] : nullptr, cells[u]);
-    });
-  }
+  // Each head's cell is updated by one thread per image, and images come in order.
+  for_each_head(reader, sel, [&](const HeadView& hv) {
+    compare_head(variant, hv.q, hv.k, hv.v, s.attrs.scale, hv.out, hv.attn,
+                 cells[static_cast<std::size_t>(hv.layer * heads + hv.head)]);
+  });
   return cells;
 }
 

@@ -1,10 +1,13 @@
-// Sweeps over many queries: choosing them in a dump, and collecting their sweeps as heads arrive.
+// Sweeps over many queries: choosing them in a dump, collecting their sweeps as heads arrive, and
+// the runs that feed them heads (spikiness_run.hpp).
 #include "attnscope/analyses/spikiness.hpp"
+#include "attnscope/analyses/spikiness_run.hpp"
 
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 #include <tuple>
@@ -140,6 +143,109 @@ SpikinessResult SpikinessCollector::finish() {
     for (auto& l : laws) result_.laws.push_back(std::move(l));
   }
   return std::move(result_);
+}
+
+}  // namespace attnscope::analyses
+
+// ---- Runs: sources of heads, the sweep over them, medians (spikiness_run.hpp) ------------------
+
+namespace attnscope::analyses {
+
+HeadSource HeadSource::dump(DumpReader& reader) {
+  HeadSource s;
+  s.name_ = "dump";
+  s.schema_ = reader.schema();
+  s.loop_ = [&reader](const Selection& sel, const HeadFn& fn, const ImageFn& on_image) {
+    analyses::for_each_head(reader, sel, fn, on_image);
+  };
+  return s;
+}
+
+HeadSource HeadSource::synthetic(const SynthOptions& options) {
+  HeadSource s;
+  s.name_ = "synthetic";
+  s.schema_.path = "synthetic";
+  s.schema_.attrs = options.attributes();
+  s.schema_.num_images = options.images;
+  s.schema_.layer_has_attn.assign(static_cast<std::size_t>(options.layers), false);
+  s.schema_.layer_has_out.assign(static_cast<std::size_t>(options.layers), false);
+  s.loop_ = [options](const Selection& sel, const HeadFn& fn, const ImageFn& on_image) {
+    for (int image : sel.images) {
+      const ImageQKV img = synth_image(options, image);
+      for (int layer : sel.layers) {
+        for (int head : sel.heads) {
+          const MatF& raw = img.Q(layer, head);
+          const MatF q = sel.transform.apply<float>(raw);
+          fn(HeadView{image, layer, head, q, img.K(layer, head), img.V(layer, head), &raw});
+        }
+      }
+      if (on_image) on_image(image);
+    }
+  };
+  return s;
+}
+
+void HeadSource::for_each_head(const Selection& resolved, const HeadFn& fn,
+                               const ImageFn& on_image) const {
+  loop_(resolved, fn, on_image);
+}
+
+std::vector<int> sample_images(const std::vector<QuerySample>& samples) {
+  std::set<int> images;
+  for (const auto& s : samples) images.insert(s.image);
+  return {images.begin(), images.end()};
+}
+
+SpikinessResult run_spikiness(const HeadSource& source, const Selection& resolved,
+                              std::vector<Variant> variants, std::vector<QuerySample> samples,
+                              const SpikinessOptions& options, int keep_weights,
+                              const HeadSource::ImageFn& on_image) {
+  Selection wanted = resolved;  // only the images holding a sample are read
+  wanted.need_v = false;        // and only their Q and K
+  wanted.images = sample_images(samples);
+  SpikinessCollector collector(std::move(variants), std::move(samples),
+                               source.schema().attrs.scale, options, keep_weights);
+  source.for_each_head(
+      wanted, [&](const HeadView& h) { collector.add_head(h); }, on_image);
+  return collector.finish();
+}
+
+bool has_ratio(const SpikinessResult& r) {
+  for (const auto& sweeps : r.sweeps) {
+    for (const auto& sweep : sweeps) {
+      for (const auto& p : sweep.points) {
+        if (!std::isnan(p.ratio)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+double median_ignoring_nan(std::vector<double> x) {
+  x.erase(std::remove_if(x.begin(), x.end(), [](double v) { return std::isnan(v); }), x.end());
+  if (x.empty()) return std::nan("");
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+std::vector<std::vector<ScaleMedians>> spikiness_medians(const SpikinessResult& r,
+                                                         std::size_t scales) {
+  std::vector<std::vector<ScaleMedians>> out;
+  for (const auto& sweeps : r.sweeps) {
+    std::vector<ScaleMedians> rows;
+    for (std::size_t s = 0; s < scales; ++s) {
+      std::vector<double> ratio, eff;
+      for (const auto& sweep : sweeps) {
+        ratio.push_back(sweep.points[s].ratio);
+        eff.push_back(sweep.points[s].stats.effective_keys);
+      }
+      rows.push_back({sweeps.empty() ? 0.0 : sweeps[0].points[s].scale,
+                      median_ignoring_nan(std::move(ratio)), median_ignoring_nan(std::move(eff))});
+    }
+    out.push_back(std::move(rows));
+  }
+  return out;
 }
 
 }  // namespace attnscope::analyses

@@ -38,6 +38,17 @@ std::string last_error() {
   return msgs.empty() ? std::string() : msgs.back();
 }
 
+std::string system_reason() {
+  const std::string msg = last_error();
+  const std::string key = "error message = '";
+  const std::size_t at = msg.find(key);
+  if (at != std::string::npos) {
+    const std::size_t end = msg.find('\'', at + key.size());
+    if (end != std::string::npos) return msg.substr(at + key.size(), end - at - key.size());
+  }
+  return msg.empty() ? std::string("HDF5 error") : msg;
+}
+
 std::vector<std::string> unavailable_filters(hid_t ds) {
   std::vector<std::string> out;
   Handle dcpl = plist(H5Dget_create_plist(ds));

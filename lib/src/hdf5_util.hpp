@@ -25,6 +25,11 @@ std::vector<std::string> error_stack();
 /// The most specific message on HDF5's current error stack (empty if none); clears the stack.
 std::string last_error();
 
+/// last_error() shortened to the system's reason where HDF5 quotes one (a failed write says
+/// "... errno = 28, error message = 'No space left on device', ..."); "HDF5 error" when the stack
+/// is empty. Clears the stack.
+std::string system_reason();
+
 /// Filters a dataset uses that this HDF5 cannot apply, as "filter N (name)"; empty when all are
 /// available.
 std::vector<std::string> unavailable_filters(hid_t dataset);

@@ -1,9 +1,11 @@
 // The streaming loop: every selected head once, images in order, transforms applied to q but not
-// to q_raw, selections validated; and the whole-dump confusion run against the brute force.
+// to q_raw, the model's own attn and out with their head when asked, selections validated; and the
+// whole-dump confusion run against the brute force.
 #include "attnscope/analyses/confusion.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
+#include "scratch_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -130,6 +132,72 @@ TEST_F(DumpLoop, ConfusionRunEqualsBruteForceAndFindsPlantedPairs) {
       for (auto c : fast_images) EXPECT_GE(c, opts_.layers * opts_.heads) << spec;
     }
   }
+}
+
+TEST_F(DumpLoop, ModelTensorsAreNullWhereTheDumpHasNone) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {1};
+  sel.need_model_tensors = true;
+  for_each_head(reader, resolve(reader.schema(), sel), [](const HeadView& hv) {
+    EXPECT_EQ(hv.attn, nullptr) << "layer " << hv.layer << " head " << hv.head;
+    EXPECT_EQ(hv.out, nullptr) << "layer " << hv.layer << " head " << hv.head;
+  });
+}
+
+class DumpLoopModelTensors : public test::ScratchDirTest {};
+
+// The model's own attn and out reach the head they belong to, image by image, only when asked.
+TEST_F(DumpLoopModelTensors, ComeWithTheirHeadOnlyWhenAsked) {
+  SynthOptions o;
+  o.layers = 3;
+  o.heads = 2;
+  o.grid = TokenGrid{1, 2, 3};
+  o.head_dim = 4;
+  o.images = 3;
+  const int n = o.tokens();
+  const auto tag = [](int image, int layer, int head) {
+    return static_cast<float>(image * 100 + layer * 10 + head);
+  };
+  DumpWriterOptions w;
+  w.with_attn = w.with_out = true;
+  DumpWriter writer(path("m.h5"), o.attributes(), w);
+  for (int i = 0; i < o.images; ++i) {
+    std::vector<MatF> attn, out;
+    for (int l = 0; l < o.layers; ++l)
+      for (int h = 0; h < o.heads; ++h) {
+        attn.push_back(MatF::Constant(n, n, tag(i, l, h)));
+        out.push_back(MatF::Constant(n, o.head_dim, -tag(i, l, h)));
+      }
+    writer.append(synth_image(o, i), &attn, &out);
+  }
+  writer.close();
+
+  DumpReader reader(path("m.h5"));
+  Selection sel;
+  sel.images = {2, 0};
+  sel.layers = {2, 0};
+  sel.heads = {1};
+  sel.need_model_tensors = true;
+  std::mutex m;
+  int seen = 0;
+  for_each_head(reader, resolve(reader.schema(), sel), [&](const HeadView& hv) {
+    const std::string where = "image " + std::to_string(hv.image) + " layer " +
+                              std::to_string(hv.layer) + " head " + std::to_string(hv.head);
+    ASSERT_NE(hv.attn, nullptr) << where;
+    ASSERT_NE(hv.out, nullptr) << where;
+    EXPECT_EQ(*hv.attn, MatF::Constant(n, n, tag(hv.image, hv.layer, hv.head))) << where;
+    EXPECT_EQ(*hv.out, MatF::Constant(n, o.head_dim, -tag(hv.image, hv.layer, hv.head))) << where;
+    EXPECT_EQ(hv.q, synth_image(o, hv.image).Q(hv.layer, hv.head)) << where;
+    const std::lock_guard<std::mutex> lock(m);
+    ++seen;
+  });
+  EXPECT_EQ(seen, 4);
+  sel.need_model_tensors = false;
+  for_each_head(reader, resolve(reader.schema(), sel), [](const HeadView& hv) {
+    EXPECT_EQ(hv.attn, nullptr);
+    EXPECT_EQ(hv.out, nullptr);
+  });
 }
 
 TEST(ParseIndexList, RangesAndErrors) {

@@ -1,9 +1,14 @@
-// Attention maps: grid layout of a row, prefix weights, token parsing.
+// Attention maps: grid layout of a row, prefix weights, token parsing, and the streamed run over a
+// dump (its order, and no map for a degenerate row).
 #include "attnscope/analyses/maps.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/synth.hpp"
 #include "random_inputs.hpp"
+#include "scratch_dir.hpp"
 
 #include <gtest/gtest.h>
+
+#include <tuple>
 
 namespace attnscope::analyses {
 namespace {
@@ -53,6 +58,71 @@ TEST(Maps, ParseTokensRefusesRepeats) {
       EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
     }
   }
+}
+
+class MapsRunTest : public test::ScratchDirTest {};
+
+// Every map of a run is attention_map of its head's row; an image's maps arrive together, ordered
+// by variant, layer, head and token; a row without weights gets no map and is counted.
+TEST_F(MapsRunTest, MapsOfEachImageInOrderAndNoneForDegenerateRows) {
+  SynthOptions o;
+  o.layers = 2;
+  o.heads = 2;
+  o.grid = TokenGrid{1, 3, 4};
+  o.head_dim = 5;
+  o.images = 3;
+  // Layer 0, head 1 gets queries with no positive entry: linear:relu has phi(q) = 0 there, so
+  // every row of that head is degenerate (softmax's are not).
+  std::vector<ImageQKV> images;
+  {
+    DumpWriter writer(path("d.h5"), o.attributes(), DumpWriterOptions{});
+    for (int i = 0; i < o.images; ++i) {
+      ImageQKV img = synth_image(o, i);
+      img.q[1] = -img.q[1].cwiseAbs() - MatF::Constant(o.tokens(), o.head_dim, 0.5f);
+      writer.append(img);
+      images.push_back(std::move(img));
+    }
+    writer.close();
+  }
+  DumpReader reader(path("d.h5"));
+  const std::vector<Variant> variants = parse_variants("softmax,linear:relu");
+  Selection sel;
+  sel.images = {2, 0};
+  sel.layers = {1, 0};
+  const Selection r = resolve(reader.schema(), sel);
+  const std::vector<int> tokens = {5, 0};
+  std::vector<int> seen_images;
+  long long maps = 0;
+  const MapsRun run = run_maps(reader, r, variants, tokens, [&](int image, const std::vector<MapEntry>& got) {
+    seen_images.push_back(image);
+    // softmax: 2 layers x 2 heads x 2 tokens; linear:relu: the same less layer 0 head 1.
+    ASSERT_EQ(got.size(), 8u + 6u) << "image " << image;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const MapEntry& e = got[i];
+      const std::string where = "image " + std::to_string(image) + " variant " +
+                                variants[e.variant].name() + " layer " + std::to_string(e.layer) +
+                                " head " + std::to_string(e.head) + " token " + std::to_string(e.map.token);
+      EXPECT_EQ(e.image, image) << where;
+      EXPECT_FALSE(e.variant == 1 && e.layer == 0 && e.head == 1) << where << ": a degenerate row has a map";
+      if (i > 0) {
+        const MapEntry& p = got[i - 1];
+        EXPECT_LT(std::tie(p.variant, p.layer, p.head, p.map.token),
+                  std::tie(e.variant, e.layer, e.head, e.map.token))
+            << where;
+      }
+      const ImageQKV& img = images[static_cast<std::size_t>(image)];
+      const ExactRows rows(variants[e.variant], img.Q(e.layer, e.head), img.K(e.layer, e.head),
+                           o.scale());
+      const AttentionMap want = attention_map(rows, o.grid, e.map.token);
+      EXPECT_EQ(e.map.grid, want.grid) << where;
+      EXPECT_EQ(e.map.prefix, want.prefix) << where;
+    }
+    maps += static_cast<long long>(got.size());
+  });
+  EXPECT_EQ(seen_images, (std::vector<int>{2, 0}));
+  EXPECT_EQ(run.maps, maps);
+  EXPECT_EQ(run.maps, 28);
+  EXPECT_EQ(run.degenerate_rows, 2 * 2) << "2 images x 2 tokens of linear:relu's layer 0, head 1";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "reference.hpp"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 #include <string>
@@ -99,6 +100,54 @@ TEST(Recompute, FindsOneCorruptedValueInItsHead) {
   // Restricted to image 0, the corruption (in image 1) is not seen.
   const auto first = analyses::recompute_dump(reader, w.attrs.variant(), {0});
   for (const auto& cell : first) EXPECT_LT(cell.out_max_abs, 1e-5);
+  std::filesystem::remove(w.path);
+}
+
+// recompute_dump streams the dump through the analyses' loop (dump_loop.hpp); the numbers must be
+// those of comparing every head by hand, image by image, in the same order. One thread, so that
+// both sides round the same way.
+TEST(Recompute, StreamedRunEqualsComparingEveryHeadByHand) {
+  const Written w =
+      write_dump("recompute_streamed.h5", "mala", "elu1", "mala:elu1@code", 0, 1, 0.25f);
+  DumpReader reader(w.path);
+  const Variant v = w.attrs.variant();
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<int> images = {2, 0, 1};
+  const auto cells = analyses::recompute_dump(reader, v, images);
+  std::vector<analyses::RecomputeCell> want(4);
+  for (int image : images) {
+    const ImageQKV img = reader.read_image(image);
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) {
+        analyses::RecomputeCell& c = want[static_cast<std::size_t>(l * 2 + h)];
+        c.layer = l;
+        c.head = h;
+        const auto out = reader.read_out(image, l, h);
+        const auto attn = reader.read_attn(image, l, h);
+        ASSERT_TRUE(out && attn);
+        analyses::compare_head(v, img.Q(l, h), img.K(l, h), img.V(l, h), w.attrs.scale, &*out,
+                               &*attn, c);
+      }
+  }
+  omp_set_num_threads(threads);
+  ASSERT_EQ(cells.size(), want.size());
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const auto &got = cells[i], &exp = want[i];
+    const std::string where = "layer " + std::to_string(exp.layer) + " head " + std::to_string(exp.head);
+    EXPECT_EQ(got.layer, exp.layer) << where;
+    EXPECT_EQ(got.head, exp.head) << where;
+    EXPECT_EQ(got.images, 3) << where;
+    EXPECT_TRUE(got.has_out && got.has_attn) << where;
+    EXPECT_EQ(got.out_max_abs, exp.out_max_abs) << where;
+    EXPECT_EQ(got.out_max_rel, exp.out_max_rel) << where;
+    EXPECT_EQ(got.out_sum_abs, exp.out_sum_abs) << where;
+    EXPECT_EQ(got.out_values, exp.out_values) << where;
+    EXPECT_EQ(got.attn_max_abs, exp.attn_max_abs) << where;
+    EXPECT_EQ(got.degenerate_rows, exp.degenerate_rows) << where;
+  }
+  EXPECT_NEAR(cells[1].out_max_abs, 0.25, 1e-5) << "the corrupted head (layer 0, head 1)";
+  EXPECT_THROW((void)analyses::recompute_dump(reader, v, {3}), UsageError) << "image 3 of 3";
   std::filesystem::remove(w.path);
 }
 

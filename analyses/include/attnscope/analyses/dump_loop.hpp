@@ -21,6 +21,9 @@ struct Selection {
   /// Whether the analysis uses V. When false the V datasets are not read and HeadView::v refers
   /// to an empty (0 x 0) matrix.
   bool need_v = true;
+  /// Whether the analysis uses the model's own tensors: each selected layer's `attn` and `out`
+  /// are then read too, where the dump holds them (HeadView::attn, HeadView::out).
+  bool need_model_tensors = false;
 };
 
 /// One (image, layer, head) work item. q already has the selection's transform applied.
@@ -34,6 +37,10 @@ struct HeadView {
   /// The queries as read from the dump, before the selection's transform (== &q when the
   /// transform is none). Analyses that ask whether two queries differ use these.
   const MatF* q_raw = nullptr;
+  /// The model's own weights (N x N) and output (N x head_dim) of this head, when the selection
+  /// asks for them and the dump holds them; null otherwise.
+  const MatF* attn = nullptr;
+  const MatF* out = nullptr;
 };
 
 /// Resolves the selection against the dump (empty lists become everything) and validates the

@@ -3,8 +3,12 @@
 #pragma once
 
 #include "attnscope/analyses/confusion.hpp"
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/dump.hpp"
 #include "attnscope/layout.hpp"
 
+#include <cstddef>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -20,6 +24,29 @@ struct AttentionMap {
 
 /// The map of one query's row (computed in double by ExactRows; zeros for a degenerate row).
 AttentionMap attention_map(const ExactRows& rows, const TokenGrid& grid, int token);
+
+/// One map of a run: the row of query map.token of one head under one variant.
+struct MapEntry {
+  std::size_t variant = 0;  ///< index into the run's variants
+  int image = 0;
+  int layer = 0;  ///< the dump's layer index
+  int head = 0;
+  AttentionMap map;
+};
+
+struct MapsRun {
+  long long maps = 0;             ///< maps handed to on_image
+  long long degenerate_rows = 0;  ///< rows without weights: no map rather than a map of zeros
+};
+
+/// The maps of the given query tokens under every variant for every selected head, streamed by
+/// for_each_head (V is not read). After each image, on_image receives that image's maps ordered
+/// by variant, then the model's layer index (DumpSchema::model_layer, as results report layers),
+/// head and token; they are dropped after the call. A degenerate row gets no map and is counted.
+MapsRun run_maps(DumpReader& reader, const Selection& resolved,
+                 const std::vector<Variant>& variants, const std::vector<int>& tokens,
+                 const std::function<void(int image, const std::vector<MapEntry>& maps)>&
+                     on_image);
 
 /// Parses "--tokens": comma-separated token indices ("0,17") or grid cells "ROW:COL" ("7:7").
 /// Throws UsageError naming the bad item (malformed, outside the grid, or a token named twice).

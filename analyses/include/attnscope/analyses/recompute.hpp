@@ -36,8 +36,10 @@ struct RecomputeCell {
 void compare_head(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
                   double scale, const MatF* out_model, const MatF* attn_model, RecomputeCell& cell);
 
-/// Streams the given images of a dump (empty = all) and returns one cell per (layer, head).
-/// Throws InputError when the dump has neither `out` nor `attn` in any layer.
+/// Streams the given images of a dump (empty = all) through for_each_head (dump_loop.hpp), the
+/// model's tensors read with their image, and returns one cell per (layer, head). Throws
+/// InputError when the dump has neither `out` nor `attn` in any layer, UsageError on an image
+/// index out of range.
 [[nodiscard]] std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,
                                                         const std::vector<int>& images);
 
