@@ -1,0 +1,89 @@
+// Masking, the layer-local view (InLine Table 2 without the rest of the network): per image,
+// layer, head and family, remove each grid query's local k x k window ("local:k", the query's own
+// token included) or n random keys outside its 3 x 3 window ("random:n", seeded; the same draw for
+// every family), renormalise over the kept keys as each family defines it (attention.hpp, Mask),
+// and measure how far the attention output moves and how much weight was removed.
+//
+//   change        |O' - O|_F / |O|_F over the head's rows (one value per image and head); rows the
+//                 family leaves degenerate without the mask, and rows the mask leaves with no key,
+//                 are left out of both norms and counted
+//   removed mass  per grid query, the sum of its unmasked weights on the removed keys (signed:
+//                 InLine and MALA weights can be negative)
+//
+// Prefix queries (CLS) keep every key; prefix keys are never removed.
+#pragma once
+
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/analyses/locality.hpp"
+#include "attnscope/attention.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace attnscope::analyses {
+
+struct MaskSpec {
+  enum class Kind { Local, Random };
+  Kind kind = Kind::Local;
+  int size = 3;  ///< window side k (local) or number of keys n (random)
+  /// "local:3", "random:9".
+  [[nodiscard]] std::string name() const;
+};
+
+/// Comma-separated "local:K" (K odd, >= 1) and "random:N" (N >= 0) items. Throws UsageError
+/// naming the bad item; a mask named twice is refused.
+[[nodiscard]] std::vector<MaskSpec> parse_mask_specs(std::string_view specs);
+
+/// The default list: the windows and random counts of InLine Table 2.
+inline constexpr std::string_view kDefaultMasks = "local:3,local:5,local:7,random:9,random:25,random:49";
+
+/// The mask of one head (random masks drawn from `seed`).
+[[nodiscard]] Mask build_mask(const MaskSpec& spec, const TokenGrid& grid, std::uint64_t seed);
+
+/// The seed of the random draw of one (image, layer, head): the same for every family.
+[[nodiscard]] std::uint64_t mask_seed(std::uint64_t seed, int image, int layer, int head);
+
+struct MaskCell {
+  std::string variant;
+  std::string mask;
+  int layer = 0;
+  int head = 0;
+  RunningStats change;        ///< one value per image
+  RunningStats removed_mass;  ///< one value per grid query kept in the comparison
+  long long empty_rows = 0;       ///< rows the mask leaves with no key (left out)
+  long long degenerate_rows = 0;  ///< rows degenerate without the mask (left out)
+  long long unmeasured_heads = 0; ///< images where no row was left to compare (|O| = 0)
+
+  void merge(const MaskCell& other);
+};
+
+/// One head, one variant, one mask: the cell's part from this head (change: one value).
+/// `mask` must be q.rows() x k.rows().
+[[nodiscard]] MaskCell mask_head(const Variant& v, const MatD& q, const MatD& k, const MatD& values,
+                                 double scale, const Mask& mask);
+
+/// Collects cells over a dump, one per (variant, mask, layer, head), in that order.
+class MaskCollector {
+ public:
+  MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec> masks, const Selection& resolved,
+                const TokenGrid& grid, double scale, std::uint64_t seed);
+  void add_head(const HeadView& head);
+  [[nodiscard]] std::vector<MaskCell> cells() const;
+
+ private:
+  std::vector<Variant> variants_;
+  std::vector<MaskSpec> masks_;
+  std::vector<int> layers_, heads_;
+  TokenGrid grid_;
+  double scale_;
+  std::uint64_t seed_;
+  mutable std::mutex mutex_;
+  std::vector<MaskCell> cells_;
+};
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,164 @@
+// Masking, the layer-local view (masking.hpp).
+#include "attnscope/analyses/masking.hpp"
+
+#include "attnscope/analyses/head_error.hpp"
+#include "attnscope/error.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+namespace attnscope::analyses {
+
+std::string MaskSpec::name() const {
+  return std::string(kind == Kind::Local ? "local:" : "random:") + std::to_string(size);
+}
+
+std::vector<MaskSpec> parse_mask_specs(std::string_view specs) {
+  std::vector<MaskSpec> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = specs.find(',', start);
+    const std::string_view item = specs.substr(start, comma - start);
+    const auto bad = [&](const std::string& why) {
+      throw UsageError("--mask '" + std::string(item) + "': " + why +
+                       " (expected local:K with K odd >= 1, or random:N with N >= 0)");
+    };
+    const auto colon = item.find(':');
+    if (colon == std::string_view::npos) bad("no ':'");
+    MaskSpec m;
+    const std::string_view kind = item.substr(0, colon), number = item.substr(colon + 1);
+    if (kind == "local") {
+      m.kind = MaskSpec::Kind::Local;
+    } else if (kind == "random") {
+      m.kind = MaskSpec::Kind::Random;
+    } else {
+      bad("unknown mask kind '" + std::string(kind) + "'");
+    }
+    const auto res = std::from_chars(number.data(), number.data() + number.size(), m.size);
+    if (number.empty() || res.ec != std::errc() || res.ptr != number.data() + number.size()) {
+      bad("'" + std::string(number) + "' is not an integer");
+    }
+    if (m.kind == MaskSpec::Kind::Local && (m.size < 1 || m.size % 2 == 0)) bad("K must be odd and >= 1");
+    if (m.kind == MaskSpec::Kind::Random && m.size < 0) bad("N must be >= 0");
+    for (const MaskSpec& o : out) {
+      if (o.name() == m.name()) bad("named twice");
+    }
+    out.push_back(m);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+Mask build_mask(const MaskSpec& spec, const TokenGrid& grid, std::uint64_t seed) {
+  return spec.kind == MaskSpec::Kind::Local ? local_window_mask(grid, spec.size)
+                                            : random_outside_mask(grid, spec.size, seed);
+}
+
+std::uint64_t mask_seed(std::uint64_t seed, int image, int layer, int head) {
+  // splitmix64 over the seed and the head's coordinates: independent draws per head, the same
+  // for every family.
+  std::uint64_t x = seed;
+  for (const auto part : {static_cast<std::uint64_t>(image), static_cast<std::uint64_t>(layer),
+                          static_cast<std::uint64_t>(head)}) {
+    x += 0x9E3779B97F4A7C15ULL + part;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+  }
+  return x;
+}
+
+void MaskCell::merge(const MaskCell& o) {
+  change.merge(o.change);
+  removed_mass.merge(o.removed_mass);
+  empty_rows += o.empty_rows;
+  degenerate_rows += o.degenerate_rows;
+  unmeasured_heads += o.unmeasured_heads;
+}
+
+MaskCell mask_head(const Variant& v, const MatD& q, const MatD& k, const MatD& values, double scale,
+                   const Mask& mask) {
+  Diagnostics plain, masked;
+  const MatD w = attention_weights<double>(v, q, k, scale, nullptr, &plain);
+  const MatD o = w * values;
+  const MatD o_masked = attention_outputs<double>(v, q, k, values, scale, &mask, &masked);
+  std::vector<char> skip(static_cast<std::size_t>(q.rows()), 0);
+  MaskCell c;
+  for (int i : plain.degenerate_rows) skip[static_cast<std::size_t>(i)] = 1, ++c.degenerate_rows;
+  for (int i : masked.degenerate_rows) {
+    if (!skip[static_cast<std::size_t>(i)]) skip[static_cast<std::size_t>(i)] = 1, ++c.empty_rows;
+  }
+  double diff2 = 0.0, base2 = 0.0;
+  for (Eigen::Index i = 0; i < q.rows(); ++i) {
+    if (skip[static_cast<std::size_t>(i)]) continue;
+    diff2 += (o_masked.row(i) - o.row(i)).squaredNorm();
+    base2 += o.row(i).squaredNorm();
+    if (mask.row(i).all()) continue;  // a prefix query: nothing removed, not a masked query
+    double removed = 0.0;
+    for (Eigen::Index j = 0; j < k.rows(); ++j) removed += mask(i, j) ? 0.0 : w(i, j);
+    c.removed_mass.add(removed);
+  }
+  if (base2 > 0.0) {
+    c.change.add(std::sqrt(diff2 / base2));
+  } else {
+    ++c.unmeasured_heads;
+  }
+  return c;
+}
+
+MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec> masks,
+                             const Selection& resolved, const TokenGrid& grid, double scale,
+                             std::uint64_t seed)
+    : variants_(std::move(variants)),
+      masks_(std::move(masks)),
+      layers_(resolved.layers),
+      heads_(resolved.heads),
+      grid_(grid),
+      scale_(scale),
+      seed_(seed) {
+  for (const Variant& v : variants_) {
+    std::string why;
+    if (!v.supports(&why)) throw UsageError(v.name() + " cannot be masked: " + why);
+  }
+  for (const Variant& v : variants_)
+    for (const MaskSpec& m : masks_)
+      for (int layer : layers_)
+        for (int head : heads_) {
+          MaskCell c;
+          c.variant = v.name();
+          c.mask = m.name();
+          c.layer = layer;
+          c.head = head;
+          cells_.push_back(c);
+        }
+}
+
+void MaskCollector::add_head(const HeadView& h) {
+  const MatD q = h.q.cast<double>(), k = h.k.cast<double>(), values = h.v.cast<double>();
+  if (q.rows() != grid_.tokens()) {
+    throw UsageError("mask: the grid has " + std::to_string(grid_.tokens()) + " tokens but the head has " +
+                     std::to_string(q.rows()));
+  }
+  const auto l = static_cast<std::size_t>(std::find(layers_.begin(), layers_.end(), h.layer) - layers_.begin());
+  const auto hh = static_cast<std::size_t>(std::find(heads_.begin(), heads_.end(), h.head) - heads_.begin());
+  for (std::size_t m = 0; m < masks_.size(); ++m) {
+    const Mask mask = build_mask(masks_[m], grid_, mask_seed(seed_, h.image, h.layer, h.head));
+    for (std::size_t v = 0; v < variants_.size(); ++v) {
+      const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
+        return mask_head(variants_[v], q, k, values, scale_, mask);
+      });
+      const std::size_t slot = ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
+      const std::lock_guard lock(mutex_);
+      cells_[slot].merge(part);
+    }
+  }
+}
+
+std::vector<MaskCell> MaskCollector::cells() const {
+  const std::lock_guard lock(mutex_);
+  return cells_;
+}
+
+}  // namespace attnscope::analyses
