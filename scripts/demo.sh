@@ -56,7 +56,15 @@ for d in "${DUMPS[@]}"; do
   step "$name: local 3x3 attention mass" \
     "$A" locality --dump "$d" --out "$R/$name/locality" --variant "$CODE4"
   step "$name: negative and zero InLine/MALA weights" "$A" census --dump "$d" --out "$R/$name/census"
+  # The 7x7 grid: a 7x7 window would cover it, so the windows and random counts that leave keys.
+  step "$name: masking local windows and random keys (InLine Table 2, layer by layer)" \
+    "$A" mask --dump "$d" --out "$R/$name/mask" --variant softmax@code,inline:identity@code \
+    --mask local:3,local:5,random:9,random:25
 done
+# --- the families beyond the papers' four, on the synthetic dump (every analysis runs on each)
+NEW3="linear:focused=3@code,efficient@code,cosformer@code"
+step "confusion events under FLatten's focused map, Efficient Attention and cosFormer" \
+  "$A" confusion --dump "$SYNTH" --out "$R/synth-confusion-more-families" --variant "$NEW3"
 SOFTMAX_DUMP=data/dumps/vit7-softmax-fmnist.h5
 if [ -f "$SOFTMAX_DUMP" ]; then
   step "spikiness against query magnitude (MALA Fig. 2) on the softmax model's queries" \
