@@ -41,6 +41,8 @@ cmd_args() {
       ARGS=(spikiness --dump "$WORK/s.h5" --out "$o" --samples "$([ "$v" = old ] && echo 4 || echo 8)" --scales 0.5,1,2) ;;
     census)
       ARGS=(census --dump "$WORK/s.h5" --out "$o" --variant "$([ "$v" = old ] && echo inline || echo inline,mala)") ;;
+    mask)
+      ARGS=(mask --dump "$WORK/s.h5" --out "$o" --mask "$([ "$v" = old ] && echo local:3 || echo local:3,random:9)") ;;
     recompute)
       ARGS=(recompute --dump "$REAL_DUMP" --out "$o" --images "$([ "$v" = old ] && echo 0 || echo 0-3)") ;;
     verify)
@@ -51,7 +53,7 @@ cmd_args() {
 # A run that wrote its results: exit 0, or 3 when a check it reports failed (verify, recompute).
 wrote() { [ "$1" -eq 0 ] || [ "$1" -eq 3 ]; }
 
-for c in synth confusion locality maps spikiness census recompute verify; do
+for c in synth confusion locality maps spikiness census mask recompute verify; do
   failures=0
   for free_kib in 0 4 8 16 32 64 128 256 512; do
     rm -rf "${T:?}"/* "$T"/.[!.]* 2>/dev/null || true
