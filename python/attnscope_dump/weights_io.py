@@ -1,8 +1,9 @@
 """Model weights to and from HDF5, in the layout of docs/model-weights.md.
 
-Every tensor of the state dict is one float32 dataset whose path is its state-dict key with dots
-turned into slashes (`blocks.0.attn.qkv.weight` -> `/blocks/0/attn/qkv/weight`), in PyTorch's own
-shape and row-major order (a Linear weight is [out, in] and computes y = x W^T + b). The model
+Every tensor of the state dict is one dataset whose path is its state-dict key with dots turned
+into slashes (`blocks.0.attn.qkv.weight` -> `/blocks/0/attn/qkv/weight`), in PyTorch's own shape
+and row-major order (a Linear weight is [out, in] and computes y = x W^T + b), float32 or float16
+(the 14x14 models, to keep five of them small); a reader converts to float32. The model
 configuration and the attention variant are root attributes, so a reader needs nothing else.
 """
 from __future__ import annotations
@@ -19,10 +20,26 @@ from .models import ViTConfig, VisionTransformer
 
 FORMAT = "attnscope-vit-weights"
 FORMAT_VERSION = 1
+_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
-def save_weights(model: VisionTransformer, path: str, extra: dict | None = None) -> None:
-    """Writes `model` to `path` atomically (temporary name, then rename)."""
+def round_to_float16(model: VisionTransformer) -> VisionTransformer:
+    """Rounds every parameter to the nearest float16 in place (kept as float32), so the model
+    computes what a float16 weights file of it gives back after load_weights."""
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            t.copy_(t.to(torch.float16).to(t.dtype))
+    return model
+
+
+def save_weights(model: VisionTransformer, path: str, extra: dict | None = None,
+                 dtype: str = "float32") -> None:
+    """Writes `model` to `path` atomically (temporary name, then rename). dtype "float16"
+    rounds to nearest and stores with gzip + shuffle; a value beyond float16's range is a
+    ValueError naming the tensor."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be float32 or float16, not {dtype!r}")
+    np_dtype = _DTYPES[dtype]
     cfg = model.config
     attn0 = model.blocks[0].attn
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -35,6 +52,7 @@ def save_weights(model: VisionTransformer, path: str, extra: dict | None = None)
                 num_tokens=cfg.num_tokens, grid_height=cfg.grid, grid_width=cfg.grid,
                 prefix_tokens=1, mlp_hidden=int(cfg.embed_dim * cfg.mlp_ratio),
                 layer_norm_eps=1e-6, activation="gelu_erf",
+                local_residual=int(cfg.local_residual), weights_dtype=dtype,
                 config_json=json.dumps(cfg.to_dict(), sort_keys=True),
                 image_mean=_mean_std()[0], image_std=_mean_std()[1])
             for key, val in (("image_size", cfg.image_size), ("patch_size", cfg.patch_size),
@@ -45,8 +63,13 @@ def save_weights(model: VisionTransformer, path: str, extra: dict | None = None)
             for key, val in (extra or {}).items():
                 f.attrs[key] = val
             for key, tensor in model.state_dict().items():
-                f.create_dataset(key.replace(".", "/"),
-                                 data=tensor.detach().cpu().numpy().astype(np.float32))
+                arr = tensor.detach().float().cpu().numpy()
+                if np_dtype == np.float16 and np.abs(arr).max(initial=0.0) > 65504.0:
+                    raise ValueError(f"{path}: tensor '{key}' has |value| "
+                                     f"{np.abs(arr).max():.3g}, beyond float16's range")
+                opts = dict(compression="gzip", compression_opts=9, shuffle=True) \
+                    if np_dtype == np.float16 and arr.size > 1 else {}
+                f.create_dataset(key.replace(".", "/"), data=arr.astype(np_dtype), **opts)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -67,7 +90,10 @@ def load_weights(path: str) -> VisionTransformer:
             name = key.replace(".", "/")
             if name not in f:
                 raise ValueError(f"{path}: dataset '/{name}' missing")
-            arr = f[name][()]
+            if f[name].dtype.kind != "f":
+                raise ValueError(f"{path}: dataset '/{name}' has type {f[name].dtype}, "
+                                 "expected float32 or float16")
+            arr = f[name][()].astype(np.float32)
             if tuple(arr.shape) != tuple(ref.shape):
                 raise ValueError(f"{path}: dataset '/{name}' has shape {arr.shape}, "
                                  f"expected {tuple(ref.shape)}")
@@ -78,11 +104,12 @@ def load_weights(path: str) -> VisionTransformer:
 
 def model_name(cfg: ViTConfig) -> str:
     """vit7-linear-fmnist; a feature map other than the family's own is named too
-    (vit7-linear-focused=3-fmnist)."""
+    (vit7-linear-focused=3-fmnist), and the local residual (vit14-inline-localres-fmnist)."""
     phi = family(cfg.family).resolve_map(cfg.feature_map)
     fmap = phi.name if phi is not None else "none"
     own = FEATURE_MAPS[cfg.family]
-    return f"vit{cfg.grid}-{cfg.family}" + (f"-{fmap}" if fmap != own else "") + "-fmnist"
+    return (f"vit{cfg.grid}-{cfg.family}" + (f"-{fmap}" if fmap != own else "")
+            + ("-localres" if cfg.local_residual else "") + "-fmnist")
 
 
 def _mean_std():
