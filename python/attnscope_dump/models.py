@@ -56,11 +56,18 @@ class ViTConfig:
 DEIT_T = dict(patch_size=2, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0)
 
 
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)  # torch >= 2.4
+    except TypeError:
+        return torch.is_autocast_enabled() if device_type == "cuda" \
+            else torch.is_autocast_cpu_enabled()
+
+
 def _float32_core(x: torch.Tensor):
     """Switches autocast off where it is on (training in mixed precision); a no-op otherwise."""
-    on = torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
-    return torch.autocast(device_type=x.device.type, enabled=False) if on \
-        else contextlib.nullcontext()
+    return torch.autocast(device_type=x.device.type, enabled=False) \
+        if _autocast_on(x.device.type) else contextlib.nullcontext()
 
 
 class LocalResidual(nn.Module):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-import h5py
 import numpy as np
 import torch
 
@@ -20,6 +19,7 @@ from .models import ViTConfig, VisionTransformer
 
 FORMAT = "attnscope-vit-weights"
 FORMAT_VERSION = 1
+CHECKPOINT = "attnscope-vit-checkpoint"
 _DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -37,6 +37,7 @@ def save_weights(model: VisionTransformer, path: str, extra: dict | None = None,
     """Writes `model` to `path` atomically (temporary name, then rename). dtype "float16"
     rounds to nearest and stores each tensor as one chunk with gzip + shuffle; a value beyond
     float16's range is a ValueError naming the tensor."""
+    import h5py  # here, so that the models import where h5py is missing
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float32 or float16, not {dtype!r}")
     np_dtype = _DTYPES[dtype]
@@ -80,6 +81,7 @@ def save_weights(model: VisionTransformer, path: str, extra: dict | None = None,
 
 def load_weights(path: str) -> VisionTransformer:
     """Rebuilds the model from `path`; raises ValueError naming the file on a layout mismatch."""
+    import h5py
     with h5py.File(path, "r") as f:
         if f.attrs.get("format") != FORMAT:
             raise ValueError(f"{path}: attribute 'format' is {f.attrs.get('format')!r}, "
@@ -102,6 +104,36 @@ def load_weights(path: str) -> VisionTransformer:
             state[key] = torch.from_numpy(arr)
     model.load_state_dict(state)
     return model.eval()
+
+
+def save_checkpoint(model: VisionTransformer, path: str, extra: dict | None = None,
+                    dtype: str = "float32") -> None:
+    """What save_weights would write, as a torch.save file, for a machine without h5py:
+    export_checkpoint turns it into the weights file (python/export_weights.py)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be float32 or float16, not {dtype!r}")
+    torch_dtype = torch.float16 if dtype == "float16" else torch.float32
+    state = {k: t.detach().cpu().to(torch_dtype) for k, t in model.state_dict().items()}
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        torch.save({"format": CHECKPOINT, "config": model.config.to_dict(), "dtype": dtype,
+                    "extra": dict(extra or {}), "state_dict": state}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def export_checkpoint(path: str, out_path: str) -> str:
+    """Writes the weights file of a checkpoint of save_checkpoint; returns out_path."""
+    ck = torch.load(path, map_location="cpu")
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT:
+        raise ValueError(f"{path}: not a checkpoint written by train.py (no format "
+                         f"{CHECKPOINT!r})")
+    model = VisionTransformer(ViTConfig(**ck["config"]))
+    model.load_state_dict({k: t.float() for k, t in ck["state_dict"].items()})
+    save_weights(model, out_path, extra=ck["extra"], dtype=ck["dtype"])
+    return out_path
 
 
 def model_name(cfg: ViTConfig) -> str:

@@ -259,3 +259,44 @@ def test_make_dumps_names_a_missing_weights_file(tmp_path):
                         str(tmp_path / "vit14-mala-fmnist.h5"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "vit14-mala-fmnist.h5: no such weights file" in r.stderr
+
+
+def test_without_h5py_a_checkpoint_that_exports_to_the_same_weights(tmp_path, fake_fmnist):
+    """Where h5py is missing (a GPU machine may lack it) train.py writes NAME.pt and the JSON;
+    export_weights.py then writes the NAME.h5 that train.py writes where h5py is present."""
+    import h5py
+    argv = ["train.py", "--preset", "deit-t", "--family", "mala", "--epochs", "1", *TINY,
+            "--data-root", str(fake_fmnist), "--out", str(tmp_path / "no-h5py")]
+    code = ("import runpy, sys; sys.modules['h5py'] = None; "
+            f"sys.argv = {argv!r}; runpy.run_path({os.path.join(PYTHON_DIR, 'train.py')!r}, "
+            "run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "h5py is missing" in r.stderr
+    assert sorted(os.listdir(tmp_path / "no-h5py")) == ["vit14-mala-fmnist.json",
+                                                       "vit14-mala-fmnist.pt"]
+    r = subprocess.run([sys.executable, os.path.join(PYTHON_DIR, "export_weights.py"),
+                        str(tmp_path / "no-h5py" / "vit14-mala-fmnist.pt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = _run_script("mala", tmp_path / "h5py", fake_fmnist, "--epochs", "1")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(tmp_path / "no-h5py" / "vit14-mala-fmnist.h5") as a, \
+            h5py.File(tmp_path / "h5py" / "vit14-mala-fmnist.h5") as b:
+        names = {}
+        for f in (a, b):
+            names[f] = []
+            f.visititems(lambda n, o: names[f].append(n) if isinstance(o, h5py.Dataset) else None)
+        assert sorted(names[a]) == sorted(names[b]) and len(names[b]) == 20, names
+        for n in names[b]:
+            assert a[n].dtype == b[n].dtype == np.float16 and np.array_equal(a[n][()], b[n][()]), n
+        for key in ("test_accuracy", "seed", "config_json", "local_residual", "weights_dtype"):
+            assert a.attrs[key] == b.attrs[key], key
+
+
+def test_export_weights_refuses_other_files(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"state_dict": {}}, path)
+    r = subprocess.run([sys.executable, os.path.join(PYTHON_DIR, "export_weights.py"), str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "not a checkpoint written by train.py" in r.stderr
