@@ -232,18 +232,19 @@ def train(args) -> dict:
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, name)
     extra = {"test_accuracy": acc, "seed": args.seed}
+    written = base + (".h5" if HAVE_H5PY else ".pt")
     if HAVE_H5PY:
-        save_weights(model.cpu(), base + ".h5", extra=extra, dtype=args.weights_dtype)
+        save_weights(model.cpu(), written, extra=extra, dtype=args.weights_dtype)
     else:
-        save_checkpoint(model.cpu(), base + ".pt", extra=extra, dtype=args.weights_dtype)
-        print(f"train.py: h5py is missing: wrote {base}.pt; turn it into {base}.h5 with "
-              f"python/export_weights.py {base}.pt", file=sys.stderr)
+        save_checkpoint(model.cpu(), written, extra=extra, dtype=args.weights_dtype)
+        print(f"train.py: h5py is missing: wrote {written}; turn it into {base}.h5 with "
+              f"python/export_weights.py {written}", file=sys.stderr)
     with open(base + ".json", "w") as f:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
     if not args.quiet:
         print(f"{name}: test accuracy {acc:.4f} on {len(test_loader.dataset)} images, "
-              f"{train_seconds:.0f} s -> {base}.h5")
+              f"{train_seconds:.0f} s -> {written}")
     return record
 
 
