@@ -10,7 +10,8 @@ CMAKE_FLAGS ?=
 .PHONY: all deps configure build dumps test test-cpp test-python demo figures data bench clean format
 
 # The dumps of the committed models are generated, not committed: the first 128 Fashion-MNIST test
-# images through each model in data/models/, on the CPU in a few seconds (python/make_dumps.py).
+# images through each model in data/models/, on the CPU in a few seconds (python/make_dumps.py);
+# the first 64 for the 197-token vit14-* models. A model whose weights are not there has no dump.
 MODELS := $(wildcard data/models/*.h5)
 DUMPS  := $(patsubst data/models/%,data/dumps/%,$(MODELS))
 
@@ -33,6 +34,10 @@ dumps: $(DUMPS)
 
 data/dumps/%.h5: data/models/%.h5 python/make_dumps.py
 	$(PYTHON) python/make_dumps.py --models $< --out data/dumps --images 128
+
+# Make picks the rule with the shorter stem: this one for the vit14-* models.
+data/dumps/vit14-%.h5: data/models/vit14-%.h5 python/make_dumps.py
+	$(PYTHON) python/make_dumps.py --models $< --out data/dumps --images 64
 
 test: deps build dumps
 	@$(MAKE) --no-print-directory test-cpp test-python

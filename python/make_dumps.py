@@ -3,6 +3,9 @@
 images of Fashion-MNIST.
 
     /usr/bin/python3 python/make_dumps.py --models data/models/*.h5 --out data/dumps --images 256
+
+The models' own per-head output W V is stored as /layers/L/out; a model with InLine's local
+residual adds it after that (docs/dump-format.md).
 """
 from __future__ import annotations
 
@@ -31,6 +34,10 @@ def main(argv=None):
     p.add_argument("--data-root", default=data.DEFAULT_ROOT)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    for path in args.models:
+        if not os.path.isfile(path):
+            print(f"make_dumps.py: {path}: no such weights file", file=sys.stderr)
+            return 1
     os.makedirs(args.out, exist_ok=True)
     test = data.loader("test", args.batch_size, limit=args.images, root=args.data_root)
     for path in args.models:
@@ -43,7 +50,8 @@ def main(argv=None):
         size = os.path.getsize(target) / 1e6
         print(f"{target}: {s.images} images, {len(s.layers)} layers, "
               f"{s.attributes['attention_family']}, {size:.2f} MB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

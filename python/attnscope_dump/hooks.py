@@ -7,7 +7,9 @@ and leaves the captured tensors, shaped [B, H, N, d] (weights [B, H, N, N]), in 
   `model.blocks[i].attn` with a fused `qkv` Linear, `num_heads`, `scale`, optional
   `q_norm`/`k_norm` (q and k are read *after* them, as the attention sees them), `attn_drop`
   (its input is the weights, seen only with `fused_attn = False`) and `proj` (its input, or that
-  of `norm` where timm has one, is the per-head output).
+  of `norm` where timm has one, is the per-head output). The project's models with InLine's local
+  residual add it to W V before `proj`, in a `local_residual` module: there the per-head output
+  is read at that module's first input, so it stays W V.
 * Hugging Face ViT: `encoder.layer[i].attention.attention` (a ViTSelfAttention) with separate
   `query`, `key`, `value` Linears of output [B, N, H*d]; the module's first output is the per-head
   output. The weights exist only on the eager attention path: where they are wanted, the config's
@@ -87,8 +89,10 @@ class TimmSite:
             hooks.append(m.attn_drop.register_forward_hook(
                 lambda _m, inp, _o: store.update(attn=inp[0])))
         if want_out:
-            # timm >= 0.9 may normalise the merged heads (`norm`) before `proj`.
-            tail = m.norm if isinstance(getattr(m, "norm", None), nn.Module) else m.proj
+            # timm >= 0.9 may normalise the merged heads (`norm`) before `proj`; a local residual
+            # (the project's InLine models) is added to W V before either.
+            tail = next(t for t in (getattr(m, "local_residual", None), getattr(m, "norm", None),
+                                    m.proj) if isinstance(t, nn.Module))
             hooks.append(tail.register_forward_pre_hook(
                 lambda _m, inp: store.update(out=_heads(inp[0], h))))
         if hasattr(m, "fused_attn"):

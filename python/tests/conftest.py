@@ -32,10 +32,12 @@ def loader16():
 
 
 def tiny_vit(family: str, seed: int = 0, depth: int = 2, dim: int = 16, heads: int = 2,
-             image_size: int = 16, patch: int = 4, feature_map: str | None = None):
+             image_size: int = 16, patch: int = 4, feature_map: str | None = None,
+             local_residual: bool = False):
     from attnscope_dump.models import ViTConfig, build_model
     cfg = ViTConfig(family=family, feature_map=feature_map, image_size=image_size,
-                    patch_size=patch, num_classes=5, embed_dim=dim, depth=depth, num_heads=heads)
+                    patch_size=patch, num_classes=5, embed_dim=dim, depth=depth, num_heads=heads,
+                    local_residual=local_residual)
     return build_model(cfg, seed=seed).eval()
 
 
