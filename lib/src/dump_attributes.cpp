@@ -157,6 +157,14 @@ void require_below_limit(const std::string& file, const char* name, int v) {
 
 }  // namespace
 
+std::string root_string(hid_t root, const char* name, const std::string& file) {
+  return read_string(root, name, file);
+}
+int root_int(hid_t root, const char* name, const std::string& file) { return read_int32(root, name, file); }
+double root_double(hid_t root, const char* name, const std::string& file) {
+  return read_double(root, name, file);
+}
+
 DumpAttributes read_attributes(hid_t root, const std::string& file) {
   const std::string format = read_string(root, "format", file);
   if (format != kFormatName) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "attnscope/dump.hpp"
+#include "hdf5_util.hpp"
 
 #include <hdf5.h>
 
@@ -16,6 +17,16 @@ inline constexpr int kFormatVersion = 1;
 
 /// "/layers/L/name".
 std::string layer_path(int layer, const char* name);
+
+/// Opens an HDF5 file read-only with the dump reader's checks and one-line errors (missing, not a
+/// regular file, not HDF5, locked, marked open for writing).
+h5::Handle open_read_only(const std::string& path);
+
+/// One scalar root attribute (string, integer below 2^30, float); InputError naming the attribute
+/// when it is missing, not a single value or of another type. Shared with the model reader.
+std::string root_string(hid_t root, const char* name, const std::string& file);
+int root_int(hid_t root, const char* name, const std::string& file);
+double root_double(hid_t root, const char* name, const std::string& file);
 
 /// Reads and validates the root attributes. Throws InputError naming the attribute.
 DumpAttributes read_attributes(hid_t root, const std::string& file);

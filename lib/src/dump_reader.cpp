@@ -215,6 +215,8 @@ std::vector<std::string> extra_layer_links(hid_t file, int num_layers) {
 
 }  // namespace
 
+h5::Handle dump_detail::open_read_only(const std::string& path) { return open_file(path); }
+
 struct DumpReader::Impl {
   h5::Handle file;  // declared first: closed last
   DumpSchema schema;

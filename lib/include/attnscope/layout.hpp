@@ -22,6 +22,7 @@ using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 using MatD = Mat<double>;
 using MatF = Mat<float>;
 using VecD = Vec<double>;
+using VecF = Vec<float>;
 /// Read-only view of any row-major block (a head's rows of a larger matrix binds without a copy).
 template <typename T>
 using ConstRef = Eigen::Ref<const Mat<T>>;

@@ -1,0 +1,46 @@
+// A ViT forward pass in C++ (docs/model-weights.md's "Forward pass"), with interventions inside
+// the attention layers: the masks of masking.hpp (renormalised as each family defines it), the
+// query maps f1, f2, l2norm (query_transform.hpp) and a family swap (run the model's attention
+// with another variant of the registry). Computed in double from the float weights; the attention
+// in its linear-time form where the family has one and no mask forbids it.
+#pragma once
+
+#include "attnscope/analyses/masking.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/query_transform.hpp"
+#include "attnscope/variant.hpp"
+#include "attnscope/vit.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace attnscope::analyses {
+
+struct Intervention {
+  std::string name = "none";        ///< as written: none, local:3, random:9, f1, f2, l2norm, family=SPEC
+  std::optional<MaskSpec> mask;     ///< remove keys
+  QueryTransform transform;         ///< map the queries first
+  std::optional<Variant> family;    ///< compute the attention with this variant instead
+};
+
+/// Comma-separated interventions: "none", a mask ("local:K", "random:N"), a query map ("f1",
+/// "f2", "l2norm"; f2's A, b drawn from `seed`), or "family=SPEC" (a variant, parsed under the
+/// model's convention). Throws UsageError naming the bad item; one named twice is refused.
+[[nodiscard]] std::vector<Intervention> parse_interventions(std::string_view list, const VitModel& model,
+                                                            std::uint64_t seed);
+
+struct ReplayOptions {
+  std::vector<int> layers;  ///< blocks the intervention applies to (empty: every block)
+  std::uint64_t seed = 0;   ///< random masks: the same draw per (image, layer, head) as `mask`
+};
+
+/// Logits (images x classes) of the model on `images` (images x C*H*W, the model's normalised
+/// input, as a dump's /images holds it), image i being image `first_image + i` for the random
+/// masks' draw. Throws UsageError when the images do not fit the model.
+[[nodiscard]] MatF replay_logits(const VitModel& model, const MatF& images, const std::vector<int>& image_ids,
+                                 const Intervention& intervention, const ReplayOptions& options);
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,178 @@
+// The C++ ViT forward pass with interventions (replay.hpp).
+#include "attnscope/analyses/replay.hpp"
+
+#include "attnscope/analyses/head_error.hpp"
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+#include "attnscope/parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace attnscope::analyses {
+namespace {
+
+/// The model's tensors in double, converted once per run.
+struct Block {
+  VecD n1w, n1b, qkvb, projb, n2w, n2b, fc1b, fc2b;
+  MatD qkvT, projT, fc1T, fc2T;  ///< transposed: rows in, columns out
+};
+struct Weights {
+  MatD patchT;  ///< (C P P) x D
+  VecD patchb, cls;
+  MatD pos;
+  std::vector<Block> blocks;
+  VecD nw, nb, headb;
+  MatD headT;
+};
+
+Weights to_double(const VitModel& m) {
+  Weights w;
+  w.patchT = m.patch_w.cast<double>().transpose();
+  w.patchb = m.patch_b.cast<double>();
+  w.cls = m.cls_token.cast<double>();
+  w.pos = m.pos_embed.cast<double>();
+  for (const VitBlock& b : m.blocks) {
+    Block o;
+    o.n1w = b.norm1_w.cast<double>(), o.n1b = b.norm1_b.cast<double>();
+    o.qkvT = b.qkv_w.cast<double>().transpose(), o.qkvb = b.qkv_b.cast<double>();
+    o.projT = b.proj_w.cast<double>().transpose(), o.projb = b.proj_b.cast<double>();
+    o.n2w = b.norm2_w.cast<double>(), o.n2b = b.norm2_b.cast<double>();
+    o.fc1T = b.fc1_w.cast<double>().transpose(), o.fc1b = b.fc1_b.cast<double>();
+    o.fc2T = b.fc2_w.cast<double>().transpose(), o.fc2b = b.fc2_b.cast<double>();
+    w.blocks.push_back(std::move(o));
+  }
+  w.nw = m.norm_w.cast<double>(), w.nb = m.norm_b.cast<double>();
+  w.headT = m.head_w.cast<double>().transpose(), w.headb = m.head_b.cast<double>();
+  return w;
+}
+
+/// LayerNorm of every row (biased variance, as PyTorch).
+MatD layer_norm(const MatD& x, const VecD& w, const VecD& b, double eps) {
+  MatD y(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const double mean = x.row(i).mean();
+    const double var = (x.row(i).array() - mean).square().mean();
+    y.row(i) = ((x.row(i).array() - mean) / std::sqrt(var + eps)).matrix().cwiseProduct(w.transpose()) +
+               b.transpose();
+  }
+  return y;
+}
+
+/// x W^T + b with W^T given.
+MatD affine(const MatD& x, const MatD& wT, const VecD& b) {
+  MatD y = x * wT;
+  y.rowwise() += b.transpose();
+  return y;
+}
+
+/// The patch tokens of one image (C*H*W, row-major per channel) as rows of C*P*P values in the
+/// convolution kernel's (c, y, x) order, grid row by row.
+MatD patches(const VitModel& m, const float* image) {
+  const int g = m.grid.height, p = m.patch_size, c = m.in_chans, s = m.image_size;
+  MatD out(g * g, c * p * p);
+  for (int py = 0; py < g; ++py)
+    for (int px = 0; px < g; ++px)
+      for (int ch = 0; ch < c; ++ch)
+        for (int y = 0; y < p; ++y)
+          for (int x = 0; x < p; ++x) {
+            out(py * g + px, (ch * p + y) * p + x) =
+                static_cast<double>(image[(static_cast<std::ptrdiff_t>(ch) * s + py * p + y) * s + px * p + x]);
+          }
+  return out;
+}
+
+VecD forward(const VitModel& m, const Weights& w, const float* image, int image_id, const Intervention& iv,
+             const ReplayOptions& o) {
+  const int n = m.grid.tokens(), dim = m.embed_dim, d = m.head_dim;
+  MatD x(n, dim);
+  x.row(0) = w.cls.transpose();
+  x.bottomRows(n - 1) = affine(patches(m, image), w.patchT, w.patchb);
+  x += w.pos;
+  for (int l = 0; l < m.depth; ++l) {
+    const Block& b = w.blocks[static_cast<std::size_t>(l)];
+    const bool here = o.layers.empty() || std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
+    const Variant& v = here && iv.family ? *iv.family : m.variant;
+    const MatD qkv = affine(layer_norm(x, b.n1w, b.n1b, m.layer_norm_eps), b.qkvT, b.qkvb);
+    MatD heads(n, dim);
+    for (int h = 0; h < m.num_heads; ++h) {
+      MatD q = qkv.middleCols(h * d, d);
+      const MatD k = qkv.middleCols(dim + h * d, d), values = qkv.middleCols(2 * dim + h * d, d);
+      if (here && !iv.transform.is_identity()) q = iv.transform.apply<double>(q);
+      Mask mask;
+      if (here && iv.mask) mask = build_mask(*iv.mask, m.grid, mask_seed(o.seed, image_id, l, h));
+      heads.middleCols(h * d, d) = in_head(image_id, l, h, [&] {
+        return attention_outputs<double>(v, q, k, values, m.scale, here && iv.mask ? &mask : nullptr);
+      });
+    }
+    x += affine(heads, b.projT, b.projb);
+    MatD hidden = affine(layer_norm(x, b.n2w, b.n2b, m.layer_norm_eps), b.fc1T, b.fc1b);
+    hidden = hidden.unaryExpr([](double t) { return 0.5 * t * (1.0 + std::erf(t * M_SQRT1_2)); });  // exact GELU
+    x += affine(hidden, b.fc2T, b.fc2b);
+  }
+  const MatD cls = layer_norm(x.topRows(1), w.nw, w.nb, m.layer_norm_eps);
+  return (cls * w.headT).transpose() + w.headb;
+}
+
+}  // namespace
+
+std::vector<Intervention> parse_interventions(std::string_view list, const VitModel& model, std::uint64_t seed) {
+  std::vector<Intervention> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = list.find(',', start);
+    const std::string item(list.substr(start, comma - start));
+    Intervention iv;
+    iv.name = item;
+    if (item == "none") {
+    } else if (item == "f1" || item == "f2" || item == "l2norm") {
+      iv.transform = parse_query_transform(item, seed);
+    } else if (item.rfind("family=", 0) == 0) {
+      try {
+        iv.family = parse_variant(item.substr(7), model.variant.convention, seed);
+      } catch (const UsageError& e) {
+        throw UsageError("--intervention '" + item + "': " + e.what());
+      }
+    } else if (item.rfind("local:", 0) == 0 || item.rfind("random:", 0) == 0) {
+      iv.mask = parse_mask_specs(item).front();
+    } else {
+      throw UsageError("--intervention '" + item + "': expected none, local:K, random:N, f1, f2, l2norm or family=SPEC");
+    }
+    for (const Intervention& o : out) {
+      if (o.name == iv.name) throw UsageError("--intervention '" + item + "' is named twice");
+    }
+    out.push_back(std::move(iv));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+MatF replay_logits(const VitModel& m, const MatF& images, const std::vector<int>& image_ids,
+                   const Intervention& iv, const ReplayOptions& o) {
+  const Eigen::Index pixels = static_cast<Eigen::Index>(m.in_chans) * m.image_size * m.image_size;
+  if (images.cols() != pixels) {
+    throw UsageError("replay: the images have " + std::to_string(images.cols()) + " values each, the model " +
+                     m.model_name + " takes " + std::to_string(m.in_chans) + " x " +
+                     std::to_string(m.image_size) + " x " + std::to_string(m.image_size));
+  }
+  if (static_cast<Eigen::Index>(image_ids.size()) != images.rows()) throw UsageError("replay: one id per image");
+  for (int l : o.layers) {
+    if (l < 0 || l >= m.depth) {
+      throw UsageError("--layers: the model has " + std::to_string(m.depth) + " blocks, found " + std::to_string(l));
+    }
+  }
+  std::string why;
+  const Variant& v = iv.family ? *iv.family : m.variant;
+  if (!v.supports(&why)) throw UsageError(why);
+  const Weights w = to_double(m);
+  MatF logits(images.rows(), m.num_classes);
+  parallel_for(static_cast<int>(images.rows()), [&](int i) {
+    logits.row(i) = forward(m, w, images.row(i).data(), image_ids[static_cast<std::size_t>(i)], iv, o)
+                        .cast<float>()
+                        .transpose();
+  });
+  return logits;
+}
+
+}  // namespace attnscope::analyses

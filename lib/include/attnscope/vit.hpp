@@ -1,0 +1,51 @@
+// A ViT exported to HDF5 by the Python side (docs/model-weights.md), read for a forward pass in C++
+// (analyses/replay.hpp). Every tensor is read as float (float32 or float16 files), in PyTorch's own
+// shape; the attention of every block is a variant of the family registry.
+#pragma once
+
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <string>
+#include <vector>
+
+namespace attnscope {
+
+struct VitBlock {
+  VecF norm1_w, norm1_b;
+  MatF qkv_w;  ///< 3D x D
+  VecF qkv_b;
+  MatF proj_w;  ///< D x D
+  VecF proj_b;
+  VecF norm2_w, norm2_b;
+  MatF fc1_w;  ///< M x D
+  VecF fc1_b;
+  MatF fc2_w;  ///< D x M
+  VecF fc2_b;
+};
+
+struct VitModel {
+  std::string path;
+  std::string model_name;
+  Variant variant;  ///< attention_family, feature_map, convention of the file
+  double scale = 0.0;
+  int image_size = 0, patch_size = 0, in_chans = 0, num_classes = 0;
+  int embed_dim = 0, depth = 0, num_heads = 0, head_dim = 0, mlp_hidden = 0;
+  TokenGrid grid;
+  double layer_norm_eps = 1e-6;
+  MatF patch_w;  ///< D x (C P P), the convolution's kernel flattened in (c, y, x) order
+  VecF patch_b;
+  VecF cls_token;  ///< D
+  MatF pos_embed;  ///< N x D
+  std::vector<VitBlock> blocks;
+  VecF norm_w, norm_b;
+  MatF head_w;  ///< classes x D
+  VecF head_b;
+};
+
+/// Reads a weights file. Throws InputError naming the file, the attribute or dataset and what was
+/// expected (missing, wrong shape, not finite, an activation other than gelu_erf, a family the
+/// registry does not know, InLine's local residual, which the C++ forward pass does not run yet).
+[[nodiscard]] VitModel load_vit(const std::string& path);
+
+}  // namespace attnscope

@@ -1,0 +1,154 @@
+// Reading an exported ViT (vit.hpp, docs/model-weights.md).
+#include "attnscope/vit.hpp"
+
+#include "attnscope/error.hpp"
+#include "dump_internal.hpp"
+#include "hdf5_util.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace attnscope {
+namespace {
+
+using dump_detail::root_double;
+using dump_detail::root_int;
+using dump_detail::root_string;
+
+std::string shape_text(const std::vector<hsize_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+/// The dataset at `path` as floats, checked to have exactly `shape` and finite values.
+std::vector<float> read_tensor(hid_t root, const std::string& file, const std::string& path,
+                               const std::vector<hsize_t>& shape) {
+  if (!h5::exists(root, path)) throw InputError(file, path, "a dataset of shape " + shape_text(shape), "none");
+  h5::Handle ds = h5::dataset(H5Dopen2(root, path.c_str(), H5P_DEFAULT));
+  if (!ds.valid()) throw InputError(file, path, "a readable dataset", h5::last_error());
+  h5::Handle t = h5::type(H5Dget_type(ds.get()));
+  if (H5Tget_class(t.get()) != H5T_FLOAT) {
+    throw InputError(file, path, "float32 or float16", h5::describe_type(t.get()));
+  }
+  const std::vector<hsize_t> dims = h5::dims(ds.get());
+  if (dims != shape) throw InputError(file, path, "shape " + shape_text(shape), shape_text(dims));
+  const std::vector<std::string> missing = h5::unavailable_filters(ds.get());
+  if (!missing.empty()) throw InputError(file, path, "filters this HDF5 can apply", missing.front());
+  std::size_t n = 1;
+  for (hsize_t d : dims) n *= static_cast<std::size_t>(d);
+  std::vector<float> out(n);
+  if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
+    throw InputError(file, path, "a readable dataset", h5::last_error());
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(out[i])) {
+      throw InputError(file, path, "finite values", "a non-finite value at flat index " + std::to_string(i));
+    }
+  }
+  return out;
+}
+
+MatF matrix(hid_t root, const std::string& file, const std::string& path, int rows, int cols) {
+  const std::vector<float> v = read_tensor(root, file, path, {static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)});
+  return Eigen::Map<const MatF>(v.data(), rows, cols);
+}
+
+VecF vector(hid_t root, const std::string& file, const std::string& path, int n) {
+  const std::vector<float> v = read_tensor(root, file, path, {static_cast<hsize_t>(n)});
+  return Eigen::Map<const VecF>(v.data(), n);
+}
+
+[[noreturn]] void bad_attr(const std::string& file, const char* name, const std::string& expected,
+                           const std::string& found) {
+  throw InputError(file, std::string("attribute '") + name + "'", expected, found);
+}
+
+}  // namespace
+
+VitModel load_vit(const std::string& path) {
+  h5::Handle f = dump_detail::open_read_only(path);
+  h5::Handle root = h5::group(H5Gopen2(f.get(), "/", H5P_DEFAULT));
+  const hid_t r = root.get();
+  VitModel m;
+  m.path = path;
+  const std::string format = root_string(r, "format", path);
+  if (format != "attnscope-vit-weights") bad_attr(path, "format", "attnscope-vit-weights", "'" + format + "'");
+  const int version = root_int(r, "format_version", path);
+  if (version != 1) bad_attr(path, "format_version", "1", std::to_string(version));
+  m.model_name = root_string(r, "model_name", path);
+  const std::string family = root_string(r, "attention_family", path);
+  const std::string fmap = root_string(r, "feature_map", path);
+  const std::string convention = root_string(r, "convention", path);
+  try {
+    m.variant = parse_variant(family + (fmap.empty() || fmap == "none" ? "" : ":" + fmap) + "@" + convention);
+  } catch (const UsageError& e) {
+    bad_attr(path, "attention_family", "a variant of the registry (attnscope info --families)", e.what());
+  }
+  if (H5Aexists(r, "local_residual") > 0 && root_int(r, "local_residual", path) != 0) {
+    bad_attr(path, "local_residual", "0 (InLine's local residual is not run by the C++ forward pass yet)", "1");
+  }
+  const std::string activation = root_string(r, "activation", path);
+  if (activation != "gelu_erf") bad_attr(path, "activation", "gelu_erf", "'" + activation + "'");
+  m.scale = root_double(r, "scale", path);
+  if (!(std::isfinite(m.scale) && m.scale > 0.0)) bad_attr(path, "scale", "a positive finite float", std::to_string(m.scale));
+  m.layer_norm_eps = root_double(r, "layer_norm_eps", path);
+  const auto positive = [&](const char* name) {
+    const int v = root_int(r, name, path);
+    if (v < 1) bad_attr(path, name, "an integer >= 1", std::to_string(v));
+    return v;
+  };
+  m.image_size = positive("image_size");
+  m.patch_size = positive("patch_size");
+  m.in_chans = positive("in_chans");
+  m.num_classes = positive("num_classes");
+  m.embed_dim = positive("embed_dim");
+  m.depth = positive("depth");
+  m.num_heads = positive("num_heads");
+  m.head_dim = positive("head_dim");
+  m.mlp_hidden = positive("mlp_hidden");
+  m.grid = TokenGrid{root_int(r, "prefix_tokens", path), positive("grid_height"), positive("grid_width")};
+  if (m.grid.prefix != 1) bad_attr(path, "prefix_tokens", "1 (a CLS token)", std::to_string(m.grid.prefix));
+  if (m.image_size % m.patch_size != 0 || m.grid.height != m.image_size / m.patch_size ||
+      m.grid.width != m.grid.height) {
+    bad_attr(path, "grid_height", "image_size / patch_size = " + std::to_string(m.image_size / m.patch_size),
+             std::to_string(m.grid.height) + " x " + std::to_string(m.grid.width));
+  }
+  if (m.num_heads * m.head_dim != m.embed_dim) {
+    bad_attr(path, "head_dim", "embed_dim / num_heads", std::to_string(m.head_dim));
+  }
+  const int d = m.embed_dim, n = m.grid.tokens(), p = m.patch_size, c = m.in_chans;
+  const auto pp = static_cast<hsize_t>(p);
+  const std::vector<float> patch = read_tensor(r, path, "/patch_embed/proj/weight",
+                                               {static_cast<hsize_t>(d), static_cast<hsize_t>(c), pp, pp});
+  m.patch_w = Eigen::Map<const MatF>(patch.data(), d, c * p * p);
+  m.patch_b = vector(r, path, "/patch_embed/proj/bias", d);
+  const std::vector<float> cls = read_tensor(r, path, "/cls_token", {1, 1, static_cast<hsize_t>(d)});
+  m.cls_token = Eigen::Map<const VecF>(cls.data(), d);
+  const std::vector<float> pos = read_tensor(r, path, "/pos_embed", {1, static_cast<hsize_t>(n), static_cast<hsize_t>(d)});
+  m.pos_embed = Eigen::Map<const MatF>(pos.data(), n, d);
+  for (int l = 0; l < m.depth; ++l) {
+    const std::string b = "/blocks/" + std::to_string(l) + "/";
+    VitBlock k;
+    k.norm1_w = vector(r, path, b + "norm1/weight", d);
+    k.norm1_b = vector(r, path, b + "norm1/bias", d);
+    k.qkv_w = matrix(r, path, b + "attn/qkv/weight", 3 * d, d);
+    k.qkv_b = vector(r, path, b + "attn/qkv/bias", 3 * d);
+    k.proj_w = matrix(r, path, b + "attn/proj/weight", d, d);
+    k.proj_b = vector(r, path, b + "attn/proj/bias", d);
+    k.norm2_w = vector(r, path, b + "norm2/weight", d);
+    k.norm2_b = vector(r, path, b + "norm2/bias", d);
+    k.fc1_w = matrix(r, path, b + "mlp/fc1/weight", m.mlp_hidden, d);
+    k.fc1_b = vector(r, path, b + "mlp/fc1/bias", m.mlp_hidden);
+    k.fc2_w = matrix(r, path, b + "mlp/fc2/weight", d, m.mlp_hidden);
+    k.fc2_b = vector(r, path, b + "mlp/fc2/bias", d);
+    m.blocks.push_back(std::move(k));
+  }
+  m.norm_w = vector(r, path, "/norm/weight", d);
+  m.norm_b = vector(r, path, "/norm/bias", d);
+  m.head_w = matrix(r, path, "/head/weight", m.num_classes, d);
+  m.head_b = vector(r, path, "/head/bias", m.num_classes);
+  return m;
+}
+
+}  // namespace attnscope
