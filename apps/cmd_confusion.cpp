@@ -77,7 +77,8 @@ void print_histogram(const analyses::ConfusionResult& r, const Histograms& hist)
   }
 }
 
-void print_summary(const analyses::ConfusionResult& r, const std::vector<std::int64_t>& degenerate_pairs) {
+void print_summary(const analyses::ConfusionResult& r,
+                   const std::vector<std::int64_t>& degenerate_pairs) {
   std::cout << "images with a given number of confused pairs (" << r.images << " images)\n";
   print_histogram(r, r.histogram);
   std::cout << "the same with the degenerate pairs (two degenerate rows, raw queries apart: "

@@ -106,7 +106,9 @@ std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, do
     if (!rows.degenerate(i)) continue;
     const double x = q_raw.cols() > 0 ? static_cast<double>(q_raw(i, 0)) : 0.0;
     // A NaN would make the sort's order undefined.
-    if (!std::isfinite(x)) throw NumericalError("confusion: raw query " + std::to_string(i) + " is not finite");
+    if (!std::isfinite(x)) {
+      throw NumericalError("confusion: raw query " + std::to_string(i) + " is not finite");
+    }
     keyed.emplace_back(x, i);
   }
   std::sort(keyed.begin(), keyed.end());

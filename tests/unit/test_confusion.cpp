@@ -273,8 +273,10 @@ TEST(Confusion, DegeneratePairsCountedByHand) {
       // The degenerate pairs do not depend on the row radius: zero rows are within any eps.
       opt = ConfusionOptions{};
       opt.eps = 0.0;
-      EXPECT_EQ(count_confusion(v, h.q, h.q, h.k, 0.3, opt).degenerate_pairs, 13) << what << " eps 0";
-      EXPECT_EQ(count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt).degenerate_pairs, 13) << what << " eps 0";
+      fast = count_confusion(v, h.q, h.q, h.k, 0.3, opt);
+      ref = count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt);
+      EXPECT_EQ(fast.degenerate_pairs, 13) << what << " eps 0";
+      EXPECT_EQ(ref.degenerate_pairs, 13) << what << " eps 0";
     }
   }
 }
@@ -292,7 +294,8 @@ TEST(Confusion, DegeneratePairsNeverForSoftmaxOrInline) {
     EXPECT_EQ(fast.degenerate_pairs, 0) << what;
     expect_same_count(v, h.q, h.q, h.k, 0.3, what);
   }
-  EXPECT_EQ(count_confusion(parse_variant("linear:relu"), h.q, h.q, h.k, 0.3, ConfusionOptions{}).degenerate_pairs, 13)
+  const Variant lin = parse_variant("linear:relu");
+  EXPECT_EQ(count_confusion(lin, h.q, h.q, h.k, 0.3, ConfusionOptions{}).degenerate_pairs, 13)
       << "the control's head must have degenerate pairs for linear attention";
 }
 

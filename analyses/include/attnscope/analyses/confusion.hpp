@@ -88,10 +88,10 @@ struct ConfusionOptions {
 };
 
 struct HeadConfusion {
-  std::int64_t pairs = 0;        ///< confused pairs i < j
-  int degenerate_rows = 0;       ///< rows excluded from pairs
+  std::int64_t pairs = 0;             ///< confused pairs i < j
+  int degenerate_rows = 0;            ///< rows excluded from pairs
   std::int64_t degenerate_pairs = 0;  ///< pairs i < j of degenerate rows whose raw queries differ
-  std::int64_t candidates = 0;   ///< pairs the search had to look at (search statistics)
+  std::int64_t candidates = 0;        ///< pairs the search had to look at (search statistics)
 };
 
 /// Fast exact count for one head. q: queries after the selection's transform; q_raw: as read.
@@ -109,8 +109,8 @@ inline constexpr int kConfusionBins = 7;
 struct ConfusionHeadTotal {
   int layer = 0;
   int head = 0;
-  std::int64_t count = 0;            ///< confused pairs, summed over images
-  std::int64_t degenerate_rows = 0;  ///< summed over images
+  std::int64_t count = 0;             ///< confused pairs, summed over images
+  std::int64_t degenerate_rows = 0;   ///< summed over images
   std::int64_t degenerate_pairs = 0;  ///< summed over images
 };
 
