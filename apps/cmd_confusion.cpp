@@ -5,8 +5,11 @@
 
 #include "attnscope/analyses/confusion.hpp"
 
+#include <array>
+#include <cstdint>
 #include <iomanip>
 #include <iostream>
+#include <vector>
 
 namespace attnscope::app {
 namespace {
@@ -38,11 +41,11 @@ po::options_description confusion_options(ConfusionFlags& f) {
 
 void write_per_head(ResultSet& set, const analyses::ConfusionResult& r) {
   ResultFile f(set, "confusion_per_head.csv");
-  f.stream() << "variant,layer,head,count,degenerate_rows\n";
+  f.stream() << "variant,layer,head,count,degenerate_rows,degenerate_pairs\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (const auto& h : r.per_head[v]) {
       f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << h.count << ","
-                 << h.degenerate_rows << "\n";
+                 << h.degenerate_rows << "," << h.degenerate_pairs << "\n";
     }
   }
   f.close();
@@ -50,26 +53,42 @@ void write_per_head(ResultSet& set, const analyses::ConfusionResult& r) {
 
 void write_histogram(ResultSet& set, const analyses::ConfusionResult& r) {
   ResultFile f(set, "confusion_histogram.csv");
-  f.stream() << "variant,bin,images\n";
+  f.stream() << "variant,bin,images,images_with_degenerate_pairs\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (int b = 0; b < analyses::kConfusionBins; ++b) {
       f.stream() << r.variants[v].name() << "," << analyses::confusion_bin_labels()[b] << ","
-                 << r.histogram[v][static_cast<std::size_t>(b)] << "\n";
+                 << r.histogram[v][static_cast<std::size_t>(b)] << ","
+                 << r.histogram_with_degenerate[v][static_cast<std::size_t>(b)] << "\n";
     }
   }
   f.close();
 }
 
-void print_summary(const analyses::ConfusionResult& r) {
-  std::cout << "images with a given number of confused pairs (" << r.images << " images)\n"
-            << std::left << std::setw(28) << "variant";
+using Histograms = std::vector<std::array<std::int64_t, analyses::kConfusionBins>>;
+
+void print_histogram(const analyses::ConfusionResult& r, const Histograms& hist) {
+  std::cout << std::left << std::setw(28) << "variant";
   for (const auto& label : analyses::confusion_bin_labels()) std::cout << std::setw(7) << label;
   std::cout << "\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     std::cout << std::setw(28) << r.variants[v].name();
-    for (auto n : r.histogram[v]) std::cout << std::setw(7) << n;
+    for (auto n : hist[v]) std::cout << std::setw(7) << n;
     std::cout << "\n";
   }
+}
+
+void print_summary(const analyses::ConfusionResult& r,
+                   const std::vector<std::int64_t>& degenerate_pairs) {
+  std::cout << "images with a given number of confused pairs (" << r.images << " images)\n";
+  print_histogram(r, r.histogram);
+  std::cout << "the same with the degenerate pairs (two degenerate rows, raw queries apart: "
+               "confused where code guards the denominator)\n";
+  print_histogram(r, r.histogram_with_degenerate);
+  std::cout << "degenerate pairs, all images:";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    std::cout << (v ? ", " : " ") << r.variants[v].name() << " " << degenerate_pairs[v];
+  }
+  std::cout << "\n";
 }
 
 int run_confusion_cmd(const std::vector<std::string>& args) {
@@ -93,12 +112,14 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
                    {"threads", threads}, {"seed", f.common.seed}};
   ResultSet set(dir, "confusion.json");
   ResultFile per_image(set, "confusion_per_image.csv");
-  per_image.stream() << "variant,image,count\n";
+  per_image.stream() << "variant,image,count,degenerate_pairs\n";
   Progress progress("confusion", sel.images.size());
   ImageTimer timer;
-  auto on_image = [&](int image, const std::vector<std::int64_t>& counts) {
+  auto on_image = [&](int image, const std::vector<std::int64_t>& counts,
+                      const std::vector<std::int64_t>& degenerate_pairs) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
-      per_image.stream() << variants[v].name() << "," << image << "," << counts[v] << "\n";
+      per_image.stream() << variants[v].name() << "," << image << "," << counts[v] << ","
+                         << degenerate_pairs[v] << "\n";
     }
     timer.tick();
     progress.tick();
@@ -116,12 +137,21 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   per_image.close();
   write_per_head(set, r);
   write_histogram(set, r);
-  nlohmann::json hist = nlohmann::json::object();
-  for (std::size_t v = 0; v < variants.size(); ++v) hist[variants[v].name()] = r.histogram[v];
-  meta.results() = {{"images", r.images}, {"histogram", hist}, {"candidates", r.candidates},
+  nlohmann::json hist = nlohmann::json::object(), hist_degenerate = nlohmann::json::object();
+  nlohmann::json pairs_degenerate = nlohmann::json::object();
+  std::vector<std::int64_t> degenerate_pairs(variants.size(), 0);
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    for (const auto& h : r.per_head[v]) degenerate_pairs[v] += h.degenerate_pairs;
+    hist[variants[v].name()] = r.histogram[v];
+    hist_degenerate[variants[v].name()] = r.histogram_with_degenerate[v];
+    pairs_degenerate[variants[v].name()] = degenerate_pairs[v];
+  }
+  meta.results() = {{"images", r.images}, {"histogram", hist},
+                    {"histogram_with_degenerate_pairs", hist_degenerate},
+                    {"degenerate_pairs", pairs_degenerate}, {"candidates", r.candidates},
                     {"ms_per_image", timer.summary()}};
   meta.publish(set);
-  print_summary(r);
+  print_summary(r, degenerate_pairs);
   return 0;
 }
 

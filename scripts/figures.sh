@@ -48,6 +48,16 @@ for fam in softmax linear mala; do
   run "$A" spikiness --dump "$DUMPS/vit7-$fam-fmnist.h5" --out "$R/spikiness-$fam" \
     --variant "${VARIANT[$fam]}" --scales 0.25:8:33
 done
+# Confusion against the radius: every family on every model's Q and K (its own and the
+# counterfactuals), 9 radii log-spaced from 1e-4 to 1e-2.
+ALL_VARIANTS=$(for fam in "${FAMILIES[@]}"; do printf '%s,' "${VARIANT[$fam]}"; done)
+ALL_VARIANTS=${ALL_VARIANTS%,}
+for fam in "${FAMILIES[@]}"; do
+  for eps in 1e-4 1.778e-4 3.162e-4 5.623e-4 1e-3 1.778e-3 3.162e-3 5.623e-3 1e-2; do
+    run "$A" confusion --dump "$DUMPS/vit7-$fam-fmnist.h5" --out "$R/confusion-eps-$fam-$eps" \
+      --variant "$ALL_VARIANTS" --eps "$eps"
+  done
+done
 run "$PYTHON" python/inline_fig1.py --dump "$DUMPS/vit7-linear-fmnist.h5" --out "$R/inline-fig1" \
   --layer 2 --head 0 --image 0 --token "$QUERY"
 

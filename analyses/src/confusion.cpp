@@ -7,7 +7,9 @@
 #include "confusion_search.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
+#include <string>
 #include <utility>
 
 namespace attnscope::analyses {
@@ -92,6 +94,39 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   return search_softmax(q, k, scale, ws.judge, sw);
 }
 
+/// Pairs i < j of degenerate rows whose raw queries differ, decided as PairJudge::queries_differ
+/// decides them. The queries are sorted on their first raw coordinate x: the judge's sum of
+/// squares starts with fl((x_i - x_j)^2) and rounding never makes a sum of non-negative terms
+/// smaller, so a pair with fl((x_i - x_j)^2) > query_eps^2 differs without a look; only pairs
+/// inside that window are checked in full.
+std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, double query_eps,
+                                    const PairJudge& judge) {
+  std::vector<std::pair<double, int>> keyed;
+  for (int i = 0; i < rows.tokens(); ++i) {
+    if (!rows.degenerate(i)) continue;
+    const double x = q_raw.cols() > 0 ? static_cast<double>(q_raw(i, 0)) : 0.0;
+    // A NaN would make the sort's order undefined.
+    if (!std::isfinite(x)) {
+      throw NumericalError("confusion: raw query " + std::to_string(i) + " is not finite");
+    }
+    keyed.emplace_back(x, i);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  const double query_eps2 = query_eps * query_eps;
+  const auto k = static_cast<std::int64_t>(keyed.size());
+  std::int64_t same = 0;  // pairs within query_eps: the same query, not a confusion
+  for (std::size_t a = 0; a < keyed.size(); ++a) {
+    for (std::size_t b = a + 1; b < keyed.size(); ++b) {
+      const double dx = keyed[b].first - keyed[a].first;
+      if (dx * dx > query_eps2) break;  // and so for every later b: x only grows
+      const int i = std::min(keyed[a].second, keyed[b].second);
+      const int j = std::max(keyed[a].second, keyed[b].second);
+      if (!judge.queries_differ(i, j)) ++same;
+    }
+  }
+  return k * (k - 1) / 2 - same;
+}
+
 }  // namespace
 
 }  // namespace detail
@@ -104,6 +139,7 @@ HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw
   judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
   HeadConfusion out = detail::search_low_rank(rows, judge);
   out.degenerate_rows = rows.degenerate_count();
+  out.degenerate_pairs = detail::count_degenerate_pairs(rows, q_raw, opt.query_eps, judge);
   return out;
 }
 
@@ -131,6 +167,7 @@ ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
   res.variants = variants;
   res.per_head.assign(nv, std::vector<ConfusionHeadTotal>(slots));
   res.histogram.assign(nv, {});
+  res.histogram_with_degenerate.assign(nv, {});
   for (auto& heads : res.per_head) {
     for (std::size_t s = 0; s < slots; ++s) {
       heads[s].layer = resolved.layers[s / nh];
@@ -156,19 +193,23 @@ ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
     }
   };
   auto on_image = [&](int image) {
-    std::vector<std::int64_t> totals(nv, 0);
+    std::vector<std::int64_t> totals(nv, 0), degenerate_pairs(nv, 0);
     for (std::size_t vi = 0; vi < nv; ++vi) {
       for (std::size_t s = 0; s < slots; ++s) {
         const HeadConfusion& h = image_heads[vi][s];
         totals[vi] += h.pairs;
+        degenerate_pairs[vi] += h.degenerate_pairs;
         res.per_head[vi][s].count += h.pairs;
         res.per_head[vi][s].degenerate_rows += h.degenerate_rows;
+        res.per_head[vi][s].degenerate_pairs += h.degenerate_pairs;
         res.candidates += h.candidates;
       }
       ++res.histogram[vi][static_cast<std::size_t>(confusion_bin(totals[vi]))];
+      ++res.histogram_with_degenerate[vi][static_cast<std::size_t>(
+          confusion_bin(totals[vi] + degenerate_pairs[vi]))];
     }
     ++res.images;
-    if (per_image) per_image(image, totals);
+    if (per_image) per_image(image, totals, degenerate_pairs);
   };
   Selection without_v = resolved;  // confusion compares attention weights only: V is not read
   without_v.need_v = false;

@@ -16,12 +16,14 @@ HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const M
   HeadConfusion out;
   out.degenerate_rows = rows.degenerate_count();
   for (int i = 0; i < n; ++i) {
-    if (rows.degenerate(i)) continue;
     for (int j = i + 1; j < n; ++j) {
-      if (rows.degenerate(j)) continue;
-      ++out.candidates;
+      const int degenerate = (rows.degenerate(i) ? 1 : 0) + (rows.degenerate(j) ? 1 : 0);
+      if (degenerate == 1) continue;  // one zero row and one ordinary row: never counted
+      if (degenerate == 0) ++out.candidates;
+      // Degenerate rows are written as zeros: two of them are as close as guarded code makes them.
       const bool near = squared_distance(w.row(i).data(), w.row(j).data(), n) <= eps2;
-      if (near && squared_distance(qr.row(i).data(), qr.row(j).data(), d) > query_eps2) ++out.pairs;
+      const bool differ = squared_distance(qr.row(i).data(), qr.row(j).data(), d) > query_eps2;
+      if (near && differ) ++(degenerate == 2 ? out.degenerate_pairs : out.pairs);
     }
   }
   return out;

@@ -35,3 +35,28 @@ def test_locality_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
     png = figures / "inline_fig3_locality.png"
     assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_confusion_sensitivity_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
+    """Every family on every tiny model's Q and K at three radii: the notebook finds the sweep,
+    checks that its commands differ only in model and radius, and writes its PNG."""
+    results = tmp_path / "results"
+    variants = ",".join(f"{fam}:{SYNTH_MAPS[fam]}@code" if SYNTH_MAPS[fam] != "none"
+                        else f"{fam}@code" for fam in FAMILIES)
+    for fam in FAMILIES:
+        dump = tmp_path / f"vit7-{fam}-fmnist.h5"
+        _run([attnscope_bin, "synth", "--out", str(dump), "--layers", "2", "--heads", "2",
+              "--grid-height", "4", "--grid-width", "4", "--prefix", "1", "--head-dim", "8",
+              "--images", "3", "--family", fam, "--convention", "code",
+              "--feature-map", SYNTH_MAPS[fam]])
+        for eps in ("1e-3", "1e-2", "0.3"):
+            _run([attnscope_bin, "confusion", "--dump", str(dump), "--out",
+                  str(results / f"confusion-eps-{fam}-{eps}"), "--variant", variants,
+                  "--eps", eps])
+    figures = tmp_path / "figures"
+    r = _run([sys.executable, os.path.join(PYTHON_DIR, "run_notebooks.py"), "--results",
+              str(results), "--figures", str(figures),
+              os.path.join(REPO, "notebooks", "confusion_sensitivity.ipynb")])
+    png = figures / "confusion_sensitivity.png"
+    assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty: {r.stdout}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,14 +11,14 @@ expect_ok "$ATTNSCOPE" confusion --dump "$dump" --out "$WORK/ref" --variant "$va
 for f in confusion_per_image.csv confusion_per_head.csv confusion_histogram.csv; do
   cmp "$WORK/fast/$f" "$WORK/ref/$f" || { echo "FAIL: $f differs from the brute force"; exit 1; }
 done
-[ "$(head -1 "$WORK/fast/confusion_per_image.csv")" = "variant,image,count" ] || { echo "FAIL: per_image header"; exit 1; }
-[ "$(head -1 "$WORK/fast/confusion_per_head.csv")" = "variant,layer,head,count,degenerate_rows" ] || { echo "FAIL: per_head header"; exit 1; }
-[ "$(head -1 "$WORK/fast/confusion_histogram.csv")" = "variant,bin,images" ] || { echo "FAIL: histogram header"; exit 1; }
+[ "$(head -1 "$WORK/fast/confusion_per_image.csv")" = "variant,image,count,degenerate_pairs" ] || { echo "FAIL: per_image header"; exit 1; }
+[ "$(head -1 "$WORK/fast/confusion_per_head.csv")" = "variant,layer,head,count,degenerate_rows,degenerate_pairs" ] || { echo "FAIL: per_head header"; exit 1; }
+[ "$(head -1 "$WORK/fast/confusion_histogram.csv")" = "variant,bin,images,images_with_degenerate_pairs" ] || { echo "FAIL: histogram header"; exit 1; }
 [ "$(wc -l <"$WORK/fast/confusion_per_image.csv")" -eq 25 ] || { echo "FAIL: 4 variants x 6 images expected"; exit 1; }
 [ "$(wc -l <"$WORK/fast/confusion_histogram.csv")" -eq 29 ] || { echo "FAIL: 4 variants x 7 bins expected"; exit 1; }
 expect_grep '^linear:relu@paper,0,1,' "$WORK/fast/confusion_per_head.csv"
-# Each histogram sums to the number of images.
-awk -F, 'NR > 1 { s[$1] += $3 } END { for (v in s) if (s[v] != 6) { print "FAIL: " v " histogram sums to " s[v]; exit 1 } }' \
+# Each histogram (both columns) sums to the number of images.
+awk -F, 'NR > 1 { s[$1] += $3; t[$1] += $4 } END { for (v in s) if (s[v] != 6 || t[v] != 6) { print "FAIL: " v " histograms sum to " s[v] ", " t[v]; exit 1 } }' \
   "$WORK/fast/confusion_histogram.csv"
 # The planted shifted pair gives every softmax head at least one confused pair per image.
 awk -F, '$1 == "softmax@paper" && $4 < 6 { print "FAIL: softmax head " $2 "," $3 " counted " $4; exit 1 }' \

@@ -30,7 +30,7 @@ PY
     if ! diff "$WORK/c$M/$f" "$WORK/r$M/$f"; then echo "FAIL: $f at $M differs from --reference"; exit 1; fi
   done
   # Rows this sharp are one-hot: softmax confuses queries that share their top key.
-  expect_grep '^softmax@paper,0,0,[1-9][0-9]*,0$' "$WORK/c$M/confusion_per_head.csv"
+  expect_grep '^softmax@paper,0,0,[1-9][0-9]*,0,0$' "$WORK/c$M/confusion_per_head.csv"
 
   expect_ok "$ATTNSCOPE" locality --dump "$dump" --out "$WORK/l$M" --variant "$variants"
   expect_ok "$ATTNSCOPE" locality --dump "$dump" --out "$WORK/lr$M" --variant "$variants" --reference

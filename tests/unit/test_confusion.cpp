@@ -62,6 +62,7 @@ void expect_same_count(const Variant& v, const MatF& q, const MatF& q_raw, const
   const HeadConfusion ref = count_confusion_reference(v, q, q_raw, k, scale, opt);
   EXPECT_EQ(fast.pairs, ref.pairs) << what << " (fast looked at " << fast.candidates << " pairs)";
   EXPECT_EQ(fast.degenerate_rows, ref.degenerate_rows) << what;
+  EXPECT_EQ(fast.degenerate_pairs, ref.degenerate_pairs) << what;
   EXPECT_GE(ref.pairs, at_least) << what;
 }
 
@@ -224,6 +225,99 @@ TEST(Confusion, ReluKilledQueriesAreDegenerateAndExcluded) {
   const HeadConfusion got = count_confusion(v, q, q, k, 0.3, ConfusionOptions{});
   EXPECT_EQ(got.degenerate_rows, killed) << config(v, n, d, 31);
   expect_same_count(v, q, q, k, 0.3, config(v, n, d, 31) + " killed queries");
+}
+
+/// A head of n queries whose first `killed` queries ReLU zeroes (every entry negative) and whose
+/// other queries and all keys have a positive first entry, so that exactly those rows are
+/// degenerate for a ReLU kernel. Among the killed ones: query 1 = query 0 and query 3 = query 2
+/// (the same raw query), query 5 = query 4 moved by 2e-6 in one entry (raw distance 2e-6).
+struct KilledHead {
+  MatF q, k;
+  static constexpr int kKilled = 6;
+  KilledHead(int n, int d, std::uint64_t seed) : q(normal(n, d, seed)), k(normal(n, d, seed + 1)) {
+    for (int i = 0; i < n; ++i) {
+      if (i < kKilled) {
+        q.row(i) = -q.row(i).cwiseAbs() - MatF::Constant(1, d, 0.25f);
+      } else {
+        q(i, 0) = std::abs(q(i, 0)) + 0.5f;
+      }
+      k(i, 0) = std::abs(k(i, 0)) + 0.5f;
+    }
+    q.row(1) = q.row(0);
+    q.row(3) = q.row(2);
+    q.row(5) = q.row(4);
+    q(5, d - 1) -= 2e-6f;
+  }
+};
+
+TEST(Confusion, DegeneratePairsCountedByHand) {
+  for (auto [n, d] : {std::pair{50, 7}, {197, 64}}) {
+    const KilledHead h(n, d, 51);
+    for (const char* spec : {"linear:relu", "linear:relu@code"}) {
+      const Variant v = parse_variant(spec);
+      const std::string what = config(v, n, d, 51) + " 6 killed queries";
+      // 6 degenerate rows, 15 pairs; (0, 1) and (2, 3) are the same raw query: 13.
+      ConfusionOptions opt;
+      HeadConfusion fast = count_confusion(v, h.q, h.q, h.k, 0.3, opt);
+      HeadConfusion ref = count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt);
+      EXPECT_EQ(fast.degenerate_rows, KilledHead::kKilled) << what;
+      EXPECT_EQ(fast.degenerate_pairs, 13) << what;
+      EXPECT_EQ(ref.degenerate_pairs, 13) << what;
+      EXPECT_EQ(fast.pairs, ref.pairs) << what;
+      // A query radius of 3e-6 makes (4, 5) the same query too: 12.
+      opt.query_eps = 3e-6;
+      fast = count_confusion(v, h.q, h.q, h.k, 0.3, opt);
+      ref = count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt);
+      EXPECT_EQ(fast.degenerate_pairs, 12) << what << " query_eps 3e-6";
+      EXPECT_EQ(ref.degenerate_pairs, 12) << what << " query_eps 3e-6";
+      // The degenerate pairs do not depend on the row radius: zero rows are within any eps.
+      opt = ConfusionOptions{};
+      opt.eps = 0.0;
+      fast = count_confusion(v, h.q, h.q, h.k, 0.3, opt);
+      ref = count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt);
+      EXPECT_EQ(fast.degenerate_pairs, 13) << what << " eps 0";
+      EXPECT_EQ(ref.degenerate_pairs, 13) << what << " eps 0";
+    }
+  }
+}
+
+// Negative control: families whose rows are never degenerate here (softmax has no denominator to
+// vanish, InLine none at all) have no degenerate pair on the very head that gives linear 13.
+TEST(Confusion, DegeneratePairsNeverForSoftmaxOrInline) {
+  const int n = 50, d = 7;
+  const KilledHead h(n, d, 51);
+  for (const char* spec : {"softmax", "softmax@code", "inline", "inline@code"}) {
+    const Variant v = parse_variant(spec);
+    const std::string what = config(v, n, d, 51) + " 6 killed queries";
+    const HeadConfusion fast = count_confusion(v, h.q, h.q, h.k, 0.3, ConfusionOptions{});
+    EXPECT_EQ(fast.degenerate_rows, 0) << what;
+    EXPECT_EQ(fast.degenerate_pairs, 0) << what;
+    expect_same_count(v, h.q, h.q, h.k, 0.3, what);
+  }
+  const Variant lin = parse_variant("linear:relu");
+  EXPECT_EQ(count_confusion(lin, h.q, h.q, h.k, 0.3, ConfusionOptions{}).degenerate_pairs, 13)
+      << "the control's head must have degenerate pairs for linear attention";
+}
+
+// Many degenerate rows with many repeated raw queries (every query appears three times): the
+// windowed count of the fast path against the brute force, at several query radii.
+TEST(Confusion, DegeneratePairsWithRepeatedQueriesEqualBruteForce) {
+  for (auto [n, d] : {std::pair{197, 1}, {197, 3}, {60, 2}}) {
+    MatF q = normal(n, d, 61);
+    const MatF k = normal(n, d, 62).cwiseAbs();
+    for (int i = 2; i < n; i += 3) q.row(i) = q.row(i - 2), q.row(i - 1) = q.row(i - 2);
+    const Variant v = parse_variant("linear:relu");
+    for (double query_eps : {0.0, 1e-6, 0.05, 0.5}) {
+      ConfusionOptions opt;
+      opt.query_eps = query_eps;
+      const HeadConfusion fast = count_confusion(v, q, q, k, 0.3, opt);
+      const HeadConfusion ref = count_confusion_reference(v, q, q, k, 0.3, opt);
+      const std::string what = config(v, n, d, 61) + " query_eps " + std::to_string(query_eps);
+      EXPECT_GT(fast.degenerate_rows, 3) << what;
+      EXPECT_EQ(fast.degenerate_pairs, ref.degenerate_pairs) << what;
+      EXPECT_EQ(fast.pairs, ref.pairs) << what;
+    }
+  }
 }
 
 TEST(Confusion, F1TransformInducesConfusionDecidedOnRawQueries) {

@@ -117,15 +117,25 @@ TEST_F(DumpLoop, ConfusionRunEqualsBruteForceAndFindsPlantedPairs) {
     const std::vector<Variant> vs{parse_variant(spec)};
     DumpReader a(path_), b(path_);
     const Selection r = resolve(a.schema(), Selection{});
-    std::vector<std::int64_t> fast_images, ref_images;
-    const ConfusionResult fast =
-        run_confusion(a, r, vs, ConfusionOptions{}, false, [&](int, const auto& c) { fast_images.push_back(c[0]); });
-    const ConfusionResult ref =
-        run_confusion(b, r, vs, ConfusionOptions{}, true, [&](int, const auto& c) { ref_images.push_back(c[0]); });
+    std::vector<std::int64_t> fast_images, ref_images, fast_degenerate, ref_degenerate;
+    auto collect = [](std::vector<std::int64_t>& images, std::vector<std::int64_t>& degenerate) {
+      return [&images, &degenerate](int, const auto& c, const auto& dp) {
+        images.push_back(c[0]);
+        degenerate.push_back(dp[0]);
+      };
+    };
+    const ConfusionResult fast = run_confusion(a, r, vs, ConfusionOptions{}, false,
+                                               collect(fast_images, fast_degenerate));
+    const ConfusionResult ref = run_confusion(b, r, vs, ConfusionOptions{}, true,
+                                              collect(ref_images, ref_degenerate));
     EXPECT_EQ(fast_images, ref_images) << spec;
+    EXPECT_EQ(fast_degenerate, ref_degenerate) << spec;
     EXPECT_EQ(fast.histogram, ref.histogram) << spec;
+    EXPECT_EQ(fast.histogram_with_degenerate, ref.histogram_with_degenerate) << spec;
     for (std::size_t s = 0; s < fast.per_head[0].size(); ++s) {
       EXPECT_EQ(fast.per_head[0][s].count, ref.per_head[0][s].count) << spec << " slot " << s;
+      EXPECT_EQ(fast.per_head[0][s].degenerate_pairs, ref.per_head[0][s].degenerate_pairs)
+          << spec << " slot " << s;
     }
     if (std::string(spec) == "softmax") {
       // One shifted pair per head has the same softmax row: at least layers x heads per image.

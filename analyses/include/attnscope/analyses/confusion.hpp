@@ -5,7 +5,17 @@
 // double-converted float inputs, and a pair is confused when squared_distance(row_i, row_j)
 // (a sum of squared differences in index order) is <= eps * eps, and the RAW queries (as read
 // from the dump, before any query transform) satisfy squared_distance > query_eps * query_eps.
-// Degenerate rows (a zero or tiny linear/MALA denominator) take part in no pair and are counted.
+// Degenerate rows (a zero or tiny denominator of the family's row form) take part in no such pair
+// and are counted.
+//
+// Degenerate pairs, counted apart: pairs i < j of two degenerate rows whose raw queries differ.
+// Code that guards the denominator (x / (den + 1e-6), as released linear-attention code does)
+// gives every such query the same all-zero row, which is how ExactRows writes a degenerate row:
+// the two rows are within any eps, so the pair is a confusion by the paper's definition. The
+// count a released implementation would report is pairs + degenerate_pairs. A pair of one
+// degenerate and one ordinary row is never counted: where rows sum to 1, an ordinary row's L2
+// norm is at least 1/sqrt(N), far beyond the eps of interest.
+//
 // The fast search and the brute-force reference decide every pair they keep with this same
 // arithmetic, so their counts are equal, not merely close.
 #pragma once
@@ -78,9 +88,10 @@ struct ConfusionOptions {
 };
 
 struct HeadConfusion {
-  std::int64_t pairs = 0;        ///< confused pairs i < j
-  int degenerate_rows = 0;       ///< rows excluded from pairs
-  std::int64_t candidates = 0;   ///< pairs the search had to look at (search statistics)
+  std::int64_t pairs = 0;             ///< confused pairs i < j
+  int degenerate_rows = 0;            ///< rows excluded from pairs
+  std::int64_t degenerate_pairs = 0;  ///< pairs i < j of degenerate rows whose raw queries differ
+  std::int64_t candidates = 0;        ///< pairs the search had to look at (search statistics)
 };
 
 /// Fast exact count for one head. q: queries after the selection's transform; q_raw: as read.
@@ -98,20 +109,25 @@ inline constexpr int kConfusionBins = 7;
 struct ConfusionHeadTotal {
   int layer = 0;
   int head = 0;
-  std::int64_t count = 0;            ///< confused pairs, summed over images
-  std::int64_t degenerate_rows = 0;  ///< summed over images
+  std::int64_t count = 0;             ///< confused pairs, summed over images
+  std::int64_t degenerate_rows = 0;   ///< summed over images
+  std::int64_t degenerate_pairs = 0;  ///< summed over images
 };
 
 struct ConfusionResult {
   std::vector<Variant> variants;
   std::vector<std::vector<ConfusionHeadTotal>> per_head;                 ///< [variant][slot*heads+h]
   std::vector<std::array<std::int64_t, kConfusionBins>> histogram;       ///< [variant][bin] images
+  /// The same of each image's pairs + degenerate_pairs (the count of denominator-guarding code).
+  std::vector<std::array<std::int64_t, kConfusionBins>> histogram_with_degenerate;
   std::int64_t images = 0;
   std::int64_t candidates = 0;  ///< summed over everything (search statistics)
 };
 
-/// Per-image callback: image index and its total count per variant (same order as variants).
-using ConfusionImageFn = std::function<void(int image, const std::vector<std::int64_t>& counts)>;
+/// Per-image callback: image index, its total count and its total degenerate pairs per variant
+/// (same order as variants).
+using ConfusionImageFn = std::function<void(int image, const std::vector<std::int64_t>& counts,
+                                            const std::vector<std::int64_t>& degenerate_pairs)>;
 
 /// Streams the selection of a dump. `reference` switches every head to the brute force.
 ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
