@@ -21,10 +21,10 @@ std::string shape_text(const std::vector<hsize_t>& dims) {
   return s + "]";
 }
 
-/// The dataset at `path` as floats, checked to have exactly `shape` and finite values.
+/// The dataset at `path` ("/a/b", from the root) as floats, checked to have exactly `shape` and finite values.
 std::vector<float> read_tensor(hid_t root, const std::string& file, const std::string& path,
                                const std::vector<hsize_t>& shape) {
-  if (!h5::exists(root, path)) throw InputError(file, path, "a dataset of shape " + shape_text(shape), "none");
+  if (!h5::exists(root, path.substr(1))) throw InputError(file, path, "a dataset of shape " + shape_text(shape), "none");
   h5::Handle ds = h5::dataset(H5Dopen2(root, path.c_str(), H5P_DEFAULT));
   if (!ds.valid()) throw InputError(file, path, "a readable dataset", h5::last_error());
   h5::Handle t = h5::type(H5Dget_type(ds.get()));
