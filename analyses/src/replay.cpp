@@ -12,38 +12,39 @@
 namespace attnscope::analyses {
 namespace {
 
-/// The model's tensors in double, converted once per run.
+/// The model's tensors, prepared once per run: the dense layers' matrices transposed (rows in,
+/// columns out) in float, as the exporting framework multiplies them; vectors in double.
 struct Block {
   VecD n1w, n1b, qkvb, projb, n2w, n2b, fc1b, fc2b;
-  MatD qkvT, projT, fc1T, fc2T;  ///< transposed: rows in, columns out
+  MatF qkvT, projT, fc1T, fc2T;
 };
 struct Weights {
-  MatD patchT;  ///< (C P P) x D
+  MatF patchT;  ///< (C P P) x D
   VecD patchb, cls;
   MatD pos;
   std::vector<Block> blocks;
   VecD nw, nb, headb;
-  MatD headT;
+  MatF headT;
 };
 
-Weights to_double(const VitModel& m) {
+Weights prepare(const VitModel& m) {
   Weights w;
-  w.patchT = m.patch_w.cast<double>().transpose();
+  w.patchT = m.patch_w.transpose();
   w.patchb = m.patch_b.cast<double>();
   w.cls = m.cls_token.cast<double>();
   w.pos = m.pos_embed.cast<double>();
   for (const VitBlock& b : m.blocks) {
     Block o;
     o.n1w = b.norm1_w.cast<double>(), o.n1b = b.norm1_b.cast<double>();
-    o.qkvT = b.qkv_w.cast<double>().transpose(), o.qkvb = b.qkv_b.cast<double>();
-    o.projT = b.proj_w.cast<double>().transpose(), o.projb = b.proj_b.cast<double>();
+    o.qkvT = b.qkv_w.transpose(), o.qkvb = b.qkv_b.cast<double>();
+    o.projT = b.proj_w.transpose(), o.projb = b.proj_b.cast<double>();
     o.n2w = b.norm2_w.cast<double>(), o.n2b = b.norm2_b.cast<double>();
-    o.fc1T = b.fc1_w.cast<double>().transpose(), o.fc1b = b.fc1_b.cast<double>();
-    o.fc2T = b.fc2_w.cast<double>().transpose(), o.fc2b = b.fc2_b.cast<double>();
+    o.fc1T = b.fc1_w.transpose(), o.fc1b = b.fc1_b.cast<double>();
+    o.fc2T = b.fc2_w.transpose(), o.fc2b = b.fc2_b.cast<double>();
     w.blocks.push_back(std::move(o));
   }
   w.nw = m.norm_w.cast<double>(), w.nb = m.norm_b.cast<double>();
-  w.headT = m.head_w.cast<double>().transpose(), w.headb = m.head_b.cast<double>();
+  w.headT = m.head_w.transpose(), w.headb = m.head_b.cast<double>();
   return w;
 }
 
@@ -59,9 +60,11 @@ MatD layer_norm(const MatD& x, const VecD& w, const VecD& b, double eps) {
   return y;
 }
 
-/// x W^T + b with W^T given.
-MatD affine(const MatD& x, const MatD& wT, const VecD& b) {
-  MatD y = x * wT;
+/// x W^T + b with W^T given: the product in float (as the exporting framework's float32 layers
+/// compute it, and twice as fast as double), the rest in double.
+MatD affine(const MatD& x, const MatF& wT, const VecD& b) {
+  const MatF xf = x.cast<float>();
+  MatD y = (xf * wT).cast<double>();
   y.rowwise() += b.transpose();
   return y;
 }
@@ -111,7 +114,7 @@ VecD forward(const VitModel& m, const Weights& w, const float* image, int image_
     x += affine(hidden, b.fc2T, b.fc2b);
   }
   const MatD cls = layer_norm(x.topRows(1), w.nw, w.nb, m.layer_norm_eps);
-  return (cls * w.headT).transpose() + w.headb;
+  return affine(cls, w.headT, w.headb).transpose();
 }
 
 }  // namespace
@@ -165,7 +168,7 @@ MatF replay_logits(const VitModel& m, const MatF& images, const std::vector<int>
   std::string why;
   const Variant& v = iv.family ? *iv.family : m.variant;
   if (!v.supports(&why)) throw UsageError(why);
-  const Weights w = to_double(m);
+  const Weights w = prepare(m);
   MatF logits(images.rows(), m.num_classes);
   parallel_for(static_cast<int>(images.rows()), [&](int i) {
     logits.row(i) = forward(m, w, images.row(i).data(), image_ids[static_cast<std::size_t>(i)], iv, o)

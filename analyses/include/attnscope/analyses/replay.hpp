@@ -1,8 +1,9 @@
 // A ViT forward pass in C++ (docs/model-weights.md's "Forward pass"), with interventions inside
 // the attention layers: the masks of masking.hpp (renormalised as each family defines it), the
 // query maps f1, f2, l2norm (query_transform.hpp) and a family swap (run the model's attention
-// with another variant of the registry). Computed in double from the float weights; the attention
-// in its linear-time form where the family has one and no mask forbids it.
+// with another variant of the registry). The dense layers multiply in float, as the exporting
+// framework's float32 layers do; the residual stream, the norms and the attention (through the
+// library, in its linear-time form where the family has one and no mask forbids it) in double.
 #pragma once
 
 #include "attnscope/analyses/masking.hpp"
