@@ -85,6 +85,45 @@ MatD patches(const VitModel& m, const float* image) {
   return out;
 }
 
+double gelu(double t) { return 0.5 * t * (1.0 + std::erf(t * M_SQRT1_2)); }  // exact GELU
+
+/// y = grouped 1x1 convolution of x (groups = heads): output o reads the inputs of its group.
+VecD grouped(const MatF& w, const VecF& b, const VecD& x, int groups) {
+  const auto out_per = w.rows() / groups, in_per = w.cols();
+  VecD y(w.rows());
+  for (Eigen::Index o = 0; o < w.rows(); ++o) {
+    y(o) = static_cast<double>(b(o)) +
+           w.row(o).cast<double>().dot(x.segment((o / out_per) * in_per, in_per).transpose());
+  }
+  return y;
+}
+
+/// InLine's local residual (eq. 6) added to the grid tokens of the attention output `heads`
+/// (N x D): kernels from the mean of the attention input h over all tokens, then each channel of
+/// V's grid tokens filtered with its own 3 x 3 kernel (zero padding); prefix tokens get none.
+void add_local_residual(const VitModel& m, const VitBlock& b, const MatD& h, const MatD& v, MatD& heads) {
+  const VecD mean = h.colwise().mean().transpose();
+  VecD hidden = grouped(b.lr_conv1_w, b.lr_conv1_b, mean, m.num_heads);
+  for (Eigen::Index i = 0; i < hidden.size(); ++i) hidden(i) = gelu(hidden(i));
+  const VecD kernels = grouped(b.lr_conv2_w, b.lr_conv2_b, hidden, m.num_heads);  // channel c: 9c..9c+8
+  const int g = m.grid.height, p = m.grid.prefix;
+  for (int ch = 0; ch < m.embed_dim; ++ch) {
+    for (int r = 0; r < g; ++r) {
+      for (int c = 0; c < g; ++c) {
+        double s = 0.0;
+        for (int i = 0; i < 3; ++i) {
+          for (int j = 0; j < 3; ++j) {
+            const int rr = r + i - 1, cc = c + j - 1;
+            if (rr < 0 || rr >= g || cc < 0 || cc >= g) continue;
+            s += kernels(9 * ch + 3 * i + j) * v(p + rr * g + cc, ch);
+          }
+        }
+        heads(p + r * g + c, ch) += s;
+      }
+    }
+  }
+}
+
 VecD forward(const VitModel& m, const Weights& w, const float* image, int image_id, const Intervention& iv,
              const ReplayOptions& o) {
   const int n = m.grid.tokens(), dim = m.embed_dim, d = m.head_dim;
@@ -96,7 +135,8 @@ VecD forward(const VitModel& m, const Weights& w, const float* image, int image_
     const Block& b = w.blocks[static_cast<std::size_t>(l)];
     const bool here = o.layers.empty() || std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
     const Variant& v = here && iv.family ? *iv.family : m.variant;
-    const MatD qkv = affine(layer_norm(x, b.n1w, b.n1b, m.layer_norm_eps), b.qkvT, b.qkvb);
+    const MatD h_in = layer_norm(x, b.n1w, b.n1b, m.layer_norm_eps);
+    const MatD qkv = affine(h_in, b.qkvT, b.qkvb);
     MatD heads(n, dim);
     for (int h = 0; h < m.num_heads; ++h) {
       MatD q = qkv.middleCols(h * d, d);
@@ -108,9 +148,12 @@ VecD forward(const VitModel& m, const Weights& w, const float* image, int image_
         return attention_outputs<double>(v, q, k, values, m.scale, here && iv.mask ? &mask : nullptr);
       });
     }
+    if (m.local_residual) {
+      add_local_residual(m, m.blocks[static_cast<std::size_t>(l)], h_in, qkv.rightCols(dim), heads);
+    }
     x += affine(heads, b.projT, b.projb);
     MatD hidden = affine(layer_norm(x, b.n2w, b.n2b, m.layer_norm_eps), b.fc1T, b.fc1b);
-    hidden = hidden.unaryExpr([](double t) { return 0.5 * t * (1.0 + std::erf(t * M_SQRT1_2)); });  // exact GELU
+    hidden = hidden.unaryExpr([](double t) { return gelu(t); });
     x += affine(hidden, b.fc2T, b.fc2b);
   }
   const MatD cls = layer_norm(x.topRows(1), w.nw, w.nb, m.layer_norm_eps);

@@ -85,8 +85,10 @@ VitModel load_vit(const std::string& path) {
   } catch (const UsageError& e) {
     bad_attr(path, "attention_family", "a variant of the registry (attnscope info --families)", e.what());
   }
-  if (H5Aexists(r, "local_residual") > 0 && root_int(r, "local_residual", path) != 0) {
-    bad_attr(path, "local_residual", "0 (InLine's local residual is not run by the C++ forward pass yet)", "1");
+  if (H5Aexists(r, "local_residual") > 0) {
+    const int lr = root_int(r, "local_residual", path);
+    if (lr != 0 && lr != 1) bad_attr(path, "local_residual", "0 or 1", std::to_string(lr));
+    m.local_residual = lr == 1;
   }
   const std::string activation = root_string(r, "activation", path);
   if (activation != "gelu_erf") bad_attr(path, "activation", "gelu_erf", "'" + activation + "'");
@@ -142,6 +144,17 @@ VitModel load_vit(const std::string& path) {
     k.fc1_b = vector(r, path, b + "mlp/fc1/bias", m.mlp_hidden);
     k.fc2_w = matrix(r, path, b + "mlp/fc2/weight", d, m.mlp_hidden);
     k.fc2_b = vector(r, path, b + "mlp/fc2/bias", d);
+    if (m.local_residual) {
+      const auto in = static_cast<hsize_t>(d / m.num_heads);
+      const std::vector<float> c1 = read_tensor(r, path, b + "attn/local_residual/conv1/weight",
+                                                {static_cast<hsize_t>(d), in, 1});
+      const std::vector<float> c2 = read_tensor(r, path, b + "attn/local_residual/conv2/weight",
+                                                {static_cast<hsize_t>(9 * d), in, 1});
+      k.lr_conv1_w = Eigen::Map<const MatF>(c1.data(), d, d / m.num_heads);
+      k.lr_conv2_w = Eigen::Map<const MatF>(c2.data(), 9 * d, d / m.num_heads);
+      k.lr_conv1_b = vector(r, path, b + "attn/local_residual/conv1/bias", d);
+      k.lr_conv2_b = vector(r, path, b + "attn/local_residual/conv2/bias", 9 * d);
+    }
     m.blocks.push_back(std::move(k));
   }
   m.norm_w = vector(r, path, "/norm/weight", d);

@@ -22,6 +22,12 @@ struct VitBlock {
   VecF fc1_b;
   MatF fc2_w;  ///< D x M
   VecF fc2_b;
+  /// InLine's local residual (eq. 6), when the model has it: two grouped 1x1 convolutions
+  /// (groups = heads) stored as their [out, in / heads] kernels.
+  MatF lr_conv1_w;  ///< D x D/H
+  VecF lr_conv1_b;
+  MatF lr_conv2_w;  ///< 9D x D/H
+  VecF lr_conv2_b;
 };
 
 struct VitModel {
@@ -33,6 +39,7 @@ struct VitModel {
   int embed_dim = 0, depth = 0, num_heads = 0, head_dim = 0, mlp_hidden = 0;
   TokenGrid grid;
   double layer_norm_eps = 1e-6;
+  bool local_residual = false;  ///< every block has InLine's local residual
   MatF patch_w;  ///< D x (C P P), the convolution's kernel flattened in (c, y, x) order
   VecF patch_b;
   VecF cls_token;  ///< D
@@ -45,7 +52,7 @@ struct VitModel {
 
 /// Reads a weights file. Throws InputError naming the file, the attribute or dataset and what was
 /// expected (missing, wrong shape, not finite, an activation other than gelu_erf, a family the
-/// registry does not know, InLine's local residual, which the C++ forward pass does not run yet).
+/// registry does not know).
 [[nodiscard]] VitModel load_vit(const std::string& path);
 
 }  // namespace attnscope
