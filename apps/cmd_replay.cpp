@@ -10,19 +10,21 @@
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 namespace attnscope::app {
 namespace {
 
 struct ReplayFlags {
   CommonOptions common;
-  std::string model, images, layers, interventions = "none";
+  std::string models, images, layers, interventions = "none";
 };
 
 po::options_description replay_options(ReplayFlags& f) {
   po::options_description d("options");
-  d.add_options()("model", po::value(&f.model)->value_name("FILE")->required(),
-                  "model weights (HDF5, docs/model-weights.md)");
+  d.add_options()("model", po::value(&f.models)->value_name("FILE[,FILE...]")->required(),
+                  "model weights (HDF5, docs/model-weights.md); several, comma-separated, run on "
+                  "the same images give one column each");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/replay");
   d.add_options()("images", po::value(&f.images)->value_name("LIST"),
@@ -36,109 +38,183 @@ po::options_description replay_options(ReplayFlags& f) {
   return d;
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = s.find(',', start);
+    out.push_back(s.substr(start, comma - start));
+    if (out.back().empty()) throw UsageError("--model: an empty item in '" + s + "'");
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+/// The images the models run on: the dump's /images rows named by --images (all by default).
+struct Inputs {
+  std::vector<int> ids;
+  MatF images;
+  std::vector<int> shape;  ///< C, H, W
+  std::vector<std::int64_t> labels;
+  MatF logits;  ///< the dump's own model's logits, when it has them
+  std::string model_name;
+};
+
+Inputs read_inputs(const ReplayFlags& f) {
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  if (!schema.has_images) throw InputError(f.common.dump, "/images", "the model's input images", "none");
+  Inputs in;
+  const MatF all = reader.read_images(&in.shape);
+  in.ids = analyses::parse_index_list(f.images, "--images");
+  if (in.ids.empty()) {
+    for (Eigen::Index i = 0; i < all.rows(); ++i) in.ids.push_back(static_cast<int>(i));
+  }
+  in.images.resize(static_cast<Eigen::Index>(in.ids.size()), all.cols());
+  for (std::size_t i = 0; i < in.ids.size(); ++i) {
+    if (in.ids[i] < 0 || in.ids[i] >= all.rows()) {
+      throw UsageError("--images: the dump holds " + std::to_string(all.rows()) + " images, found " +
+                       std::to_string(in.ids[i]));
+    }
+    in.images.row(static_cast<Eigen::Index>(i)) = all.row(in.ids[i]);
+  }
+  if (schema.has_labels) in.labels = reader.read_labels();
+  if (schema.has_logits) in.logits = reader.read_logits();
+  in.model_name = schema.attrs.model_name;
+  return in;
+}
+
+void check_fit(const VitModel& m, const Inputs& in, const std::string& dump) {
+  const std::vector<int> expected{m.in_chans, m.image_size, m.image_size};
+  if (in.shape != expected) {
+    throw InputError(dump, "/images",
+                     "images of " + std::to_string(expected[0]) + " x " + std::to_string(expected[1]) + " x " +
+                         std::to_string(expected[2]) + " for " + m.model_name,
+                     std::to_string(in.shape[0]) + " x " + std::to_string(in.shape[1]) + " x " +
+                         std::to_string(in.shape[2]));
+  }
+  for (std::int64_t label : in.labels) {
+    if (label < 0 || label >= m.num_classes) {
+      throw InputError(dump, "/labels", "labels below " + m.model_name + "'s " + std::to_string(m.num_classes) +
+                                            " classes", std::to_string(label));
+    }
+  }
+}
+
+struct Row {
+  std::string model, intervention;
+  int correct = 0;
+  double accuracy = -1.0;  ///< -1 without labels
+  double agree = 0.0;
+  double dump_error = -1.0;  ///< vs the dump's logits (-1: not comparable)
+};
+
 int run_replay_cmd(const std::vector<std::string>& args) {
   ReplayFlags f;
   const po::options_description desc = replay_options(f);
   po::variables_map vm;
-  if (!parse_args("replay", "--model FILE --dump FILE [options]", desc, args, vm)) return 0;
+  if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
-  const VitModel model = load_vit(f.model);
-  const std::vector<analyses::Intervention> ivs = analyses::parse_interventions(f.interventions, model, f.common.seed);
+  std::vector<VitModel> models;
+  for (const std::string& path : split_commas(f.models)) models.push_back(load_vit(path));
   analyses::ReplayOptions opt;
   opt.seed = f.common.seed;
   opt.layers = analyses::parse_index_list(f.layers, "--layers");
-  DumpReader reader(f.common.dump);
-  if (!reader.schema().has_images) {
-    throw InputError(f.common.dump, "/images", "the model's input images", "none");
-  }
-  std::vector<int> shape;
-  const MatF all = reader.read_images(&shape);
-  const std::vector<int> expected{model.in_chans, model.image_size, model.image_size};
-  if (shape != expected) {
-    throw InputError(f.common.dump, "/images",
-                     "images of " + std::to_string(expected[0]) + " x " + std::to_string(expected[1]) + " x " +
-                         std::to_string(expected[2]) + " for " + model.model_name,
-                     std::to_string(shape[0]) + " x " + std::to_string(shape[1]) + " x " + std::to_string(shape[2]));
-  }
-  std::vector<int> ids = f.images.empty() ? std::vector<int>{} : analyses::parse_index_list(f.images, "--images");
-  if (ids.empty()) {
-    for (Eigen::Index i = 0; i < all.rows(); ++i) ids.push_back(static_cast<int>(i));
-  }
-  for (int i : ids) {
-    if (i < 0 || i >= all.rows()) {
-      throw UsageError("--images: the dump holds " + std::to_string(all.rows()) + " images, found " + std::to_string(i));
-    }
-  }
-  MatF images(static_cast<Eigen::Index>(ids.size()), all.cols());
-  for (std::size_t i = 0; i < ids.size(); ++i) images.row(static_cast<Eigen::Index>(i)) = all.row(ids[i]);
-  const std::vector<std::int64_t> labels = reader.schema().has_labels ? reader.read_labels() : std::vector<std::int64_t>{};
-  const MatF dump_logits = reader.schema().has_logits ? reader.read_logits() : MatF();
+  std::vector<std::vector<analyses::Intervention>> ivs;
+  for (const VitModel& m : models) ivs.push_back(analyses::parse_interventions(f.interventions, m, f.common.seed));
+  const Inputs in = read_inputs(f);
+  for (const VitModel& m : models) check_fit(m, in, f.common.dump);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   ResultSet set(dir, "replay.json");
   RunMetadata meta("replay");
-  meta.inputs() = {{"model", f.model}, {"dump", f.common.dump}};
-  nlohmann::json names = nlohmann::json::array();
-  for (const auto& iv : ivs) names.push_back(iv.name);
-  meta.params() = {{"model", model.model_name}, {"variant", model.variant.name()}, {"interventions", names},
-                   {"images", ids.size()}, {"layers", opt.layers}, {"seed", f.common.seed},
-                   {"precision", "double"}, {"threads", threads}};
+  nlohmann::json model_files = nlohmann::json::array(), names = nlohmann::json::array(), ivnames = nlohmann::json::array();
+  for (const VitModel& m : models) model_files.push_back(m.path), names.push_back(m.model_name);
+  for (const auto& iv : ivs.front()) ivnames.push_back(iv.name);
+  meta.inputs() = {{"models", model_files}, {"dump", f.common.dump}};
+  meta.params() = {{"models", names}, {"interventions", ivnames}, {"images", in.ids.size()},
+                   {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads}};
   ResultFile logits_csv(set, "replay_logits.csv");
-  logits_csv.stream() << "intervention,image,label,predicted";
-  for (int c = 0; c < model.num_classes; ++c) logits_csv.stream() << ",logit_" << c;
-  logits_csv.stream() << "\n" << std::setprecision(9);
-  ResultFile table(set, "replay.csv");
-  table.stream() << "intervention,images,correct,accuracy,agree_with_first\n" << std::setprecision(17);
-  nlohmann::json rows = nlohmann::json::array();
-  std::vector<int> first_pred;
-  std::cout << "replay of " << model.model_name << " on " << ids.size() << " images\n"
-            << std::left << std::setw(22) << "intervention" << std::setw(12) << "accuracy" << "agreement\n";
-  for (const auto& iv : ivs) {
-    const MatF logits = analyses::replay_logits(model, images, ids, iv, opt);
-    std::vector<int> pred(ids.size());
-    int correct = 0;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      Eigen::Index arg = 0;
-      logits.row(static_cast<Eigen::Index>(i)).maxCoeff(&arg);
-      pred[i] = static_cast<int>(arg);
-      const std::int64_t label = labels.empty() ? -1 : labels[static_cast<std::size_t>(ids[i])];
-      correct += label == pred[i] ? 1 : 0;
-      logits_csv.stream() << iv.name << "," << ids[i] << "," << label << "," << pred[i];
-      for (int c = 0; c < model.num_classes; ++c) logits_csv.stream() << "," << logits(static_cast<Eigen::Index>(i), c);
-      logits_csv.stream() << "\n";
-    }
-    if (first_pred.empty()) first_pred = pred;
-    int agree = 0;
-    for (std::size_t i = 0; i < pred.size(); ++i) agree += pred[i] == first_pred[i] ? 1 : 0;
-    const double n = static_cast<double>(ids.size());
-    nlohmann::json row = {{"intervention", iv.name}, {"images", ids.size()},
-                          {"accuracy", labels.empty() ? nlohmann::json() : nlohmann::json(correct / n)},
-                          {"agree_with_first", agree / n}};
-    // Against the logits the exporting framework wrote into the dump (the model as it ran there).
-    if (iv.name == "none" && dump_logits.rows() > 0 && dump_logits.cols() == model.num_classes) {
+  logits_csv.stream() << "model,intervention,image,label,predicted,logits\n" << std::setprecision(9);
+  std::vector<Row> rows;
+  const double n = static_cast<double>(in.ids.size());
+  for (std::size_t k = 0; k < models.size(); ++k) {
+    const VitModel& m = models[k];
+    std::vector<int> first;
+    for (const auto& iv : ivs[k]) {
+      const MatF logits = analyses::replay_logits(m, in.images, in.ids, iv, opt);
+      Row row{m.model_name, iv.name};
+      std::vector<int> pred(in.ids.size());
       double worst = 0.0, top = 0.0;
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        const auto want = dump_logits.row(ids[i]).cast<double>();
-        worst = std::max(worst, (logits.row(static_cast<Eigen::Index>(i)).cast<double>() - want).cwiseAbs().maxCoeff());
-        top = std::max(top, want.cwiseAbs().maxCoeff());
+      const bool own = iv.name == "none" && in.model_name == m.model_name && in.logits.cols() == m.num_classes;
+      for (std::size_t i = 0; i < in.ids.size(); ++i) {
+        const auto r = static_cast<Eigen::Index>(i);
+        Eigen::Index arg = 0;
+        logits.row(r).maxCoeff(&arg);
+        pred[i] = static_cast<int>(arg);
+        const std::int64_t label = in.labels.empty() ? -1 : in.labels[static_cast<std::size_t>(in.ids[i])];
+        row.correct += label == pred[i] ? 1 : 0;
+        logits_csv.stream() << m.model_name << "," << iv.name << "," << in.ids[i] << "," << label << "," << pred[i] << ",";
+        for (int c = 0; c < m.num_classes; ++c) logits_csv.stream() << (c ? " " : "") << logits(r, c);
+        logits_csv.stream() << "\n";
+        if (own) {
+          const auto want = in.logits.row(in.ids[i]).cast<double>();
+          worst = std::max(worst, (logits.row(r).cast<double>() - want).cwiseAbs().maxCoeff());
+          top = std::max(top, want.cwiseAbs().maxCoeff());
+        }
       }
-      row["dump_logits_max_rel_error"] = top > 0.0 ? worst / top : worst;
+      if (first.empty()) first = pred;
+      int agree = 0;
+      for (std::size_t i = 0; i < pred.size(); ++i) agree += pred[i] == first[i] ? 1 : 0;
+      row.agree = agree / n;
+      if (!in.labels.empty()) row.accuracy = row.correct / n;
+      if (own) row.dump_error = top > 0.0 ? worst / top : worst;
+      rows.push_back(row);
     }
-    rows.push_back(row);
-    table.stream() << iv.name << "," << ids.size() << "," << (labels.empty() ? "" : std::to_string(correct)) << ","
-                   << (labels.empty() ? "" : std::to_string(correct / n)) << "," << agree / n << "\n";
-    std::ostringstream acc;
-    acc << std::setprecision(4) << (labels.empty() ? 0.0 : correct / n);
-    std::cout << std::setw(22) << iv.name << std::setw(12) << (labels.empty() ? "n/a" : acc.str()) << agree / n;
-    if (row.contains("dump_logits_max_rel_error")) {
-      std::cout << "   (logits vs the dump's: max rel. error " << row["dump_logits_max_rel_error"].get<double>() << ")";
+  }
+  logits_csv.close();
+  ResultFile table(set, "replay.csv");
+  table.stream() << "model,intervention,images,correct,accuracy,agree_with_first,dump_logits_max_rel_error\n"
+                 << std::setprecision(17);
+  nlohmann::json jrows = nlohmann::json::array();
+  for (const Row& r : rows) {
+    table.stream() << r.model << "," << r.intervention << "," << in.ids.size() << ","
+                   << (r.accuracy < 0 ? "" : std::to_string(r.correct)) << ",";
+    if (r.accuracy >= 0) table.stream() << r.accuracy;
+    table.stream() << "," << r.agree << ",";
+    if (r.dump_error >= 0) table.stream() << r.dump_error;
+    table.stream() << "\n";
+    nlohmann::json j = {{"model", r.model}, {"intervention", r.intervention}, {"images", in.ids.size()},
+                        {"accuracy", r.accuracy < 0 ? nlohmann::json() : nlohmann::json(r.accuracy)},
+                        {"agree_with_first", r.agree}};
+    if (r.dump_error >= 0) j["dump_logits_max_rel_error"] = r.dump_error;
+    jrows.push_back(j);
+  }
+  table.close();
+  meta.results() = {{"rows", jrows}};
+  meta.publish(set);
+
+  // One table: a row per intervention, a column per model (accuracy %, or agreement without labels).
+  std::cout << (in.labels.empty() ? "agreement with the first intervention" : "accuracy (%)") << " on "
+            << in.ids.size() << " images\n" << std::left << std::setw(22) << "intervention";
+  for (const VitModel& m : models) std::cout << std::setw(26) << m.model_name;
+  std::cout << "\n";
+  const std::size_t per = ivs.front().size();
+  for (std::size_t i = 0; i < per; ++i) {
+    std::cout << std::setw(22) << rows[i].intervention;
+    for (std::size_t k = 0; k < models.size(); ++k) {
+      const Row& r = rows[k * per + i];
+      std::ostringstream cell;
+      cell << std::fixed << std::setprecision(2) << 100.0 * (r.accuracy < 0 ? r.agree : r.accuracy);
+      std::cout << std::setw(26) << cell.str();
     }
     std::cout << "\n";
   }
-  logits_csv.close();
-  table.close();
-  meta.results() = {{"rows", rows}};
-  meta.publish(set);
+  for (const Row& r : rows) {
+    if (r.dump_error >= 0) {
+      std::cout << r.model << ": logits vs the dump's own, max rel. error " << r.dump_error << "\n";
+    }
+  }
   return 0;
 }
 

@@ -25,7 +25,7 @@ err = rows["none"]["dump_logits_max_rel_error"]
 assert err <= 1e-4, f"{out}: logits differ from the dump's by {err} of the largest"
 logits = {}
 for r in csv.DictReader(open(f"{out}/replay_logits.csv")):
-    logits.setdefault(r["intervention"], []).append([float(r[f"logit_{c}"]) for c in range(10)])
+    logits.setdefault(r["intervention"], []).append([float(v) for v in r["logits"].split()])
 with h5py.File(dump, "r") as f:
     want, labels = f["logits"][:32], f["labels"][:32]
 got = np.array(logits["none"])
@@ -44,12 +44,23 @@ s="$REPO/data/models/vit7-softmax-fmnist.h5"
 sd="$REPO/data/dumps/vit7-softmax-fmnist.h5"
 expect_ok "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/swap" --images 0-7 \
   --intervention none,family=softmax
-[ "$(awk -F, 'NR > 1 && $1 == "none" { $1 = ""; print }' "$WORK/swap/replay_logits.csv")" = \
-  "$(awk -F, 'NR > 1 && $1 == "family=softmax" { $1 = ""; print }' "$WORK/swap/replay_logits.csv")" ] ||
+[ "$(awk -F, 'NR > 1 && $2 == "none" { $2 = ""; print }' "$WORK/swap/replay_logits.csv")" = \
+  "$(awk -F, 'NR > 1 && $2 == "family=softmax" { $2 = ""; print }' "$WORK/swap/replay_logits.csv")" ] ||
   { echo "FAIL: family=softmax on the softmax model changed the logits"; exit 1; }
 # Interventions restricted to one block change less than in every block (a real restriction).
 expect_ok "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/l0" --images 0-7 --intervention none,f1 --layers 0
 cmp -s "$WORK/l0/replay_logits.csv" "$WORK/swap/replay_logits.csv" && { echo "FAIL: same file"; exit 1; }
+
+# Several models on the same images: one table, a column per model, the same numbers as alone.
+l="$REPO/data/models/vit7-linear-fmnist.h5"
+expect_ok "$ATTNSCOPE" replay --model "$s,$l" --dump "$sd" --out "$WORK/two" --images 0-7 --intervention none,f1
+expect_grep '^intervention +vit7-softmax-fmnist +vit7-linear-fmnist' "$WORK/out.txt"
+expect_ok "$ATTNSCOPE" replay --model "$l" --dump "$sd" --out "$WORK/one" --images 0-7 --intervention none,f1
+[ "$(grep '^vit7-linear' "$WORK/two/replay_logits.csv")" = "$(grep '^vit7-linear' "$WORK/one/replay_logits.csv")" ] ||
+  { echo "FAIL: a model's logits depend on the other models of the run"; exit 1; }
+# The dump's own logits are compared only for the dump's own model.
+grep -q '^vit7-softmax-fmnist,none,8,[0-9]*,[0-9.e-]*,1,[0-9.e-]\+$' "$WORK/two/replay.csv" || { echo "FAIL: own model row"; cat "$WORK/two/replay.csv"; exit 1; }
+grep -q '^vit7-linear-fmnist,none,8,[0-9]*,[0-9.e-]*,1,$' "$WORK/two/replay.csv" || { echo "FAIL: other model row"; cat "$WORK/two/replay.csv"; exit 1; }
 
 # Misfits and bad input: one line, exit code, nothing published.
 expect_ok "$ATTNSCOPE" synth --out "$WORK/syn.h5" --images 2 --layers 1 --heads 1
