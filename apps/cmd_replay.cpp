@@ -17,7 +17,7 @@ namespace {
 
 struct ReplayFlags {
   CommonOptions common;
-  std::string models, images, layers, interventions = "none";
+  std::string models, image_set, images, layers, interventions = "none";
 };
 
 po::options_description replay_options(ReplayFlags& f) {
@@ -25,7 +25,9 @@ po::options_description replay_options(ReplayFlags& f) {
   d.add_options()("model", po::value(&f.models)->value_name("FILE[,FILE...]")->required(),
                   "model weights (HDF5, docs/model-weights.md); several, comma-separated, run on "
                   "the same images give one column each");
-  add_dump_option(d, f.common);
+  add_dump_option(d, f.common, "--image-set");
+  d.add_options()("image-set", po::value(&f.image_set)->value_name("FILE"),
+                  "instead of a dump: an HDF5 file with /images [n, C, H, W] and optional /labels");
   add_out_option(d, f.common, "results/replay");
   d.add_options()("images", po::value(&f.images)->value_name("LIST"),
                   "images of the dump's /images, e.g. 0-9,15 (default: all)")(
@@ -61,11 +63,22 @@ struct Inputs {
 };
 
 Inputs read_inputs(const ReplayFlags& f) {
-  DumpReader reader(f.common.dump);
-  const DumpSchema& schema = reader.schema();
-  if (!schema.has_images) throw InputError(f.common.dump, "/images", "the model's input images", "none");
   Inputs in;
-  const MatF all = reader.read_images(&in.shape);
+  MatF all;
+  if (!f.image_set.empty()) {
+    ImageSet set = read_image_set(f.image_set);
+    all = std::move(set.images);
+    in.shape = set.shape;
+    in.labels = std::move(set.labels);
+  } else {
+    DumpReader reader(f.common.dump);
+    const DumpSchema& schema = reader.schema();
+    if (!schema.has_images) throw InputError(f.common.dump, "/images", "the model's input images", "none");
+    all = reader.read_images(&in.shape);
+    if (schema.has_labels) in.labels = reader.read_labels();
+    if (schema.has_logits) in.logits = reader.read_logits();
+    in.model_name = schema.attrs.model_name;
+  }
   in.ids = analyses::parse_index_list(f.images, "--images");
   if (in.ids.empty()) {
     for (Eigen::Index i = 0; i < all.rows(); ++i) in.ids.push_back(static_cast<int>(i));
@@ -78,9 +91,6 @@ Inputs read_inputs(const ReplayFlags& f) {
     }
     in.images.row(static_cast<Eigen::Index>(i)) = all.row(in.ids[i]);
   }
-  if (schema.has_labels) in.labels = reader.read_labels();
-  if (schema.has_logits) in.logits = reader.read_logits();
-  in.model_name = schema.attrs.model_name;
   return in;
 }
 
@@ -113,7 +123,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   ReplayFlags f;
   const po::options_description desc = replay_options(f);
   po::variables_map vm;
-  if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE [options]", desc, args, vm)) return 0;
+  if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE | --image-set FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
   std::vector<VitModel> models;
   for (const std::string& path : split_commas(f.models)) models.push_back(load_vit(path));
@@ -122,8 +132,10 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   opt.layers = analyses::parse_index_list(f.layers, "--layers");
   std::vector<std::vector<analyses::Intervention>> ivs;
   for (const VitModel& m : models) ivs.push_back(analyses::parse_interventions(f.interventions, m, f.common.seed));
+  if (f.common.dump.empty() == f.image_set.empty()) throw UsageError("give either --dump or --image-set");
   const Inputs in = read_inputs(f);
-  for (const VitModel& m : models) check_fit(m, in, f.common.dump);
+  const std::string source = f.image_set.empty() ? f.common.dump : f.image_set;
+  for (const VitModel& m : models) check_fit(m, in, source);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   ResultSet set(dir, "replay.json");
@@ -131,7 +143,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   nlohmann::json model_files = nlohmann::json::array(), names = nlohmann::json::array(), ivnames = nlohmann::json::array();
   for (const VitModel& m : models) model_files.push_back(m.path), names.push_back(m.model_name);
   for (const auto& iv : ivs.front()) ivnames.push_back(iv.name);
-  meta.inputs() = {{"models", model_files}, {"dump", f.common.dump}};
+  meta.inputs() = {{"models", model_files}, {"images", source}};
   meta.params() = {{"models", names}, {"interventions", ivnames}, {"images", in.ids.size()},
                    {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads}};
   ResultFile logits_csv(set, "replay_logits.csv");

@@ -62,6 +62,22 @@ expect_ok "$ATTNSCOPE" replay --model "$l" --dump "$sd" --out "$WORK/one" --imag
 grep -q '^vit7-softmax-fmnist,none,8,[0-9]*,[0-9.e-]*,1,[0-9.e-]\+$' "$WORK/two/replay.csv" || { echo "FAIL: own model row"; cat "$WORK/two/replay.csv"; exit 1; }
 grep -q '^vit7-linear-fmnist,none,8,[0-9]*,[0-9.e-]*,1,$' "$WORK/two/replay.csv" || { echo "FAIL: other model row"; cat "$WORK/two/replay.csv"; exit 1; }
 
+# An HDF5 image set (/images, /labels) instead of a dump: the same logits for the same images.
+"$PYTHON" - "$sd" "$WORK/set.h5" <<'PY' || exit 1
+import sys
+import h5py
+with h5py.File(sys.argv[1]) as f, h5py.File(sys.argv[2], "w") as g:
+    g["images"] = f["images"][:8]
+    g["labels"] = f["labels"][:8]
+PY
+expect_ok "$ATTNSCOPE" replay --model "$s" --image-set "$WORK/set.h5" --out "$WORK/set" --intervention none,f1
+[ "$(grep -c ',none,' "$WORK/set/replay_logits.csv")" -eq 8 ] || { echo "FAIL: image set rows"; exit 1; }
+diff <(grep ',none,' "$WORK/set/replay_logits.csv") <(grep ',none,' "$WORK/swap/replay_logits.csv") ||
+  { echo "FAIL: image set and dump give different logits"; exit 1; }
+expect_exit 2 "give either --dump or --image-set" "$ATTNSCOPE" replay --model "$s" --out "$WORK/bad"
+expect_exit 2 "give either --dump or --image-set" "$ATTNSCOPE" replay --model "$s" --dump "$sd" --image-set "$WORK/set.h5" --out "$WORK/bad"
+expect_exit 1 "/images: expected a dataset [images, C, H, W]" "$ATTNSCOPE" replay --model "$s" --image-set "$s" --out "$WORK/bad"
+
 # Misfits and bad input: one line, exit code, nothing published.
 expect_ok "$ATTNSCOPE" synth --out "$WORK/syn.h5" --images 2 --layers 1 --heads 1
 expect_exit 1 "/images: expected the model's input images, found none" \

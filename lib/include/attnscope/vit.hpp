@@ -6,6 +6,7 @@
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,16 @@ struct VitModel {
   MatF head_w;  ///< classes x D
   VecF head_b;
 };
+
+/// An HDF5 image set: /images [n, C, H, W] (float32 or float16, the model's normalised input, as
+/// a dump's /images) and, optionally, /labels [n] (integers).
+struct ImageSet {
+  MatF images;             ///< n x (C*H*W)
+  std::vector<int> shape;  ///< C, H, W
+  std::vector<std::int64_t> labels;  ///< empty when the file has none
+};
+/// Throws InputError naming the file, the dataset and what was expected.
+[[nodiscard]] ImageSet read_image_set(const std::string& path);
 
 /// Reads a weights file. Throws InputError naming the file, the attribute or dataset and what was
 /// expected (missing, wrong shape, not finite, an activation other than gelu_erf, a family the
