@@ -4,7 +4,8 @@
 # each run ROUNDS times alternating BEFORE and AFTER on the same pinned cores and the same cached
 # dumps, so that both see the same machine. Prints a markdown table of ms per image (median over
 # the rounds of each run's median, with the lowest and highest run median) and checks that both
-# builds give the same per-image counts and per-layer masses, byte for byte.
+# builds give the same per-image counts and per-layer masses, value for value in every column the
+# older build writes (a newer build may add columns).
 #
 # Usage: BEFORE=/path/to/old/attnscope bench/compare_builds.sh
 #        (env: AFTER=build/apps/attnscope DATA=build/bench-data ROUNDS=5 CORES=0,1 IMAGES=256)
@@ -50,7 +51,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 "$PYTHON" - "$OUT" "$ROUNDS" "${cases[@]}" <<'PY'
-import filecmp, json, statistics, sys
+import csv, json, statistics, sys
 out, rounds, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 print("| case | before: ms/image | after: ms/image | after / before | same results |")
 print("|---|---|---|---|---|")
@@ -63,8 +64,15 @@ for c in cases:
         med[build] = (statistics.median(runs), min(runs), max(runs))
     files = {"confusion": ["confusion_per_image.csv", "confusion_per_head.csv"],
              "locality": ["locality.csv"]}[analysis]
-    same = all(filecmp.cmp(f"{out}/{name}-before-{r}/{f}", f"{out}/{name}-after-{r}/{f}", shallow=False)
-               for r in range(1, rounds + 1) for f in files)
+    def table(path, columns=None):
+        rows = list(csv.DictReader(open(path)))
+        columns = columns or list(rows[0].keys()) if rows else columns or []
+        return [[r[c] for c in columns] for r in rows], columns
+    def same_as_before(r, f):
+        old, cols = table(f"{out}/{name}-before-{r}/{f}")
+        new, _ = table(f"{out}/{name}-after-{r}/{f}", cols)
+        return old == new
+    same = all(same_as_before(r, f) for r in range(1, rounds + 1) for f in files)
     fmt = lambda m: "%.2f (%.2f-%.2f)" % m
     print(f"| {name} ({c.split('|')[3]}) | {fmt(med['before'])} | {fmt(med['after'])} | "
           f"{med['after'][0] / med['before'][0]:.3f} | {'yes' if same else 'NO'} |")
