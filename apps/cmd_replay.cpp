@@ -5,6 +5,7 @@
 
 #include "attnscope/analyses/replay.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/text.hpp"
 #include "attnscope/vit.hpp"
 
 #include <algorithm>
@@ -38,18 +39,6 @@ po::options_description replay_options(ReplayFlags& f) {
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
-}
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = s.find(',', start);
-    out.push_back(s.substr(start, comma - start));
-    if (out.back().empty()) throw UsageError("--model: an empty item in '" + s + "'");
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
-  }
 }
 
 /// The images the models run on: the dump's /images rows named by --images (all by default).
@@ -126,7 +115,10 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE | --image-set FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
   std::vector<VitModel> models;
-  for (const std::string& path : split_commas(f.models)) models.push_back(load_vit(path));
+  for (const std::string_view path : split_list(f.models)) {
+    if (path.empty()) throw UsageError("--model: an empty item in '" + f.models + "'");
+    models.push_back(load_vit(std::string(path)));
+  }
   analyses::ReplayOptions opt;
   opt.seed = f.common.seed;
   opt.layers = analyses::parse_index_list(f.layers, "--layers");

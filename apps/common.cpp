@@ -3,6 +3,7 @@
 #include "common.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/text.hpp"
 
 #include <omp.h>
 #include <unistd.h>
@@ -167,10 +168,8 @@ void check_omp_num_threads() {
                      std::to_string(kMaxThreads) + " (or a list such as 4,2); fix or unset it, " +
                      "or pass --threads N");
   };
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    std::string item = text.substr(start, comma - start);
+  for (const std::string_view spelled : split_list(text)) {
+    std::string item(spelled);
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty() || item.size() > 5 ||
@@ -179,8 +178,6 @@ void check_omp_num_threads() {
     }
     const int n = std::stoi(item);
     if (n < 1 || n > kMaxThreads) refuse();
-    if (comma == text.size()) break;
-    start = comma + 1;
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "attnscope/error.hpp"
 #include "attnscope/parallel.hpp"
+#include "attnscope/text.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -118,11 +119,7 @@ std::vector<int> parse_index_list(std::string_view spec, const std::string& flag
   std::vector<int> out;
   if (spec.empty()) return out;
   std::set<int> seen;
-  std::size_t start = 0;
-  while (true) {  // every item, including an empty one after a trailing comma, is parsed
-    std::size_t comma = spec.find(',', start);
-    if (comma == std::string_view::npos) comma = spec.size();
-    const std::string_view item = spec.substr(start, comma - start);
+  for (const std::string_view item : split_list(spec)) {  // an empty item (trailing comma) too
     const std::size_t dash = item.find('-', 1);
     const int lo = parse_int(item.substr(0, dash), flag);
     const int hi = dash == std::string_view::npos ? lo : parse_int(item.substr(dash + 1), flag);
@@ -138,8 +135,6 @@ std::vector<int> parse_index_list(std::string_view spec, const std::string& flag
       }
       out.push_back(i);
     }
-    if (comma == spec.size()) break;
-    start = comma + 1;
   }
   return out;
 }

@@ -3,6 +3,7 @@
 
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/text.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -90,11 +91,7 @@ MapsRun run_maps(DumpReader& reader, const Selection& resolved,
 
 std::vector<int> parse_tokens(std::string_view spec, const TokenGrid& grid) {
   std::vector<int> out;
-  std::size_t start = 0;
-  while (start <= spec.size()) {
-    std::size_t comma = spec.find(',', start);
-    if (comma == std::string_view::npos) comma = spec.size();
-    const std::string_view item = spec.substr(start, comma - start);
+  for (const std::string_view item : split_list(spec)) {
     const std::size_t colon = item.find(':');
     int token = 0;
     if (colon == std::string_view::npos) {
@@ -117,7 +114,6 @@ std::vector<int> parse_tokens(std::string_view spec, const TokenGrid& grid) {
                        std::string(item) + "')");
     }
     out.push_back(token);
-    start = comma + 1;
   }
   return out;
 }

@@ -3,6 +3,7 @@
 
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/text.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -16,10 +17,7 @@ std::string MaskSpec::name() const {
 
 std::vector<MaskSpec> parse_mask_specs(std::string_view specs) {
   std::vector<MaskSpec> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = specs.find(',', start);
-    const std::string_view item = specs.substr(start, comma - start);
+  for (const std::string_view item : split_list(specs)) {
     const auto bad = [&](const std::string& why) {
       throw UsageError("--mask '" + std::string(item) + "': " + why +
                        " (expected local:K with K odd >= 1, or random:N with N >= 0)");
@@ -45,8 +43,6 @@ std::vector<MaskSpec> parse_mask_specs(std::string_view specs) {
       if (o.name() == m.name()) bad("named twice");
     }
     out.push_back(m);
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
   }
   return out;
 }

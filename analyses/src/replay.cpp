@@ -5,6 +5,7 @@
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/parallel.hpp"
+#include "attnscope/text.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -164,10 +165,8 @@ VecD forward(const VitModel& m, const Weights& w, const float* image, int image_
 
 std::vector<Intervention> parse_interventions(std::string_view list, const VitModel& model, std::uint64_t seed) {
   std::vector<Intervention> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = list.find(',', start);
-    const std::string item(list.substr(start, comma - start));
+  for (const std::string_view spelled : split_list(list)) {
+    const std::string item(spelled);
     Intervention iv;
     iv.name = item;
     if (item == "none") {
@@ -188,8 +187,6 @@ std::vector<Intervention> parse_interventions(std::string_view list, const VitMo
       if (o.name == iv.name) throw UsageError("--intervention '" + item + "' is named twice");
     }
     out.push_back(std::move(iv));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
   }
   return out;
 }

@@ -2,6 +2,7 @@
 #include "attnscope/variant.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/text.hpp"
 
 #include <array>
 #include <cmath>
@@ -114,10 +115,8 @@ std::vector<Variant> parse_variants(std::string_view specs, Convention default_c
   if (trim(specs).empty()) throw UsageError("empty variant list; known families: " + known_families());
   std::vector<Variant> out;
   std::vector<std::string_view> spelled;
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = specs.find(',', start);
-    const std::string_view item = trim(specs.substr(start, comma - start));
+  for (const std::string_view raw : split_list(specs)) {
+    const std::string_view item = trim(raw);
     Variant v = parse_variant(item, default_convention, seed);
     // Two spellings of one variant (mala, mala:elu1@paper) would give every result twice.
     for (std::size_t i = 0; i < out.size(); ++i) {
@@ -128,8 +127,6 @@ std::vector<Variant> parse_variants(std::string_view specs, Convention default_c
     }
     out.push_back(std::move(v));
     spelled.push_back(item);
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
   }
   return out;
 }
