@@ -35,7 +35,6 @@ ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scal
   if (!q.allFinite() || !k.allFinite()) {
     throw NumericalError(variant_.name() + ": a query or key holds a non-finite value");
   }
-  den_.assign(static_cast<std::size_t>(n_), 0.0);
   a_.assign(static_cast<std::size_t>(n_), 0.0);
   b_.assign(static_cast<std::size_t>(n_), 0.0);
   degenerate_.assign(static_cast<std::size_t>(n_), 0);
@@ -53,13 +52,12 @@ ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scal
   KernelFeatures f = kernel_features(variant_, MatD(q.cast<double>()), MatD(k.cast<double>()), scale);
   phi_q_ = std::move(f.q);
   phi_k_ = std::move(f.k);
-  phi_k_sum_ = phi_k_.colwise().sum().transpose();
-  const double sum_norm = phi_k_sum_.norm();
+  const VecD phi_k_sum = phi_k_.colwise().sum().transpose();
+  const double sum_norm = phi_k_sum.norm();
   const double k_norm = phi_k_.norm();
   if (!(k_norm <= kMaxRowMagnitude)) out_of_range("|phi(K)|_F", k_norm);
   for (int i = 0; i < n_; ++i) {
-    const double d = dot(phi_q_.row(i).data(), phi_k_sum_.data(), phi_q_.cols());
-    den_[static_cast<std::size_t>(i)] = d;
+    const double d = dot(phi_q_.row(i).data(), phi_k_sum.data(), phi_q_.cols());
     const double q_norm = phi_q_.row(i).norm();
     // Before the tiny rule: an overflowed product would make every row look degenerate.
     if (!(q_norm * k_norm <= kMaxRowMagnitude)) {

@@ -34,8 +34,6 @@ namespace {
 
 constexpr double kDoubleUnit = 1.1102230246251565e-16;  // 2^-53
 
-/// c_i of the margin argument: the factor a_i on f_q(i) in z_i (the family's RowForm).
-double row_coefficient(const ExactRows& rows, int i) { return rows.row_coefficient(i); }
 
 /// y_i = z_i U diag(lambda)^1/2, columns in ascending eigenvalue order (the last is the widest).
 MatD embed(const LowRank& lr) {
@@ -58,7 +56,7 @@ LowRank build_low_rank(const ExactRows& rows) {
     if (rows.degenerate(i)) {
       lr.z.row(i).setZero();
     } else {
-      lr.z.row(i) *= row_coefficient(rows, i);
+      lr.z.row(i) *= rows.row_coefficient(i);
     }
   }
   lr.m = (pk.rowwise() - pk.colwise().mean()).transpose();
@@ -82,7 +80,8 @@ HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
   const VecD zn = lr.z.rowwise().norm();
   VecD a(n);
   for (int i = 0; i < n; ++i) {
-    a(i) = (2.0 * std::abs(row_coefficient(rows, i)) + 1.0) * rows.phi_q().row(i).norm() * k_norm + 1.0;
+    a(i) = (2.0 * std::abs(rows.row_coefficient(i)) + 1.0) * rows.phi_q().row(i).norm() * k_norm +
+           1.0;
   }
   const double eps = judge.eps(), eps2 = judge.eps2();
   auto band = [&](double delta, double dz2) {

@@ -58,12 +58,9 @@ class ExactRows {
   [[nodiscard]] int degenerate_count() const;
 
   // The kernel form (empty for softmax): the family's features f_q, f_k (convention's factor
-  // included), sum_m f_k(m), each query's f_q(i).sum f_k and its row coefficients: row i is
-  // a_i f_q(i).f_k(j) + b_i.
+  // included) and each row's coefficients: row i is a_i f_q(i).f_k(j) + b_i.
   [[nodiscard]] const MatD& phi_q() const { return phi_q_; }
   [[nodiscard]] const MatD& phi_k() const { return phi_k_; }
-  [[nodiscard]] const VecD& phi_k_sum() const { return phi_k_sum_; }
-  [[nodiscard]] double denominator(int i) const { return den_[static_cast<std::size_t>(i)]; }
   [[nodiscard]] double row_coefficient(int i) const { return a_[static_cast<std::size_t>(i)]; }
 
  private:
@@ -74,8 +71,7 @@ class ExactRows {
   double scale_ = 0.0;
   MatD q_, k_;              // softmax only
   MatD phi_q_, phi_k_;      // linear families only
-  VecD phi_k_sum_;
-  std::vector<double> den_, a_, b_;
+  std::vector<double> a_, b_;
   std::vector<char> degenerate_;
 };
 
