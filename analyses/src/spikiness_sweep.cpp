@@ -3,6 +3,7 @@
 
 #include "attnscope/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -21,7 +22,10 @@ MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
 HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts)
     : variant_(v), keys_(k), scale_(scale), opts_(std::move(opts)), space_(effective_space(v, opts_.space)) {
   const KernelFamily* family = v.kernel();
-  if (!family) return;
+  if (!family) {
+    max_key_norm_ = k.rowwise().norm().maxCoeff();
+    return;
+  }
   variant_.map.ensure_params(static_cast<int>(k.cols()));
   homogeneous_ = family->query_features_homogeneous(variant_);
   keys_ = kernel_features(variant_, MatD(0, k.cols()), k, scale).k;
@@ -160,15 +164,17 @@ std::optional<double> deviation(Law law, const LawInputs& in, double a, const Ve
 
 void HeadSweeper::check_laws(const VecD& q, const VecD& f_one, const MatD& w, const VecD& w1, int hi,
                              int lo, std::vector<LawResult>& laws) const {
-  MalaTerms t;
+  // The MALA laws read the terms at a = 1; no other law does.
+  const bool mala = std::any_of(laws.begin(), laws.end(), [](const LawResult& r) {
+    return r.applicable && (r.law == Law::MalaRatio || r.law == Law::MalaBetaGamma);
+  });
+  const MalaTerms t = mala ? mala_terms(f_one, keys_) : MalaTerms{};
   double logit_error = 0.0;
-  if (variant_.has_linear_form()) {
-    t = mala_terms(f_one, keys_);  // the terms at a = 1 (read by the MALA laws only)
-  } else {
+  if (!variant_.has_linear_form()) {
     // The logits s q.k_j are sums of d products: each is off by at most (d + 2) u |s| |q| max|k_j|.
     constexpr double kDoubleUnit = 0x1.0p-53;
-    logit_error = static_cast<double>(q.size() + 2) * kDoubleUnit * std::abs(scale_) * q.norm() *
-                  keys_.rowwise().norm().maxCoeff();
+    logit_error =
+        static_cast<double>(q.size() + 2) * kDoubleUnit * std::abs(scale_) * q.norm() * max_key_norm_;
   }
   const LawInputs in{w1, hi, lo, t, f_one, keys_, logit_error};
   for (LawResult& r : laws) {

@@ -168,6 +168,7 @@ class HeadSweeper {
   SpikinessOptions opts_;
   ScaleSpace space_;
   bool homogeneous_ = true;  ///< the family's query features are positively homogeneous
+  double max_key_norm_ = 0.0;  ///< max_j |k_j| (softmax: the logits' rounding bound)
 };
 
 /// MALA's per-query terms for features already carrying the convention's factor:
