@@ -35,32 +35,6 @@ h5::Handle open_attr(hid_t root, const char* name, const std::string& file) {
   return a;
 }
 
-std::string read_string(hid_t root, const char* name, const std::string& file) {
-  h5::Handle a = open_attr(root, name, file);
-  h5::Handle ft = h5::type(H5Aget_type(a.get()));
-  if (H5Tget_class(ft.get()) != H5T_STRING) {
-    throw InputError(file, attr_name(name), "a string", h5::describe_type(ft.get()));
-  }
-  h5::Handle mt = h5::type(H5Tcopy(ft.get()));
-  std::string value;
-  if (H5Tis_variable_str(ft.get()) > 0) {
-    char* p = nullptr;
-    if (H5Aread(a.get(), mt.get(), &p) < 0) {
-      throw InputError(file, attr_name(name), "a readable string", h5::last_error());
-    }
-    value = p != nullptr ? p : "";
-    H5free_memory(p);
-  } else {
-    std::string buf(H5Tget_size(ft.get()), '\0');
-    if (H5Aread(a.get(), mt.get(), buf.data()) < 0) {
-      throw InputError(file, attr_name(name), "a readable string", h5::last_error());
-    }
-    value = buf.substr(0, buf.find('\0'));
-    while (!value.empty() && value.back() == ' ') value.pop_back();  // space-padded strings
-  }
-  return value;
-}
-
 constexpr std::int64_t kMaxInt = std::int64_t{1} << 30;  // every integer attribute is below
 
 /// The values of an integer attribute, each checked to lie in [lo, kMaxInt). Unsigned values are
@@ -98,12 +72,40 @@ std::vector<int> read_ints(hid_t attr, const char* name, const std::string& file
   return out;
 }
 
-int read_int32(hid_t root, const char* name, const std::string& file) {
+}  // namespace
+
+std::string root_string(hid_t root, const char* name, const std::string& file) {
+  h5::Handle a = open_attr(root, name, file);
+  h5::Handle ft = h5::type(H5Aget_type(a.get()));
+  if (H5Tget_class(ft.get()) != H5T_STRING) {
+    throw InputError(file, attr_name(name), "a string", h5::describe_type(ft.get()));
+  }
+  h5::Handle mt = h5::type(H5Tcopy(ft.get()));
+  std::string value;
+  if (H5Tis_variable_str(ft.get()) > 0) {
+    char* p = nullptr;
+    if (H5Aread(a.get(), mt.get(), &p) < 0) {
+      throw InputError(file, attr_name(name), "a readable string", h5::last_error());
+    }
+    value = p != nullptr ? p : "";
+    H5free_memory(p);
+  } else {
+    std::string buf(H5Tget_size(ft.get()), '\0');
+    if (H5Aread(a.get(), mt.get(), buf.data()) < 0) {
+      throw InputError(file, attr_name(name), "a readable string", h5::last_error());
+    }
+    value = buf.substr(0, buf.find('\0'));
+    while (!value.empty() && value.back() == ' ') value.pop_back();  // space-padded strings
+  }
+  return value;
+}
+
+int root_int(hid_t root, const char* name, const std::string& file) {
   h5::Handle a = open_attr(root, name, file);
   return read_ints(a.get(), name, file, 1, -kMaxInt + 1, "an integer below 2^30").front();
 }
 
-double read_double(hid_t root, const char* name, const std::string& file) {
+double root_double(hid_t root, const char* name, const std::string& file) {
   h5::Handle a = open_attr(root, name, file);
   h5::Handle ft = h5::type(H5Aget_type(a.get()));
   if (H5Tget_class(ft.get()) != H5T_FLOAT) {
@@ -115,6 +117,8 @@ double read_double(hid_t root, const char* name, const std::string& file) {
   }
   return v;
 }
+
+namespace {
 
 void write_string(hid_t root, const char* name, const std::string& value) {
   h5::Handle t = h5::type(H5Tcopy(H5T_C_S1));
@@ -157,38 +161,30 @@ void require_below_limit(const std::string& file, const char* name, int v) {
 
 }  // namespace
 
-std::string root_string(hid_t root, const char* name, const std::string& file) {
-  return read_string(root, name, file);
-}
-int root_int(hid_t root, const char* name, const std::string& file) { return read_int32(root, name, file); }
-double root_double(hid_t root, const char* name, const std::string& file) {
-  return read_double(root, name, file);
-}
-
 DumpAttributes read_attributes(hid_t root, const std::string& file) {
-  const std::string format = read_string(root, "format", file);
+  const std::string format = root_string(root, "format", file);
   if (format != kFormatName) {
     throw InputError(file, attr_name("format"), std::string("'") + kFormatName + "'",
                      "'" + format + "'");
   }
   DumpAttributes a;
-  a.format_version = read_int32(root, "format_version", file);
+  a.format_version = root_int(root, "format_version", file);
   if (a.format_version != kFormatVersion) {
     throw InputError(file, attr_name("format_version"), std::to_string(kFormatVersion),
                      std::to_string(a.format_version));
   }
-  a.model_name = read_string(root, "model_name", file);
-  a.attention_family = read_string(root, "attention_family", file);
-  a.convention = read_string(root, "convention", file);
-  a.feature_map = read_string(root, "feature_map", file);
-  a.scale = read_double(root, "scale", file);
-  a.num_layers = read_int32(root, "num_layers", file);
-  a.num_heads = read_int32(root, "num_heads", file);
-  a.head_dim = read_int32(root, "head_dim", file);
-  a.num_tokens = read_int32(root, "num_tokens", file);
-  a.grid.height = read_int32(root, "grid_height", file);
-  a.grid.width = read_int32(root, "grid_width", file);
-  a.grid.prefix = read_int32(root, "prefix_tokens", file);
+  a.model_name = root_string(root, "model_name", file);
+  a.attention_family = root_string(root, "attention_family", file);
+  a.convention = root_string(root, "convention", file);
+  a.feature_map = root_string(root, "feature_map", file);
+  a.scale = root_double(root, "scale", file);
+  a.num_layers = root_int(root, "num_layers", file);
+  a.num_heads = root_int(root, "num_heads", file);
+  a.head_dim = root_int(root, "head_dim", file);
+  a.num_tokens = root_int(root, "num_tokens", file);
+  a.grid.height = root_int(root, "grid_height", file);
+  a.grid.width = root_int(root, "grid_width", file);
+  a.grid.prefix = root_int(root, "prefix_tokens", file);
   validate_attributes(a, file);
   return a;
 }

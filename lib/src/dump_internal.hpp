@@ -21,6 +21,13 @@ std::string layer_path(int layer, const char* name);
 /// Opens an HDF5 file read-only with the dump reader's checks and one-line errors (missing, not a
 /// regular file, not HDF5, locked, marked open for writing).
 h5::Handle open_read_only(const std::string& path);
+/// Opens the dataset `name` ("/a/b") of `file`: InputError when it is missing, another kind of
+/// object, or written with a filter this HDF5 cannot apply.
+h5::Handle open_dataset(hid_t file, const std::string& name, const std::string& path);
+/// Reads the selection `fs` of `ds` as `n` floats laid out as `ms` (IEEE half widened on the fast
+/// path, through `scratch`; `half` is h5::half_type()). Empty, or HDF5's diagnosis of a failure.
+std::string read_floats(hid_t ds, hid_t ms, hid_t fs, float* out, std::size_t n, hid_t half,
+                        std::vector<std::uint16_t>& scratch);
 
 /// One scalar root attribute (string, integer below 2^30, float); InputError naming the attribute
 /// when it is missing, not a single value or of another type. Shared with the model reader.

@@ -15,6 +15,8 @@ namespace attnscope {
 
 using dump_detail::check_finite;
 using dump_detail::layer_path;
+using dump_detail::open_dataset;
+using dump_detail::read_floats;
 
 namespace {
 
@@ -24,7 +26,11 @@ struct LayerSets {
 
 constexpr const char* kQkvLayout = "[images, heads, tokens, dim]";
 
-h5::Handle open_file(const std::string& path) {
+}  // namespace
+
+namespace dump_detail {
+
+h5::Handle open_read_only(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw InputError(path, "", "an existing file", "none");
   if (!std::filesystem::is_regular_file(path, ec)) {
@@ -63,6 +69,7 @@ h5::Handle open_file(const std::string& path) {
   return f;
 }
 
+
 /// Opens a dataset, checking it is one (a group of the same name is reported, not crashed on)
 /// and that this HDF5 can apply every filter its chunks were written with. H5Oopen and
 /// H5Iget_type have kept one signature from HDF5 1.8 to 1.14, unlike H5Oget_info*.
@@ -83,6 +90,10 @@ h5::Handle open_dataset(hid_t file, const std::string& name, const std::string& 
   }
   return d;
 }
+
+}  // namespace dump_detail
+
+namespace {
 
 DType dataset_dtype(hid_t ds, const std::string& name, const std::string& path) {
   h5::Handle t = h5::type(H5Dget_type(ds));
@@ -155,6 +166,10 @@ bool is_ieee_half(hid_t type) {
          H5Tget_ebias(type) == 15 && H5Tget_norm(type) == H5T_NORM_IMPLIED;
 }
 
+}  // namespace
+
+namespace dump_detail {
+
 /// Reads the selection `fs` of `ds` into `out` (`n` floats laid out as `ms`). IEEE half data is
 /// read with a little-endian half memory type (no conversion, or a plain byte swap) into
 /// `scratch` and widened here: HDF5's own half-to-float path is a slow soft conversion. Anything
@@ -176,6 +191,10 @@ std::string read_floats(hid_t ds, hid_t ms, hid_t fs, float* out, std::size_t n,
   for (std::size_t i = 0; i < n; ++i) out[i] = half_to_float(scratch[i]);
   return "";
 }
+
+}  // namespace dump_detail
+
+namespace {
 
 /// Where the reader's warnings go (set_dump_warning_handler).
 std::mutex warning_mutex;
@@ -215,7 +234,6 @@ std::vector<std::string> extra_layer_links(hid_t file, int num_layers) {
 
 }  // namespace
 
-h5::Handle dump_detail::open_read_only(const std::string& path) { return open_file(path); }
 
 struct DumpReader::Impl {
   h5::Handle file;  // declared first: closed last
@@ -390,7 +408,7 @@ void DumpReader::Impl::check_head(int head) const {
 DumpReader::DumpReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
   h5::quiet_hdf5();
   impl_->schema.path = path;
-  impl_->file = open_file(path);
+  impl_->file = dump_detail::open_read_only(path);
   h5::Handle root = h5::group(H5Gopen2(impl_->file.get(), "/", H5P_DEFAULT));
   impl_->schema.attrs = dump_detail::read_attributes(root.get(), path);
   impl_->schema.source_layers =

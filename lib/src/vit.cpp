@@ -21,26 +21,28 @@ std::string shape_text(const std::vector<hsize_t>& dims) {
   return s + "]";
 }
 
-/// The dataset at `path` ("/a/b", from the root) as floats, checked to have exactly `shape` and finite values.
+/// The dataset at `path` ("/a/b", from the root) as floats, checked to have exactly `shape` and
+/// finite values; opened and read as the dump reader opens and reads its datasets.
 std::vector<float> read_tensor(hid_t root, const std::string& file, const std::string& path,
                                const std::vector<hsize_t>& shape) {
-  if (!h5::exists(root, path.substr(1))) throw InputError(file, path, "a dataset of shape " + shape_text(shape), "none");
-  h5::Handle ds = h5::dataset(H5Dopen2(root, path.c_str(), H5P_DEFAULT));
-  if (!ds.valid()) throw InputError(file, path, "a readable dataset", h5::last_error());
-  h5::Handle t = h5::type(H5Dget_type(ds.get()));
+  if (!h5::exists(root, path.substr(1))) {
+    throw InputError(file, path, "a dataset of shape " + shape_text(shape), "none");
+  }
+  const h5::Handle ds = dump_detail::open_dataset(root, path, file);
+  const h5::Handle t = h5::type(H5Dget_type(ds.get()));
   if (H5Tget_class(t.get()) != H5T_FLOAT) {
     throw InputError(file, path, "float32 or float16", h5::describe_type(t.get()));
   }
   const std::vector<hsize_t> dims = h5::dims(ds.get());
   if (dims != shape) throw InputError(file, path, "shape " + shape_text(shape), shape_text(dims));
-  const std::vector<std::string> missing = h5::unavailable_filters(ds.get());
-  if (!missing.empty()) throw InputError(file, path, "filters this HDF5 can apply", missing.front());
   std::size_t n = 1;
   for (hsize_t d : dims) n *= static_cast<std::size_t>(d);
   std::vector<float> out(n);
-  if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
-    throw InputError(file, path, "a readable dataset", h5::last_error());
-  }
+  const h5::Handle half = h5::half_type();
+  std::vector<std::uint16_t> scratch;
+  const std::string why =
+      dump_detail::read_floats(ds.get(), H5S_ALL, H5S_ALL, out.data(), n, half.get(), scratch);
+  if (!why.empty()) throw InputError(file, path, "a readable dataset", why);
   for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(out[i])) {
       throw InputError(file, path, "finite values", "a non-finite value at flat index " + std::to_string(i));
@@ -71,11 +73,7 @@ ImageSet read_image_set(const std::string& path) {
   h5::Handle root = h5::group(H5Gopen2(f.get(), "/", H5P_DEFAULT));
   const hid_t r = root.get();
   if (!h5::exists(r, "images")) throw InputError(path, "/images", "a dataset [images, C, H, W]", "none");
-  std::vector<hsize_t> dims;
-  {
-    h5::Handle ds = h5::dataset(H5Dopen2(r, "images", H5P_DEFAULT));
-    dims = h5::dims(ds.get());
-  }
+  const std::vector<hsize_t> dims = h5::dims(dump_detail::open_dataset(r, "/images", path).get());
   if (dims.size() != 4 || dims[0] == 0) {
     throw InputError(path, "/images", "a dataset [images, C, H, W] with at least one image", shape_text(dims));
   }
@@ -85,7 +83,7 @@ ImageSet read_image_set(const std::string& path) {
   set.images = Eigen::Map<const MatF>(v.data(), n, static_cast<Eigen::Index>(dims[1] * dims[2] * dims[3]));
   set.shape = {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])};
   if (h5::exists(r, "labels")) {
-    h5::Handle ds = h5::dataset(H5Dopen2(r, "labels", H5P_DEFAULT));
+    const h5::Handle ds = dump_detail::open_dataset(r, "/labels", path);
     h5::Handle t = h5::type(H5Dget_type(ds.get()));
     if (H5Tget_class(t.get()) != H5T_INTEGER) throw InputError(path, "/labels", "integers", h5::describe_type(t.get()));
     if (h5::dims(ds.get()) != std::vector<hsize_t>{dims[0]}) {
