@@ -216,8 +216,7 @@ std::vector<std::string> linear_form_specs() {
   std::vector<std::string> out;
   for (const AttentionFamily* family : all_families()) {
     if (!family->kernel()) continue;
-    const std::string map = family->map_rule() == MapRule::Required ? ":relu" : "";
-    for (const char* convention : {"@paper", "@code"}) out.push_back(std::string(family->name()) + map + convention);
+    for (const char* convention : {"@paper", "@code"}) out.push_back(example_spec(*family) + convention);
   }
   return out;
 }

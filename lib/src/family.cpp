@@ -25,6 +25,10 @@ const std::vector<const AttentionFamily*>& all_families() {
   return list;
 }
 
+std::string example_spec(const AttentionFamily& family) {
+  return std::string(family.name()) + (family.map_rule() == MapRule::Required ? ":relu" : "");
+}
+
 std::string known_families() {
   std::string out;
   for (const AttentionFamily* f : all_families()) {

@@ -81,8 +81,7 @@ TEST(CensusCollector, MatchesPlainCountsOfTheReference) {
   // Every family of the registry (its default map, relu where it needs one) as well.
   std::string every_family;
   for (const AttentionFamily* f : all_families()) {
-    every_family += (every_family.empty() ? "" : ",") + std::string(f->name()) +
-                    (f->map_rule() == MapRule::Required ? ":relu" : "");
+    every_family += (every_family.empty() ? "" : ",") + example_spec(*f);
   }
   for (const std::string& specs : {std::string("inline,mala"), std::string("inline@code,mala:elu1@code"),
                                    std::string("mala:relu"), every_family}) {

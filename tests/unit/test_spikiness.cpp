@@ -145,7 +145,7 @@ std::vector<std::string> sweep_variants() {
   std::vector<std::string> out{"linear:elu1",     "inline@code",    "mala:elu1@code",
                                "linear:identity", "mala:relu@code", "linear:focused=3"};
   for (const AttentionFamily* family : all_families()) {
-    out.push_back(std::string(family->name()) + (family->map_rule() == MapRule::Required ? ":relu" : ""));
+    out.push_back(example_spec(*family));
   }
   return out;
 }

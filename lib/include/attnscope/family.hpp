@@ -104,6 +104,10 @@ class KernelFamily : public AttentionFamily {
 /// degenerate when S is zero or below kTinyDenominator * magnitude.
 [[nodiscard]] RowForm normalised_row(double S, int n_kept, double magnitude);
 
+/// The family's shortest spec that names a variant: its name, with ":relu" where it requires a
+/// map ("softmax", "linear:relu", "mala"); what verify and the generic tests run by default.
+[[nodiscard]] std::string example_spec(const AttentionFamily& family);
+
 /// Every family of this build, in a fixed order.
 [[nodiscard]] const std::vector<const AttentionFamily*>& all_families();
 /// The family of that spec name; UsageError listing the known ones otherwise.

@@ -120,12 +120,12 @@ CheckRow check_mala_eq22(std::uint64_t seed, int trials, const CheckInputs& in =
 /// p_m < p. Passes when such a counterexample is found (margin: p - p_m).
 CheckRow check_mala_eq22_counterexample(std::uint64_t seed, int trials, const CheckInputs& in = {});
 
+/// The specs verify checks the linear-form identity on: every kernel family of the registry
+/// (family.hpp) as example_spec() names it, paper and code.
+[[nodiscard]] std::vector<std::string> linear_form_specs();
 /// Linear-time outputs (InLine eq. 5, MALA eq. 13) equal the explicit W V, on awkward sizes
 /// (N = 1, 2, 50, 197; d = 1, 7, 64); error relative to (|Z| |M|) |V| entry by entry, with
 /// W = Z M the library's low-rank form: the size of the terms the linear-time form adds.
-/// The specs verify checks the linear-form identity on: every kernel family of the registry
-/// (family.hpp) with its default map (relu where one is required), paper and code.
-[[nodiscard]] std::vector<std::string> linear_form_specs();
 CheckRow check_linear_form(const std::string& variant, std::uint64_t seed, int trials,
                            const CheckInputs& in = {});
 
