@@ -3,6 +3,7 @@
 
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/seed.hpp"
 #include "attnscope/text.hpp"
 
 #include <algorithm>
@@ -53,17 +54,9 @@ Mask build_mask(const MaskSpec& spec, const TokenGrid& grid, std::uint64_t seed)
 }
 
 std::uint64_t mask_seed(std::uint64_t seed, int image, int layer, int head) {
-  // splitmix64 over the seed and the head's coordinates: independent draws per head, the same
-  // for every family.
-  std::uint64_t x = seed;
-  for (const auto part : {static_cast<std::uint64_t>(image), static_cast<std::uint64_t>(layer),
-                          static_cast<std::uint64_t>(head)}) {
-    x += 0x9E3779B97F4A7C15ULL + part;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    x ^= x >> 31;
-  }
-  return x;
+  // Independent draws per head, the same for every family.
+  return mix_seed(seed, {static_cast<std::uint64_t>(image), static_cast<std::uint64_t>(layer),
+                         static_cast<std::uint64_t>(head)});
 }
 
 void MaskCell::merge(const MaskCell& o) {

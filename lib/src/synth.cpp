@@ -1,12 +1,10 @@
 // Synthetic dumps with planted structure (see synth.hpp for the model).
 #include "attnscope/synth.hpp"
 
-#include "attnscope/family.hpp"
-
-#include "attnscope/family.hpp"
-
 #include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
 #include "attnscope/parallel.hpp"
+#include "attnscope/seed.hpp"
 #include "dump_internal.hpp"
 #include "normal_draws.hpp"
 
@@ -24,19 +22,11 @@ constexpr double kLocalBonus = 3.0;      // s * q.k gained by a key at the query
 constexpr double kHyperplaneNorm = 0.5;  // |x|: keys lie at distance 1/|x| = 2 from the origin
 constexpr long long kMaxTokens = 1 << 24;  // keeps every token count and index inside int
 
-/// splitmix64 finaliser: spreads (seed, stream, indices) into independent generator seeds.
-std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 enum Stream : std::uint64_t { kModel = 1, kData = 2, kPlant = 3 };
 
 std::uint64_t stream_seed(std::uint64_t seed, Stream s, std::initializer_list<int> idx) {
-  std::uint64_t h = mix(seed, s);
-  for (int i : idx) h = mix(h, static_cast<std::uint64_t>(i));
+  std::uint64_t h = mix_seed(seed, s);
+  for (int i : idx) h = mix_seed(h, static_cast<std::uint64_t>(i));
   return h;
 }
 
