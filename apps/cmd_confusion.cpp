@@ -1,6 +1,7 @@
 // attnscope confusion: counts confused query pairs per image, layer and head (InLine Fig. 2).
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/confusion.hpp"
@@ -19,6 +20,7 @@ struct ConfusionFlags {
   SelectionFlags sel;
   analyses::ConfusionOptions opt;
   bool reference = false;
+  RunControl control;
 };
 
 po::options_description confusion_options(ConfusionFlags& f) {
@@ -36,7 +38,40 @@ po::options_description confusion_options(ConfusionFlags& f) {
        "brute force over every pair in double (slow; for checks and benchmarks)");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
   return d;
+}
+
+/// An image's record: per variant, the four counts of every head slot in a row.
+nlohmann::json to_record(const analyses::ConfusionImage& img) {
+  nlohmann::json r = nlohmann::json::array();
+  for (const auto& heads : img.heads) {
+    std::vector<std::int64_t> flat;
+    flat.reserve(4 * heads.size());
+    for (const auto& h : heads) {
+      flat.insert(flat.end(), {h.pairs, h.degenerate_rows, h.degenerate_pairs, h.candidates});
+    }
+    r.push_back(std::move(flat));
+  }
+  return r;
+}
+
+analyses::ConfusionImage from_record(int image, const nlohmann::json& r) {
+  analyses::ConfusionImage img;
+  img.image = image;
+  for (const auto& v : r) {
+    const auto flat = v.get<std::vector<std::int64_t>>();
+    if (flat.size() % 4 != 0) throw Error("confusion: a malformed record of image " + std::to_string(image));
+    std::vector<analyses::HeadConfusion> heads(flat.size() / 4);
+    for (std::size_t s = 0; s < heads.size(); ++s) {
+      heads[s].pairs = flat[4 * s];
+      heads[s].degenerate_rows = static_cast<int>(flat[4 * s + 1]);
+      heads[s].degenerate_pairs = flat[4 * s + 2];
+      heads[s].candidates = flat[4 * s + 3];
+    }
+    img.heads.push_back(std::move(heads));
+  }
+  return img;
 }
 
 void write_per_head(ResultSet& set, const analyses::ConfusionResult& r) {
@@ -110,54 +145,77 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
-  ResultSet set(dir, "confusion.json");
-  ResultFile per_image(set, "confusion_per_image.csv");
-  per_image.stream() << "variant,image,count,degenerate_pairs\n";
-  Progress progress("confusion", sel.images.size());
+  ImageRun run(f.control, "confusion", args, dir,
+               run_fingerprint("confusion", {f.common.dump}, meta.params()), sel.images);
   ImageTimer timer;
-  auto on_image = [&](int image, const std::vector<std::int64_t>& counts,
-                      const std::vector<std::int64_t>& degenerate_pairs) {
-    for (std::size_t v = 0; v < variants.size(); ++v) {
-      per_image.stream() << variants[v].name() << "," << image << "," << counts[v] << ","
-                         << degenerate_pairs[v] << "\n";
-    }
-    timer.tick();
-    progress.tick();
-  };
-  analyses::ConfusionResult r = analyses::run_confusion(reader, sel, variants, f.opt, f.reference, on_image);
-  for (auto& heads : r.per_head) report_model_layers(heads, schema);
-  progress.finish();
-  std::int64_t degenerate = 0, slots = 0;
-  for (const auto& heads : r.per_head) {
-    slots += static_cast<std::int64_t>(heads.size());
-    for (const auto& h : heads) degenerate += h.degenerate_rows;
-  }
-  require_measured_rows(r.images * slots * schema.attrs.num_tokens - degenerate,
-                        "no pair can be compared");
-  per_image.close();
-  write_per_head(set, r);
-  write_histogram(set, r);
-  nlohmann::json hist = nlohmann::json::object(), hist_degenerate = nlohmann::json::object();
-  nlohmann::json pairs_degenerate = nlohmann::json::object();
+  run.compute([&] {
+    analyses::Selection part = sel;
+    part.images = run.pending();
+    Progress progress("confusion", part.images.size());
+    analyses::confusion_images(reader, part, variants, f.opt, f.reference,
+                               [&](analyses::ConfusionImage&& img) {
+                                 run.record(img.image, to_record(img));
+                                 timer.tick();
+                                 progress.tick();
+                               });
+    progress.finish();
+  });
+
+  analyses::ConfusionTotals totals(variants, sel);
   std::vector<std::int64_t> degenerate_pairs(variants.size(), 0);
-  for (std::size_t v = 0; v < variants.size(); ++v) {
-    for (const auto& h : r.per_head[v]) degenerate_pairs[v] += h.degenerate_pairs;
-    hist[variants[v].name()] = r.histogram[v];
-    hist_degenerate[variants[v].name()] = r.histogram_with_degenerate[v];
-    pairs_degenerate[variants[v].name()] = degenerate_pairs[v];
-  }
-  meta.results() = {{"images", r.images}, {"histogram", hist},
-                    {"histogram_with_degenerate_pairs", hist_degenerate},
-                    {"degenerate_pairs", pairs_degenerate}, {"candidates", r.candidates},
-                    {"ms_per_image", timer.summary()}};
-  meta.publish(set);
+  std::unique_ptr<ResultSet> set;
+  std::unique_ptr<ResultFile> per_image;
+  auto open_set = [&] {
+    if (set) return;
+    set = std::make_unique<ResultSet>(dir, "confusion.json");
+    per_image = std::make_unique<ResultFile>(*set, "confusion_per_image.csv");
+    per_image->stream() << "variant,image,count,degenerate_pairs\n";
+  };
+  auto apply = [&](int image, const nlohmann::json& rec) {
+    open_set();
+    const auto [counts, pairs] = totals.add(from_record(image, rec));
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      per_image->stream() << variants[v].name() << "," << image << "," << counts[v] << ","
+                          << pairs[v] << "\n";
+    }
+  };
+  auto publish = [&] {
+    analyses::ConfusionResult& r = totals.result();
+    for (auto& heads : r.per_head) report_model_layers(heads, schema);
+    std::int64_t degenerate = 0, slots = 0;
+    for (const auto& heads : r.per_head) {
+      slots += static_cast<std::int64_t>(heads.size());
+      for (const auto& h : heads) degenerate += h.degenerate_rows;
+    }
+    require_measured_rows(r.images * slots * schema.attrs.num_tokens - degenerate,
+                          "no pair can be compared");
+    open_set();
+    per_image->close();
+    write_per_head(*set, r);
+    write_histogram(*set, r);
+    nlohmann::json hist = nlohmann::json::object(), hist_degenerate = nlohmann::json::object();
+    nlohmann::json pairs_degenerate = nlohmann::json::object();
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      for (const auto& h : r.per_head[v]) degenerate_pairs[v] += h.degenerate_pairs;
+      hist[variants[v].name()] = r.histogram[v];
+      hist_degenerate[variants[v].name()] = r.histogram_with_degenerate[v];
+      pairs_degenerate[variants[v].name()] = degenerate_pairs[v];
+    }
+    meta.results() = {{"images", r.images}, {"histogram", hist},
+                      {"histogram_with_degenerate_pairs", hist_degenerate},
+                      {"degenerate_pairs", pairs_degenerate}, {"candidates", r.candidates},
+                      {"ms_per_image", timer.summary()}};
+    meta.publish(*set);
+  };
+  if (!run.finish(apply, publish)) return 0;
+  const analyses::ConfusionResult& r = totals.result();
   print_summary(r, degenerate_pairs);
   return 0;
 }
 
 const CommandRegistration kRegistration{
     {"confusion", "count confused query pairs (rows within --eps) per image, layer and head",
-     run_confusion_cmd}};
+     run_confusion_cmd, true}};
 
 }  // namespace
 }  // namespace attnscope::app

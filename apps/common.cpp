@@ -1,6 +1,7 @@
 // The shared pieces of every subcommand: flags, error handling, atomic result files, metadata and
 // the progress bar.
 #include "common.hpp"
+#include "mpi_world.hpp"
 
 #include "attnscope/error.hpp"
 #include "attnscope/text.hpp"
@@ -213,7 +214,13 @@ std::string one_line(std::string s) {
 }
 
 int report(const std::string& command, const std::string& what, int code) {
-  std::cerr << "attnscope " << command << ": " << one_line(what) << std::endl;
+  // Under MPI every rank meets the same flag and input errors: rank 0 alone says so.
+  if (mpi::rank() != 0 && code == kExitUsage) return code;
+  std::cerr << "attnscope " << command << ": "
+            << (mpi::size() > 1 && mpi::rank() != 0
+                    ? "rank " + std::to_string(mpi::rank()) + " of " + std::to_string(mpi::size()) + ": "
+                    : std::string())
+            << one_line(what) << std::endl;
   return code;
 }
 
@@ -222,6 +229,9 @@ int report(const std::string& command, const std::string& what, int code) {
 int run_guarded(const std::string& command, const std::function<int()>& body) {
   try {
     return body();
+  } catch (const CodedExit& e) {
+    if (std::string(e.what()).empty()) return e.code();
+    return report(command, e.what(), e.code());
   } catch (const UsageError& e) {
     return report(command, e.what(), kExitUsage);
   } catch (const NothingToMeasure& e) {

@@ -38,6 +38,17 @@ class NothingToMeasure : public Error {
   using Error::Error;
 };
 
+/// Ends a run with a given exit code and message (one line on stderr; nothing when the message is
+/// empty: another process of the run reports it, see image_run.hpp).
+class CodedExit : public Error {
+ public:
+  CodedExit(int code, const std::string& message) : Error(message), code_(code) {}
+  [[nodiscard]] int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
 /// Throws NothingToMeasure ("no valid queries: every attention row of the selection is
 /// degenerate ..., so <consequence>") when not one row of the run could be measured.
 void require_measured_rows(std::int64_t measured, const std::string& consequence);

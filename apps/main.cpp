@@ -2,6 +2,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "interrupt.hpp"
+#include "mpi_world.hpp"
 
 #include <hdf5.h>
 
@@ -47,6 +48,12 @@ int main(int argc, char** argv) {
   }
   if (name == "--version") {
     std::cout << "attnscope " << ATTNSCOPE_VERSION << "\n";
+    std::cout << "mpi: " << (mpi::built_with_mpi() ? "yes" : "no") << "\n";
+#ifdef ATTNSCOPE_HAVE_CUDA
+    std::cout << "cuda: yes\n";
+#else
+    std::cout << "cuda: no\n";
+#endif
     return 0;
   }
   auto it = command_table().find(name);
@@ -54,10 +61,27 @@ int main(int argc, char** argv) {
     std::cerr << "attnscope: unknown command '" << name << "' (see attnscope --help)\n";
     return 2;
   }
+  // Signals are blocked before MPI starts its threads, which inherit the mask.
   install_interrupt_cleanup(it->second.name);
+  try {
+    mpi::init(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "attnscope " << name << ": " << e.what() << "\n";
+    return 2;
+  }
+  if (mpi::size() > 1 && !it->second.over_images) {
+    if (mpi::root()) {
+      std::cerr << "attnscope " << name << ": runs as one process, not over " << mpi::size()
+                << " MPI ranks (only the analyses over a dump's images split over ranks)\n";
+    }
+    mpi::finalize();
+    return 2;
+  }
   command_line().assign(argv, argv + argc);
   std::vector<std::string> args(argv + 2, argv + argc);
   attnscope::set_dump_warning_handler(
       [&name](const std::string& m) { std::cerr << "attnscope " << name << ": warning: " << m << "\n"; });
-  return run_guarded(it->second.name, [&] { return it->second.run(args); });
+  const int rc = run_guarded(it->second.name, [&] { return it->second.run(args); });
+  mpi::finalize();
+  return rc;
 }

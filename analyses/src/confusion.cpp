@@ -156,65 +156,93 @@ const std::array<std::string, kConfusionBins>& confusion_bin_labels() {
   return labels;
 }
 
-ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
-                              const std::vector<Variant>& variants, const ConfusionOptions& opt,
-                              bool reference, const ConfusionImageFn& per_image) {
-  const DumpSchema& schema = reader.schema();
-  const double scale = schema.attrs.scale;
+ConfusionTotals::ConfusionTotals(const std::vector<Variant>& variants, const Selection& resolved) {
   const std::size_t nv = variants.size(), nh = resolved.heads.size();
   const std::size_t slots = resolved.layers.size() * nh;
-  ConfusionResult res;
-  res.variants = variants;
-  res.per_head.assign(nv, std::vector<ConfusionHeadTotal>(slots));
-  res.histogram.assign(nv, {});
-  res.histogram_with_degenerate.assign(nv, {});
-  for (auto& heads : res.per_head) {
+  res_.variants = variants;
+  res_.per_head.assign(nv, std::vector<ConfusionHeadTotal>(slots));
+  res_.histogram.assign(nv, {});
+  res_.histogram_with_degenerate.assign(nv, {});
+  for (auto& heads : res_.per_head) {
     for (std::size_t s = 0; s < slots; ++s) {
       heads[s].layer = resolved.layers[s / nh];
       heads[s].head = resolved.heads[s % nh];
     }
   }
+}
+
+std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> ConfusionTotals::add(
+    const ConfusionImage& img) {
+  const std::size_t nv = res_.variants.size();
+  if (img.heads.size() != nv) throw Error("confusion: an image's counts do not match the variants");
+  std::vector<std::int64_t> totals(nv, 0), degenerate_pairs(nv, 0);
+  for (std::size_t vi = 0; vi < nv; ++vi) {
+    if (img.heads[vi].size() != res_.per_head[vi].size()) {
+      throw Error("confusion: an image's counts do not match the selection's heads");
+    }
+    for (std::size_t s = 0; s < img.heads[vi].size(); ++s) {
+      const HeadConfusion& h = img.heads[vi][s];
+      totals[vi] += h.pairs;
+      degenerate_pairs[vi] += h.degenerate_pairs;
+      res_.per_head[vi][s].count += h.pairs;
+      res_.per_head[vi][s].degenerate_rows += h.degenerate_rows;
+      res_.per_head[vi][s].degenerate_pairs += h.degenerate_pairs;
+      res_.candidates += h.candidates;
+    }
+    ++res_.histogram[vi][static_cast<std::size_t>(confusion_bin(totals[vi]))];
+    ++res_.histogram_with_degenerate[vi][static_cast<std::size_t>(
+        confusion_bin(totals[vi] + degenerate_pairs[vi]))];
+  }
+  ++res_.images;
+  return {std::move(totals), std::move(degenerate_pairs)};
+}
+
+void confusion_images(DumpReader& reader, const Selection& resolved,
+                      const std::vector<Variant>& variants, const ConfusionOptions& opt,
+                      bool reference, const std::function<void(ConfusionImage&&)>& sink) {
+  const DumpSchema& schema = reader.schema();
+  const double scale = schema.attrs.scale;
+  const std::size_t nv = variants.size(), nh = resolved.heads.size();
+  const std::size_t slots = resolved.layers.size() * nh;
   // Slot of a (layer, head) in the per-head tables.
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
   std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
   for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
 
-  std::vector<std::vector<HeadConfusion>> image_heads(nv, std::vector<HeadConfusion>(slots));
+  ConfusionImage current;
+  current.heads.assign(nv, std::vector<HeadConfusion>(slots));
   auto on_head = [&](const HeadView& hv) {
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     const MatF& raw = hv.q_raw ? *hv.q_raw : hv.q;
     for (std::size_t vi = 0; vi < nv; ++vi) {
-      image_heads[vi][s] = in_head(hv.image, hv.layer, hv.head, [&] {
+      current.heads[vi][s] = in_head(hv.image, hv.layer, hv.head, [&] {
         return reference ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt)
                          : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt);
       });
     }
   };
   auto on_image = [&](int image) {
-    std::vector<std::int64_t> totals(nv, 0), degenerate_pairs(nv, 0);
-    for (std::size_t vi = 0; vi < nv; ++vi) {
-      for (std::size_t s = 0; s < slots; ++s) {
-        const HeadConfusion& h = image_heads[vi][s];
-        totals[vi] += h.pairs;
-        degenerate_pairs[vi] += h.degenerate_pairs;
-        res.per_head[vi][s].count += h.pairs;
-        res.per_head[vi][s].degenerate_rows += h.degenerate_rows;
-        res.per_head[vi][s].degenerate_pairs += h.degenerate_pairs;
-        res.candidates += h.candidates;
-      }
-      ++res.histogram[vi][static_cast<std::size_t>(confusion_bin(totals[vi]))];
-      ++res.histogram_with_degenerate[vi][static_cast<std::size_t>(
-          confusion_bin(totals[vi] + degenerate_pairs[vi]))];
-    }
-    ++res.images;
-    if (per_image) per_image(image, totals, degenerate_pairs);
+    ConfusionImage done;
+    done.image = image;
+    done.heads = current.heads;
+    sink(std::move(done));
   };
   Selection without_v = resolved;  // confusion compares attention weights only: V is not read
   without_v.need_v = false;
   for_each_head(reader, without_v, on_head, on_image);
-  return res;
+}
+
+ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
+                              const std::vector<Variant>& variants, const ConfusionOptions& opt,
+                              bool reference, const ConfusionImageFn& per_image) {
+  ConfusionTotals totals(variants, resolved);
+  confusion_images(reader, resolved, variants, opt, reference, [&](ConfusionImage&& img) {
+    auto [counts, degenerate_pairs] = totals.add(img);
+    if (per_image) per_image(img.image, counts, degenerate_pairs);
+  });
+  return totals.result();
 }
 
 }  // namespace attnscope::analyses

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attnscope::analyses {
@@ -120,12 +121,39 @@ struct ConfusionResult {
   std::int64_t candidates = 0;  ///< summed over everything (search statistics)
 };
 
+/// One image's counts, per variant and per (layer, head) slot of the selection (slot =
+/// layer slot * heads + head slot, the order of ConfusionResult::per_head).
+struct ConfusionImage {
+  int image = 0;
+  std::vector<std::vector<HeadConfusion>> heads;  ///< [variant][slot]
+};
+
+/// Streams the selection of a dump, calling `sink` after each image, in the selection's order.
+/// `reference` switches every head to the brute force.
+void confusion_images(DumpReader& reader, const Selection& resolved,
+                      const std::vector<Variant>& variants, const ConfusionOptions& opt,
+                      bool reference, const std::function<void(ConfusionImage&&)>& sink);
+
+/// Sums images into a ConfusionResult. Every total is a sum of integers, so the result does not
+/// depend on how the images were split; add() them in the selection's order all the same.
+class ConfusionTotals {
+ public:
+  ConfusionTotals(const std::vector<Variant>& variants, const Selection& resolved);
+  /// Adds one image; returns its total count and degenerate pairs per variant.
+  std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> add(const ConfusionImage& img);
+  [[nodiscard]] const ConfusionResult& result() const { return res_; }
+  [[nodiscard]] ConfusionResult& result() { return res_; }
+
+ private:
+  ConfusionResult res_;
+};
+
 /// Per-image callback: image index, its total count and its total degenerate pairs per variant
 /// (same order as variants).
 using ConfusionImageFn = std::function<void(int image, const std::vector<std::int64_t>& counts,
                                             const std::vector<std::int64_t>& degenerate_pairs)>;
 
-/// Streams the selection of a dump. `reference` switches every head to the brute force.
+/// Streams the selection of a dump and sums it (confusion_images + ConfusionTotals).
 ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
                               const std::vector<Variant>& variants, const ConfusionOptions& opt,
                               bool reference, const ConfusionImageFn& per_image);
