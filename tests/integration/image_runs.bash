@@ -15,6 +15,7 @@
 image_runs_mpirun() {
   command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (the README's commands install openmpi-bin)"; exit 1; }
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none \
     mpirun --oversubscribe "$@"
 }
 
