@@ -136,11 +136,12 @@ std::pair<int, std::string> classify(std::exception_ptr ep) {
 
 /// Under MPI with several ranks: shares the outcome of a step every rank took, and throws on
 /// every rank when one failed (rank 0 with that rank's message, the others silently). With one
-/// rank, rethrows the step's own exception.
-void settle(std::exception_ptr ep) {
+/// rank, rethrows the step's own exception. Before throwing, calls on_fail with the exit code.
+void settle(std::exception_ptr ep, const std::function<void(int code)>& on_fail = {}) {
   if (mpi::size() == 1) {
-    if (ep) std::rethrow_exception(ep);
-    return;
+    if (!ep) return;
+    if (on_fail) on_fail(classify(ep).first);
+    std::rethrow_exception(ep);
   }
   std::pair<int, std::string> mine{0, ""};
   if (ep) {
@@ -149,7 +150,9 @@ void settle(std::exception_ptr ep) {
   }
   const mpi::Outcome o = mpi::agree(mine.second, mine.first);
   if (o.message.empty()) return;
-  throw CodedExit(o.code == 0 ? kExitInput : o.code, mpi::root() ? o.message : "");
+  const int code = o.code == 0 ? kExitInput : o.code;
+  if (on_fail) on_fail(code);
+  throw CodedExit(code, mpi::root() ? o.message : "");
 }
 
 }  // namespace
@@ -225,6 +228,13 @@ struct ImageRun::Impl {
                   std::to_string(want) + "'s: the journal does not belong to this run");
     }
     return want;
+  }
+
+  /// A failed run keeps its journal, so that --resume continues it (after a full disk, a lost
+  /// node, an interrupt), unless it holds no record, or the run failed for want of anything to
+  /// measure: then every record is in and running again fails again.
+  void keep_journal_after_failure(int code) {
+    if (journal && (recorded == 0 || code == kExitNothingToMeasure)) journal->remove();
   }
 
   void apply_journal(const fs::path& p, Block b, bool check_header, const ApplyFn& apply) {
@@ -333,7 +343,7 @@ void ImageRun::compute(const std::function<void()>& fn) {
   } catch (...) {
     ep = std::current_exception();
   }
-  settle(ep);
+  settle(ep, [this](int code) { impl_->keep_journal_after_failure(code); });
 }
 
 void ImageRun::record(int image, const json& rec) {
@@ -451,7 +461,7 @@ bool ImageRun::finish(const ApplyFn& apply, const std::function<void()>& publish
     });
     mpi::send_bytes(0, {});  // the end of this rank's records, sent whatever happened
   }
-  settle(ep);
+  settle(ep, [&m](int code) { m.keep_journal_after_failure(code); });
   m.journal->remove();
   return mpi::root() && !m.shard_mode;
 }

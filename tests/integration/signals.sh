@@ -1,5 +1,6 @@
 # SIGINT, SIGTERM and SIGHUP: the command removes its temporary files and folders, prints one line
-# and exits with 128 + the signal number; the older result set stays as it was. A signal during
+# and exits with 128 + the signal number; the older result set stays as it was, and the journal
+# of the images done stays for --resume. A signal during
 # publishing waits until the new set is complete. A signal ignored at start stays ignored.
 source "$(dirname "${BASH_SOURCE[0]}")/result_checks.bash"
 
@@ -20,6 +21,8 @@ wait_for() {
   echo "FAIL: timed out waiting for $what"; exit 1
 }
 staging_exists() { [ -n "$(find "$1" -maxdepth 1 -name '.attnscope-tmp-*' -print -quit)" ]; }
+# A run over images journals each image as it finishes: signalled mid-run once one is in.
+journal_started() { [ "$(stat -c %s "$1/.attnscope-partial/confusion.journal" 2>/dev/null || echo 0)" -gt 400 ]; }
 said() { grep -q "$1" "$WORK/err.txt"; }
 
 # interrupted SIGNAL CODE: run SLOW, signal it once its staging folder exists, check the outcome.
@@ -29,7 +32,7 @@ interrupted() {
   "$ATTNSCOPE" "${SLOW[@]}" >"$WORK/out.txt" 2>"$WORK/err.txt" &
   local pid=$!
   set +m
-  wait_for "the staging folder" staging_exists r
+  wait_for "the first journaled image" journal_started r
   kill -s "$sig" "$pid"
   wait "$pid" || rc=$?
   if [ "$rc" -ne "$code" ]; then echo "FAIL: $sig: exit $rc, expected $code"; cat "$WORK/err.txt"; exit 1; fi
@@ -40,10 +43,22 @@ interrupted() {
   expect_no_temp r
   [ "$(snapshot r)" = "$before" ] || { echo "FAIL: $sig changed the older results"; exit 1; }
   set_ok r/confusion.json
+  [ -f r/.attnscope-partial/confusion.journal ] || { echo "FAIL: $sig: no journal kept"; exit 1; }
 }
 interrupted SIGTERM 143
+# --resume continues the interrupted run and ends with the set of an uninterrupted one.
+expect_ok "$ATTNSCOPE" "${SLOW[@]}" --resume
+set_ok r/confusion.json
+expect_ok "$ATTNSCOPE" "${SLOW[@]/#r/r-plain}"
+for f in confusion_per_image.csv confusion_per_head.csv confusion_histogram.csv; do
+  cmp r/$f r-plain/$f || { echo "FAIL: the resumed run's $f differs"; exit 1; }
+done
+expect_ok "$ATTNSCOPE" "${OLD[@]}"
+before=$(snapshot r)
 interrupted SIGINT 130
+rm -r r/.attnscope-partial  # each run below starts afresh (without --resume it would say so)
 interrupted SIGHUP 129
+rm -r r/.attnscope-partial
 
 # Every file staged, nothing published yet (the hook pauses 3 s at step 0): SIGTERM publishes
 # nothing.
