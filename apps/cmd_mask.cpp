@@ -80,12 +80,12 @@ std::vector<analyses::MaskCell> from_record(int image, const nlohmann::json& r) 
   const auto empty = r.at("empty_rows").get<std::vector<long long>>();
   const auto degenerate = r.at("degenerate_rows").get<std::vector<long long>>();
   const std::size_t n = queries.size();
+  bool ok = change.is_array();
   for (std::size_t size : {change.size(), mean.size(), m2.size(), min.size(), max.size(),
                            empty.size(), degenerate.size()}) {
-    if (!change.is_array() || size != n) {
-      throw Error("mask: a malformed record of image " + std::to_string(image));
-    }
+    ok = ok && size == n;
   }
+  if (!ok) throw Error("mask: a malformed record of image " + std::to_string(image));
   std::vector<analyses::MaskCell> cells(n);
   for (std::size_t i = 0; i < n; ++i) {
     analyses::MaskCell& c = cells[i];
