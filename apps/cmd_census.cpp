@@ -2,6 +2,7 @@
 // smallest weight, and how many rows fail to sum to 1.
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/census.hpp"
@@ -18,6 +19,7 @@ struct CensusFlags {
   CommonOptions common;
   SelectionFlags sel;
   double sum_tol = analyses::kDefaultSumTolerance;
+  RunControl control;
 };
 
 po::options_description census_options(CensusFlags& f) {
@@ -35,7 +37,60 @@ po::options_description census_options(CensusFlags& f) {
                   po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
                   "a row fails to sum to 1 when |sum - 1| > T");
   add_threads_option(d, f.common);
+  add_run_control_options(d, f.control);
   return d;
+}
+
+/// An image's record: its census cells (in the collector's order), one array per field.
+nlohmann::json to_record(const std::vector<analyses::CensusCell>& cells) {
+  std::vector<long long> rows, weights, negative, zero, not_summing, degenerate;
+  std::vector<double> most_negative, max_error;
+  for (const auto& c : cells) {
+    rows.push_back(c.rows);
+    weights.push_back(c.weights);
+    negative.push_back(c.negative);
+    zero.push_back(c.zero);
+    most_negative.push_back(c.most_negative);
+    not_summing.push_back(c.rows_not_summing_to_one);
+    max_error.push_back(c.max_row_sum_error);
+    degenerate.push_back(c.degenerate_rows);
+  }
+  return {{"rows", rows},
+          {"weights", weights},
+          {"negative", negative},
+          {"zero", zero},
+          {"most_negative", most_negative},
+          {"rows_not_summing_to_one", not_summing},
+          {"max_row_sum_error", max_error},
+          {"degenerate_rows", degenerate}};
+}
+
+std::vector<analyses::CensusCell> from_record(int image, const nlohmann::json& r) {
+  const auto rows = r.at("rows").get<std::vector<long long>>();
+  const auto weights = r.at("weights").get<std::vector<long long>>();
+  const auto negative = r.at("negative").get<std::vector<long long>>();
+  const auto zero = r.at("zero").get<std::vector<long long>>();
+  const auto most_negative = r.at("most_negative").get<std::vector<double>>();
+  const auto not_summing = r.at("rows_not_summing_to_one").get<std::vector<long long>>();
+  const auto max_error = r.at("max_row_sum_error").get<std::vector<double>>();
+  const auto degenerate = r.at("degenerate_rows").get<std::vector<long long>>();
+  const std::size_t n = rows.size();
+  for (std::size_t size : {weights.size(), negative.size(), zero.size(), most_negative.size(),
+                           not_summing.size(), max_error.size(), degenerate.size()}) {
+    if (size != n) throw Error("census: a malformed record of image " + std::to_string(image));
+  }
+  std::vector<analyses::CensusCell> cells(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    cells[i].rows = rows[i];
+    cells[i].weights = weights[i];
+    cells[i].negative = negative[i];
+    cells[i].zero = zero[i];
+    cells[i].most_negative = most_negative[i];
+    cells[i].rows_not_summing_to_one = not_summing[i];
+    cells[i].max_row_sum_error = max_error[i];
+    cells[i].degenerate_rows = degenerate[i];
+  }
+  return cells;
 }
 
 void write_csv(ResultSet& set, const std::vector<analyses::CensusCell>& cells) {
@@ -113,7 +168,6 @@ int run_census_cmd(const std::vector<std::string>& args) {
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
-  ResultSet set(dir, "census.json");
   RunMetadata meta("census");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)},
@@ -123,29 +177,44 @@ int run_census_cmd(const std::vector<std::string>& args) {
                    {"heads", sel.heads},
                    {"precision", "double"},
                    {"threads", threads}};
-  Progress progress("census", sel.images.size());
-  analyses::for_each_head(
-      reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },
-      [&](int) { progress.tick(); });
-  progress.finish();
-  auto cells = collector.cells();
-  long long rows = 0;
-  for (const auto& c : cells) rows += c.rows;
-  require_measured_rows(rows, "there are no weights to count");
-  report_model_layers(cells, schema);
-  write_csv(set, cells);
-  const auto ts = totals(variants, cells);
-  nlohmann::json jt = nlohmann::json::array();
-  for (const auto& t : ts) jt.push_back(to_json(t));
-  meta.results() = {{"totals", jt}};
-  meta.publish(set);
+  ImageRun run(f.control, "census", args, dir,
+               run_fingerprint("census", {f.common.dump}, meta.params()), sel.images);
+  run.compute([&] {
+    analyses::Selection part = sel;
+    part.images = run.pending();
+    Progress progress("census", part.images.size());
+    analyses::census_images(reader, part, variants, schema.attrs.scale, f.sum_tol,
+                            [&](int image, std::vector<analyses::CensusCell>&& cells) {
+                              run.record(image, to_record(cells));
+                              progress.tick();
+                            });
+    progress.finish();
+  });
+
+  auto apply = [&](int image, const nlohmann::json& rec) { collector.add(from_record(image, rec)); };
+  std::vector<analyses::CensusCell> ts;
+  auto publish = [&] {
+    auto cells = collector.cells();
+    long long rows = 0;
+    for (const auto& c : cells) rows += c.rows;
+    require_measured_rows(rows, "there are no weights to count");
+    report_model_layers(cells, schema);
+    ResultSet set(dir, "census.json");
+    write_csv(set, cells);
+    ts = totals(variants, cells);
+    nlohmann::json jt = nlohmann::json::array();
+    for (const auto& t : ts) jt.push_back(to_json(t));
+    meta.results() = {{"totals", jt}};
+    meta.publish(set);
+  };
+  if (!run.finish(apply, publish)) return 0;
   print_summary(ts, sel.images.size());
   return 0;
 }
 
 const CommandRegistration kRegistration{
     {"census", "count negative and zero InLine/MALA weights and rows not summing to 1, per head",
-     run_census_cmd}};
+     run_census_cmd, true}};
 
 }  // namespace
 }  // namespace attnscope::app

@@ -1,6 +1,7 @@
 // attnscope locality: attention mass in each query's k x k grid window (InLine Fig. 3).
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/locality.hpp"
@@ -16,6 +17,7 @@ struct LocalityFlags {
   SelectionFlags sel;
   int window = 3;
   bool reference = false;
+  RunControl control;
 };
 
 po::options_description locality_options(LocalityFlags& f) {
@@ -30,7 +32,55 @@ po::options_description locality_options(LocalityFlags& f) {
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
   return d;
+}
+
+/// An image's record: per variant, the statistics of every head slot over the image's grid
+/// queries, one array per field (queries, mean, m2, min, max, degenerate rows).
+nlohmann::json to_record(const analyses::LocalityImage& img) {
+  nlohmann::json r = nlohmann::json::array();
+  for (const auto& heads : img.heads) {
+    std::vector<std::int64_t> count, degenerate;
+    std::vector<double> mean, m2, min, max;
+    for (const auto& h : heads) {
+      count.push_back(h.mass.count);
+      mean.push_back(h.mass.mean);
+      m2.push_back(h.mass.m2);
+      min.push_back(h.mass.min);
+      max.push_back(h.mass.max);
+      degenerate.push_back(h.degenerate_rows);
+    }
+    r.push_back({{"queries", count}, {"mean", mean}, {"m2", m2}, {"min", min}, {"max", max},
+                 {"degenerate_rows", degenerate}});
+  }
+  return r;
+}
+
+analyses::LocalityImage from_record(int image, const nlohmann::json& r) {
+  analyses::LocalityImage img;
+  img.image = image;
+  for (const auto& v : r) {
+    const auto count = v.at("queries").get<std::vector<std::int64_t>>();
+    const auto degenerate = v.at("degenerate_rows").get<std::vector<std::int64_t>>();
+    const auto mean = v.at("mean").get<std::vector<double>>(), m2 = v.at("m2").get<std::vector<double>>();
+    const auto min = v.at("min").get<std::vector<double>>(), max = v.at("max").get<std::vector<double>>();
+    const std::size_t n = count.size();
+    if (degenerate.size() != n || mean.size() != n || m2.size() != n || min.size() != n || max.size() != n) {
+      throw Error("locality: a malformed record of image " + std::to_string(image));
+    }
+    std::vector<analyses::LocalityHead> heads(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      heads[s].mass.count = count[s];
+      heads[s].mass.mean = mean[s];
+      heads[s].mass.m2 = m2[s];
+      heads[s].mass.min = min[s];
+      heads[s].mass.max = max[s];
+      heads[s].degenerate_rows = degenerate[s];
+    }
+    img.heads.push_back(std::move(heads));
+  }
+  return img;
 }
 
 void write_csv(ResultSet& set, const analyses::LocalityResult& r) {
@@ -80,36 +130,52 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   const std::vector<Variant> variants = resolve_variants(f.common, schema);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
-  ResultSet set(dir, "locality.json");
   RunMetadata meta("locality");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)}, {"window", f.window},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
-  Progress progress("locality", sel.images.size());
+  ImageRun run(f.control, "locality", args, dir,
+               run_fingerprint("locality", {f.common.dump}, meta.params()), sel.images);
   ImageTimer timer;
-  analyses::LocalityResult r = analyses::run_locality(reader, sel, variants, f.window, f.reference, [&](int) {
-    timer.tick();
-    progress.tick();
+  run.compute([&] {
+    analyses::Selection part = sel;
+    part.images = run.pending();
+    Progress progress("locality", part.images.size());
+    analyses::locality_images(reader, part, variants, f.window, f.reference,
+                              [&](analyses::LocalityImage&& img) {
+                                run.record(img.image, to_record(img));
+                                timer.tick();
+                                progress.tick();
+                              });
+    progress.finish();
   });
-  progress.finish();
-  std::int64_t measured = 0;
-  for (const auto& heads : r.per_head) {
-    for (const auto& h : heads) measured += h.mass.count;
-  }
-  require_measured_rows(measured, "there is no mass to measure");
-  for (auto& heads : r.per_head) report_model_layers(heads, schema);
-  write_csv(set, r);
-  meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
-                    {"ms_per_image", timer.summary()}};
-  meta.publish(set);
-  print_summary(r);
+
+  analyses::LocalityTotals totals(variants, sel, schema.attrs.grid, f.window);
+  auto apply = [&](int image, const nlohmann::json& rec) { totals.add(from_record(image, rec)); };
+  auto publish = [&] {
+    analyses::LocalityResult& r = totals.result();
+    std::int64_t measured = 0;
+    for (const auto& heads : r.per_head) {
+      for (const auto& h : heads) measured += h.mass.count;
+    }
+    require_measured_rows(measured, "there is no mass to measure");
+    for (auto& heads : r.per_head) report_model_layers(heads, schema);
+    ResultSet set(dir, "locality.json");
+    write_csv(set, r);
+    meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
+                      {"ms_per_image", timer.summary()}};
+    meta.publish(set);
+  };
+  if (!run.finish(apply, publish)) return 0;
+  print_summary(totals.result());
   return 0;
 }
 
 const CommandRegistration kRegistration{
-    {"locality", "attention mass in each query's k x k grid window, per layer and head", run_locality_cmd}};
+    {"locality", "attention mass in each query's k x k grid window, per layer and head", run_locality_cmd,
+     true}};
 
 }  // namespace
 }  // namespace attnscope::app

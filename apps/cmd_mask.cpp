@@ -3,6 +3,7 @@
 // report how far each head's attention output moves (masking.hpp).
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/masking.hpp"
@@ -19,6 +20,7 @@ struct MaskFlags {
   CommonOptions common;
   SelectionFlags sel;
   std::string masks{analyses::kDefaultMasks};
+  RunControl control;
 };
 
 po::options_description mask_options(MaskFlags& f) {
@@ -33,7 +35,74 @@ po::options_description mask_options(MaskFlags& f) {
                   "family)");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
   return d;
+}
+
+/// An image's record: its cells (in the collector's order), one array per field. The change of
+/// a head in one image is one value (null where no row was left to compare); the removed mass is
+/// the statistics over the image's masked queries.
+nlohmann::json to_record(const std::vector<analyses::MaskCell>& cells) {
+  nlohmann::json change = nlohmann::json::array();
+  std::vector<std::int64_t> queries;
+  std::vector<double> mean, m2, min, max;
+  std::vector<long long> empty, degenerate;
+  for (const auto& c : cells) {
+    if (c.change.count > 1 || c.change.count != 1 - c.unmeasured_heads) {
+      throw Error("internal: a mask cell is not one image's");
+    }
+    change.push_back(c.change.count ? nlohmann::json(c.change.mean) : nlohmann::json());
+    queries.push_back(c.removed_mass.count);
+    mean.push_back(c.removed_mass.mean);
+    m2.push_back(c.removed_mass.m2);
+    min.push_back(c.removed_mass.min);
+    max.push_back(c.removed_mass.max);
+    empty.push_back(c.empty_rows);
+    degenerate.push_back(c.degenerate_rows);
+  }
+  return {{"change", change},
+          {"removed_queries", queries},
+          {"removed_mean", mean},
+          {"removed_m2", m2},
+          {"removed_min", min},
+          {"removed_max", max},
+          {"empty_rows", empty},
+          {"degenerate_rows", degenerate}};
+}
+
+std::vector<analyses::MaskCell> from_record(int image, const nlohmann::json& r) {
+  const nlohmann::json& change = r.at("change");
+  const auto queries = r.at("removed_queries").get<std::vector<std::int64_t>>();
+  const auto mean = r.at("removed_mean").get<std::vector<double>>();
+  const auto m2 = r.at("removed_m2").get<std::vector<double>>();
+  const auto min = r.at("removed_min").get<std::vector<double>>();
+  const auto max = r.at("removed_max").get<std::vector<double>>();
+  const auto empty = r.at("empty_rows").get<std::vector<long long>>();
+  const auto degenerate = r.at("degenerate_rows").get<std::vector<long long>>();
+  const std::size_t n = queries.size();
+  bool ok = change.is_array();
+  for (std::size_t size : {change.size(), mean.size(), m2.size(), min.size(), max.size(),
+                           empty.size(), degenerate.size()}) {
+    ok = ok && size == n;
+  }
+  if (!ok) throw Error("mask: a malformed record of image " + std::to_string(image));
+  std::vector<analyses::MaskCell> cells(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    analyses::MaskCell& c = cells[i];
+    if (change[i].is_null()) {
+      c.unmeasured_heads = 1;
+    } else {
+      c.change.add(change[i].get<double>());
+    }
+    c.removed_mass.count = queries[i];
+    c.removed_mass.mean = mean[i];
+    c.removed_mass.m2 = m2[i];
+    c.removed_mass.min = min[i];
+    c.removed_mass.max = max[i];
+    c.empty_rows = empty[i];
+    c.degenerate_rows = degenerate[i];
+  }
+  return cells;
 }
 
 /// Per (variant, mask): every layer and head folded together, in the order given.
@@ -119,7 +188,6 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                                     f.common.seed);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
-  ResultSet set(dir, "mask.json");
   RunMetadata meta("mask");
   meta.inputs() = {{"dump", f.common.dump}};
   nlohmann::json mask_names = nlohmann::json::array();
@@ -132,31 +200,46 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                    {"seed", f.common.seed},
                    {"precision", "double"},
                    {"threads", threads}};
-  Progress progress("mask", sel.images.size());
-  analyses::for_each_head(
-      reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },
-      [&](int) { progress.tick(); });
-  progress.finish();
-  auto cells = collector.cells();
-  long long measured = 0;
-  for (const auto& c : cells) measured += c.change.count;
-  require_measured_rows(measured, "no head output could be compared");
-  report_model_layers(cells, schema);
-  write_csv(set, "mask_per_head.csv", cells, true);
-  const auto ts = totals(cells);
-  write_csv(set, "mask.csv", ts, false);
-  nlohmann::json jt = nlohmann::json::array();
-  for (const auto& t : ts) {
-    jt.push_back({{"variant", t.variant},
-                  {"mask", t.mask},
-                  {"change_mean", t.change.mean},
-                  {"change_std", t.change.stddev()},
-                  {"removed_mass_mean", t.removed_mass.mean},
-                  {"empty_rows", t.empty_rows},
-                  {"degenerate_rows", t.degenerate_rows}});
-  }
-  meta.results() = {{"totals", jt}};
-  meta.publish(set);
+  ImageRun run(f.control, "mask", args, dir,
+               run_fingerprint("mask", {f.common.dump}, meta.params()), sel.images);
+  run.compute([&] {
+    analyses::Selection part = sel;
+    part.images = run.pending();
+    Progress progress("mask", part.images.size());
+    analyses::mask_images(reader, part, variants, masks, schema.attrs.grid, schema.attrs.scale,
+                          f.common.seed, [&](int image, std::vector<analyses::MaskCell>&& cells) {
+                            run.record(image, to_record(cells));
+                            progress.tick();
+                          });
+    progress.finish();
+  });
+
+  auto apply = [&](int image, const nlohmann::json& rec) { collector.add(from_record(image, rec)); };
+  std::vector<analyses::MaskCell> ts;
+  auto publish = [&] {
+    auto cells = collector.cells();
+    long long measured = 0;
+    for (const auto& c : cells) measured += c.change.count;
+    require_measured_rows(measured, "no head output could be compared");
+    report_model_layers(cells, schema);
+    ResultSet set(dir, "mask.json");
+    write_csv(set, "mask_per_head.csv", cells, true);
+    ts = totals(cells);
+    write_csv(set, "mask.csv", ts, false);
+    nlohmann::json jt = nlohmann::json::array();
+    for (const auto& t : ts) {
+      jt.push_back({{"variant", t.variant},
+                    {"mask", t.mask},
+                    {"change_mean", t.change.mean},
+                    {"change_std", t.change.stddev()},
+                    {"removed_mass_mean", t.removed_mass.mean},
+                    {"empty_rows", t.empty_rows},
+                    {"degenerate_rows", t.degenerate_rows}});
+    }
+    meta.results() = {{"totals", jt}};
+    meta.publish(set);
+  };
+  if (!run.finish(apply, publish)) return 0;
   print_table(ts, variants, masks, sel.images.size());
   return 0;
 }
@@ -164,7 +247,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
 const CommandRegistration kRegistration{
     {"mask", "remove local windows or random keys from every query, renormalise per family, and "
              "measure how far each head's output moves (InLine Table 2, layer by layer)",
-     run_mask_cmd}};
+     run_mask_cmd, true}};
 
 }  // namespace
 }  // namespace attnscope::app

@@ -108,4 +108,37 @@ std::vector<CensusCell> CensusCollector::cells() const {
   return cells_;
 }
 
+std::vector<CensusCell> CensusCollector::take() {
+  const std::lock_guard lock(mutex_);
+  std::vector<CensusCell> out = cells_;
+  for (CensusCell& c : cells_) {
+    CensusCell empty;
+    empty.variant = std::move(c.variant);
+    empty.layer = c.layer;
+    empty.head = c.head;
+    c = std::move(empty);
+  }
+  return out;
+}
+
+void CensusCollector::add(const std::vector<CensusCell>& part) {
+  const std::lock_guard lock(mutex_);
+  if (part.size() != cells_.size()) {
+    throw Error("census: a part of " + std::to_string(part.size()) + " cells does not match the " +
+                std::to_string(cells_.size()) + " of the selection");
+  }
+  for (std::size_t i = 0; i < part.size(); ++i) cells_[i].merge(part[i]);
+}
+
+void census_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
+                   double scale, double sum_tolerance,
+                   const std::function<void(int image, std::vector<CensusCell>&&)>& sink) {
+  CensusCollector collector(variants, resolved, scale, sum_tolerance);
+  Selection without_v = resolved;  // the census looks at attention weights only: V is not read
+  without_v.need_v = false;
+  for_each_head(
+      reader, without_v, [&](const HeadView& h) { collector.add_head(h); },
+      [&](int image) { sink(image, collector.take()); });
+}
+
 }  // namespace attnscope::analyses

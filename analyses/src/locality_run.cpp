@@ -1,38 +1,74 @@
-// Streaming driver of the local-mass analysis: per (variant, layer, head) statistics over images
-// and grid queries, memory independent of the number of images.
+// Streaming driver of the local-mass analysis: per image, per (variant, layer, head) statistics
+// over the image's grid queries, folded over images in order; memory independent of the number
+// of images.
 #include "attnscope/analyses/locality.hpp"
 
 #include "attnscope/analyses/head_error.hpp"
+#include "attnscope/error.hpp"
 
 #include <cmath>
 
 namespace attnscope::analyses {
 
-LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
-                            const std::vector<Variant>& variants, int window, bool reference,
-                            const std::function<void(int)>& on_image) {
-  const DumpSchema& schema = reader.schema();
-  const TokenGrid grid = schema.attrs.grid;
-  const double scale = schema.attrs.scale;
+namespace {
+
+/// Per (variant, slot) heads labelled with their layer and head, statistics empty.
+std::vector<std::vector<LocalityHead>> labelled_heads(std::size_t variants, const Selection& resolved) {
   const std::size_t nh = resolved.heads.size();
-  LocalityResult res;
-  res.variants = variants;
-  res.window = window;
-  res.uniform_baseline = uniform_baseline(grid, window);
-  res.per_head.assign(variants.size(), std::vector<LocalityHead>(resolved.layers.size() * nh));
-  for (auto& heads : res.per_head) {
+  std::vector<std::vector<LocalityHead>> out(variants,
+                                             std::vector<LocalityHead>(resolved.layers.size() * nh));
+  for (auto& heads : out) {
     for (std::size_t s = 0; s < heads.size(); ++s) {
       heads[s].layer = resolved.layers[s / nh];
       heads[s].head = resolved.heads[s % nh];
     }
   }
+  return out;
+}
+
+}  // namespace
+
+LocalityTotals::LocalityTotals(const std::vector<Variant>& variants, const Selection& resolved,
+                               const TokenGrid& grid, int window) {
+  res_.variants = variants;
+  res_.window = window;
+  res_.uniform_baseline = uniform_baseline(grid, window);
+  res_.per_head = labelled_heads(variants.size(), resolved);
+}
+
+void LocalityTotals::add(const LocalityImage& img) {
+  if (img.heads.size() != res_.per_head.size()) {
+    throw Error("locality: image " + std::to_string(img.image) + "'s part does not match the variants");
+  }
+  for (std::size_t vi = 0; vi < img.heads.size(); ++vi) {
+    if (img.heads[vi].size() != res_.per_head[vi].size()) {
+      throw Error("locality: image " + std::to_string(img.image) +
+                  "'s part does not match the selection's heads");
+    }
+    for (std::size_t s = 0; s < img.heads[vi].size(); ++s) {
+      LocalityHead& h = res_.per_head[vi][s];
+      h.mass.merge(img.heads[vi][s].mass);
+      h.degenerate_rows += img.heads[vi][s].degenerate_rows;
+    }
+  }
+  ++res_.images;
+}
+
+void locality_images(DumpReader& reader, const Selection& resolved,
+                     const std::vector<Variant>& variants, int window, bool reference,
+                     const std::function<void(LocalityImage&&)>& sink) {
+  const DumpSchema& schema = reader.schema();
+  const TokenGrid grid = schema.attrs.grid;
+  const double scale = schema.attrs.scale;
+  const std::size_t nh = resolved.heads.size();
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
   std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
   for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
 
-  // Each (layer, head) slot is touched by one thread per image and images run in order, so the
-  // per-slot accumulators need no lock.
+  // Each (layer, head) slot is written by one thread per image, so the slots need no lock.
+  LocalityImage current;
+  current.heads = labelled_heads(variants.size(), resolved);
   auto on_head = [&](const HeadView& hv) {
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
@@ -42,23 +78,34 @@ LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
         return reference ? local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead)
                          : local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
       });
-      RunningStats image_stats;
+      LocalityHead& h = current.heads[vi][s];
+      h.mass = RunningStats{};
       for (double m : mass) {
-        if (!std::isnan(m)) image_stats.add(m);
+        if (!std::isnan(m)) h.mass.add(m);
       }
-      LocalityHead& h = res.per_head[vi][s];
-      h.mass.merge(image_stats);
-      h.degenerate_rows += dead;
+      h.degenerate_rows = dead;
     }
   };
-  auto done = [&](int image) {
-    ++res.images;
-    if (on_image) on_image(image);
+  auto on_image = [&](int image) {
+    LocalityImage done;
+    done.image = image;
+    done.heads = current.heads;
+    sink(std::move(done));
   };
   Selection without_v = resolved;  // locality looks at attention weights only: V is not read
   without_v.need_v = false;
-  for_each_head(reader, without_v, on_head, done);
-  return res;
+  for_each_head(reader, without_v, on_head, on_image);
+}
+
+LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
+                            const std::vector<Variant>& variants, int window, bool reference,
+                            const std::function<void(int)>& on_image) {
+  LocalityTotals totals(variants, resolved, reader.schema().attrs.grid, window);
+  locality_images(reader, resolved, variants, window, reference, [&](LocalityImage&& img) {
+    totals.add(img);
+    if (on_image) on_image(img.image);
+  });
+  return totals.result();
 }
 
 }  // namespace attnscope::analyses

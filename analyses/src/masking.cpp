@@ -150,4 +150,36 @@ std::vector<MaskCell> MaskCollector::cells() const {
   return cells_;
 }
 
+std::vector<MaskCell> MaskCollector::take() {
+  const std::lock_guard lock(mutex_);
+  std::vector<MaskCell> out = cells_;
+  for (MaskCell& c : cells_) {
+    MaskCell empty;
+    empty.variant = std::move(c.variant);
+    empty.mask = std::move(c.mask);
+    empty.layer = c.layer;
+    empty.head = c.head;
+    c = std::move(empty);
+  }
+  return out;
+}
+
+void MaskCollector::add(const std::vector<MaskCell>& part) {
+  const std::lock_guard lock(mutex_);
+  if (part.size() != cells_.size()) {
+    throw Error("mask: a part of " + std::to_string(part.size()) + " cells does not match the " +
+                std::to_string(cells_.size()) + " of the selection");
+  }
+  for (std::size_t i = 0; i < part.size(); ++i) cells_[i].merge(part[i]);
+}
+
+void mask_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
+                 const std::vector<MaskSpec>& masks, const TokenGrid& grid, double scale,
+                 std::uint64_t seed, const std::function<void(int image, std::vector<MaskCell>&&)>& sink) {
+  MaskCollector collector(variants, masks, resolved, grid, scale, seed);
+  for_each_head(
+      reader, resolved, [&](const HeadView& h) { collector.add_head(h); },
+      [&](int image) { sink(image, collector.take()); });
+}
+
 }  // namespace attnscope::analyses

@@ -12,6 +12,7 @@
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -58,6 +59,13 @@ class CensusCollector {
   void add_head(const HeadView& head);
   /// Cells ordered by variant, then layer, then head.
   [[nodiscard]] std::vector<CensusCell> cells() const;
+  /// The cells, after which every count starts again from zero (labels kept): called after each
+  /// image, one image's census.
+  [[nodiscard]] std::vector<CensusCell> take();
+  /// Folds cells ordered like cells() (another collector's take(), e.g. one image's census).
+  /// Every count is a sum, a minimum or a maximum, so the result does not depend on how the
+  /// images were split or in which order they are added.
+  void add(const std::vector<CensusCell>& part);
 
  private:
   [[nodiscard]] std::size_t slot(std::size_t variant, int layer, int head) const;
@@ -69,5 +77,11 @@ class CensusCollector {
   std::vector<CensusCell> cells_;
   mutable std::mutex mutex_;
 };
+
+/// Streams the selection of a dump through a collector of these variants, handing each image's
+/// census (cells ordered like CensusCollector::cells()) to `sink`, in the selection's order.
+void census_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
+                   double scale, double sum_tolerance,
+                   const std::function<void(int image, std::vector<CensusCell>&&)>& sink);
 
 }  // namespace attnscope::analyses

@@ -54,7 +54,37 @@ struct LocalityResult {
   std::int64_t images = 0;
 };
 
-/// Streams the selection of a dump; on_image(image) runs after each image (progress).
+/// One image's part of every (variant, slot): its statistics over the image's grid queries, in
+/// the layout of LocalityResult::per_head (layer and head filled).
+struct LocalityImage {
+  int image = 0;
+  std::vector<std::vector<LocalityHead>> heads;  ///< [variant][slot*heads+h]
+};
+
+/// Streams the selection of a dump, calling `sink` after each image, in the selection's order.
+/// An image's part depends on that image only, whoever computes it.
+void locality_images(DumpReader& reader, const Selection& resolved,
+                     const std::vector<Variant>& variants, int window, bool reference,
+                     const std::function<void(LocalityImage&&)>& sink);
+
+/// Folds images' parts into a LocalityResult: per slot, the images' statistics merged pairwise
+/// (RunningStats::merge) in the order they are add()ed. Floating-point merges do not commute
+/// bit for bit, so add() the images in the selection's order: however the images were split
+/// between processes, the result is then the same to the last bit.
+class LocalityTotals {
+ public:
+  LocalityTotals(const std::vector<Variant>& variants, const Selection& resolved,
+                 const TokenGrid& grid, int window);
+  void add(const LocalityImage& img);
+  [[nodiscard]] const LocalityResult& result() const { return res_; }
+  [[nodiscard]] LocalityResult& result() { return res_; }
+
+ private:
+  LocalityResult res_;
+};
+
+/// Streams the selection of a dump and folds it (locality_images + LocalityTotals);
+/// on_image(image) runs after each image (progress).
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
                             const std::vector<Variant>& variants, int window, bool reference = false,
                             const std::function<void(int)>& on_image = {});

@@ -20,6 +20,7 @@
 #include "attnscope/variant.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -74,6 +75,14 @@ class MaskCollector {
                 const TokenGrid& grid, double scale, std::uint64_t seed);
   void add_head(const HeadView& head);
   [[nodiscard]] std::vector<MaskCell> cells() const;
+  /// The cells, after which every cell starts again empty (labels kept): called after each image,
+  /// one image's cells.
+  [[nodiscard]] std::vector<MaskCell> take();
+  /// Folds cells ordered like cells() (another collector's take(), e.g. one image's cells).
+  /// Statistics are merged pairwise (RunningStats::merge), which is not associative bit for bit:
+  /// add the images in the selection's order, and the result is the same to the last bit however
+  /// the images were split between processes.
+  void add(const std::vector<MaskCell>& part);
 
  private:
   std::vector<Variant> variants_;
@@ -85,5 +94,12 @@ class MaskCollector {
   mutable std::mutex mutex_;
   std::vector<MaskCell> cells_;
 };
+
+/// Streams the selection of a dump through a collector of these variants and masks, handing each
+/// image's cells (ordered like MaskCollector::cells()) to `sink`, in the selection's order. An
+/// image's cells depend on that image only (random masks are drawn per image, mask_seed).
+void mask_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
+                 const std::vector<MaskSpec>& masks, const TokenGrid& grid, double scale,
+                 std::uint64_t seed, const std::function<void(int image, std::vector<MaskCell>&&)>& sink);
 
 }  // namespace attnscope::analyses
