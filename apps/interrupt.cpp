@@ -19,6 +19,7 @@ constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
 struct State {
   std::mutex publish;  // held while a result set is published
   std::atomic<bool> interrupted{false};
+  std::atomic<bool> quiet{false};
   std::mutex mutex;    // guards the fields below
   std::set<std::filesystem::path> temporaries;
   std::string command;
@@ -44,6 +45,7 @@ State& state() {
     }
   }
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+  if (s.quiet) ::_exit(128 + sig);
   std::fprintf(stderr, "attnscope %s: interrupted by %s; temporary files removed\n",
                s.command.c_str(), name);
   std::fflush(stderr);
@@ -51,6 +53,8 @@ State& state() {
 }
 
 }  // namespace
+
+void quiet_interrupts() { state().quiet = true; }
 
 void install_interrupt_cleanup(const std::string& command) {
   state().command = command;

@@ -17,6 +17,10 @@ namespace attnscope::app {
 /// program started (e.g. SIGINT in a background job of a script) stays ignored.
 void install_interrupt_cleanup(const std::string& command);
 
+/// From here on a signal ends the process without a message (the run has already said how it
+/// ended: used when MPI ranks finish, where the launcher terminates the ranks still exiting).
+void quiet_interrupts();
+
 /// A temporary file or folder (removed with its contents) to delete if the command is
 /// interrupted; forget_temporary() when it has been published or removed.
 void add_temporary(const std::filesystem::path& p);

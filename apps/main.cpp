@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   attnscope::set_dump_warning_handler(
       [&name](const std::string& m) { std::cerr << "attnscope " << name << ": warning: " << m << "\n"; });
   const int rc = run_guarded(it->second.name, [&] { return it->second.run(args); });
+  if (mpi::size() > 1) quiet_interrupts();
   mpi::finalize();
   return rc;
 }
