@@ -111,7 +111,7 @@ struct Row {
   double dump_error = -1.0;  ///< vs the dump's logits (-1: not comparable)
 };
 
-/// Images replayed per batch: enough for every thread, few enough to hold.
+/// Images replayed per batch (at least two per thread): few enough to hold, whatever the run's size.
 constexpr std::size_t kBatch = 32;
 
 int run_replay_cmd(const std::vector<std::string>& args) {
@@ -168,9 +168,10 @@ int run_replay_cmd(const std::vector<std::string>& args) {
     const std::vector<int>& todo = run.pending();
     Progress progress("replay", todo.size());
     const Eigen::Index pixels = static_cast<Eigen::Index>(in.shape[0]) * in.shape[1] * in.shape[2];
-    for (std::size_t b = 0; b < todo.size(); b += kBatch) {
+    const std::size_t batch = std::max(kBatch, 2 * static_cast<std::size_t>(std::max(threads, 1)));
+    for (std::size_t b = 0; b < todo.size(); b += batch) {
       const std::vector<int> ids(todo.begin() + static_cast<std::ptrdiff_t>(b),
-                                 todo.begin() + static_cast<std::ptrdiff_t>(std::min(todo.size(), b + kBatch)));
+                                 todo.begin() + static_cast<std::ptrdiff_t>(std::min(todo.size(), b + batch)));
       MatF images(static_cast<Eigen::Index>(ids.size()), pixels);
       for (std::size_t i = 0; i < ids.size(); ++i) {
         images.row(static_cast<Eigen::Index>(i)) = in.rows->image(ids[i]).transpose();
