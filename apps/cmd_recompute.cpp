@@ -2,6 +2,7 @@
 // q, k, v with the model's own variant and compares them with the tensors the model produced.
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/recompute.hpp"
@@ -16,11 +17,43 @@ struct RecomputeFlags {
   CommonOptions common;
   SelectionFlags sel;
   double tol = -1.0;  // < 0: chosen by the dump's dtype
+  RunControl control;
 };
 
 // Default tolerance on the relative output error: float16 storage of q, k, v and out alone
 // accounts for errors of a few 1e-4 of the head's largest output; float32 for ~1e-6.
 double default_tolerance(DType dtype) { return dtype == DType::F16 ? 5e-3 : 1e-4; }
+
+/// An image's record: per (layer, head) cell, its eight fields in a row.
+nlohmann::json to_record(const analyses::RecomputeImage& img) {
+  nlohmann::json r = nlohmann::json::array();
+  for (const auto& c : img.cells) {
+    r.push_back({c.has_out, c.has_attn, c.out_max_abs, c.out_max_rel, c.out_sum_abs, c.out_values,
+                 c.attn_max_abs, c.degenerate_rows});
+  }
+  return r;
+}
+
+/// Merges an image's record into `cells` (recompute_cells' order).
+void merge_record(int image, const nlohmann::json& r, std::vector<analyses::RecomputeCell>& cells) {
+  if (!r.is_array() || r.size() != cells.size()) {
+    throw Error("recompute: a malformed record of image " + std::to_string(image));
+  }
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const nlohmann::json& f = r[i];
+    analyses::RecomputeCell c;
+    c.images = 1;
+    c.has_out = f.at(0).get<bool>();
+    c.has_attn = f.at(1).get<bool>();
+    c.out_max_abs = f.at(2).get<double>();
+    c.out_max_rel = f.at(3).get<double>();
+    c.out_sum_abs = f.at(4).get<double>();
+    c.out_values = f.at(5).get<long long>();
+    c.attn_max_abs = f.at(6).get<double>();
+    c.degenerate_rows = f.at(7).get<long long>();
+    cells[i].merge(c);
+  }
+}
 
 void write_csv(ResultSet& set, const std::string& variant,
                const std::vector<analyses::RecomputeCell>& cells) {
@@ -50,6 +83,7 @@ int run_recompute(const std::vector<std::string>& args) {
       "largest allowed output error relative to the head's largest |out| (default: 5e-3 for "
       "float16 dumps, 1e-4 for float32); also the largest absolute error allowed on weights");
   add_threads_option(d, f.common);
+  add_run_control_options(d, f.control);
   po::variables_map vm;
   if (!parse_args("recompute", "--dump FILE [options]", d, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
@@ -61,28 +95,43 @@ int run_recompute(const std::vector<std::string>& args) {
   const double tol = f.tol >= 0.0 ? f.tol : default_tolerance(schema.dtype);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
-  ResultSet set(dir, "recompute.json");
   RunMetadata meta("recompute");
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
                    {"images", sel.images.size()}};
-  auto cells = analyses::recompute_dump(reader, variant, sel.images);
-  report_model_layers(cells, schema);
-  write_csv(set, variant.name(), cells);
+  ImageRun run(f.control, "recompute", args, dir,
+               run_fingerprint("recompute", {f.common.dump}, meta.params()),
+               sel.images);
+  run.compute([&] {
+    Progress progress("recompute", run.pending().size());
+    analyses::recompute_images(reader, variant, run.pending(), [&](analyses::RecomputeImage&& img) {
+      run.record(img.image, to_record(img));
+      progress.tick();
+    });
+    progress.finish();
+  });
 
+  std::vector<analyses::RecomputeCell> cells = analyses::recompute_cells(schema);
+  auto apply = [&](int image, const nlohmann::json& rec) { merge_record(image, rec, cells); };
   double worst_rel = 0.0, worst_attn = 0.0;
-  bool has_out = false, has_attn = false;
-  for (const auto& c : cells) {
-    has_out = has_out || c.has_out;
-    has_attn = has_attn || c.has_attn;
-    worst_rel = std::max(worst_rel, c.out_max_rel);
-    worst_attn = std::max(worst_attn, c.attn_max_abs);
-  }
-  const bool pass = worst_rel <= tol && worst_attn <= tol;
-  meta.results() = {{"worst_out_rel_error", worst_rel},
-                    {"worst_attn_abs_error", worst_attn},
-                    {"pass", pass}};
-  meta.publish(set);
+  bool has_out = false, has_attn = false, pass = false;
+  auto publish = [&] {
+    ResultSet set(dir, "recompute.json");
+    report_model_layers(cells, schema);
+    write_csv(set, variant.name(), cells);
+    for (const auto& c : cells) {
+      has_out = has_out || c.has_out;
+      has_attn = has_attn || c.has_attn;
+      worst_rel = std::max(worst_rel, c.out_max_rel);
+      worst_attn = std::max(worst_attn, c.attn_max_abs);
+    }
+    pass = worst_rel <= tol && worst_attn <= tol;
+    meta.results() = {{"worst_out_rel_error", worst_rel},
+                      {"worst_attn_abs_error", worst_attn},
+                      {"pass", pass}};
+    meta.publish(set);
+  };
+  if (!run.finish(apply, publish)) return 0;
   std::cout << "recomputed " << variant.name() << " over " << sel.images.size() << " images, "
             << cells.size() << " heads\n";
   if (has_out) {
@@ -99,7 +148,7 @@ int run_recompute(const std::vector<std::string>& args) {
 
 const CommandRegistration kRegistration{
     {"recompute", "recompute outputs from q/k/v and compare with the model's own (out, attn)",
-     run_recompute}};
+     run_recompute, true}};
 
 }  // namespace
 }  // namespace attnscope::app

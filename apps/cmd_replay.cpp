@@ -2,6 +2,7 @@
 // the attention layers; accuracy per intervention and the logits of every image (replay.hpp).
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 
 #include "attnscope/analyses/replay.hpp"
 #include "attnscope/dump.hpp"
@@ -9,8 +10,11 @@
 #include "attnscope/vit.hpp"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 namespace attnscope::app {
@@ -19,6 +23,7 @@ namespace {
 struct ReplayFlags {
   CommonOptions common;
   std::string models, image_set, images, layers, interventions = "none";
+  RunControl control;
 };
 
 po::options_description replay_options(ReplayFlags& f) {
@@ -38,47 +43,44 @@ po::options_description replay_options(ReplayFlags& f) {
       "comma list: none, local:K, random:N, f1, f2, l2norm, family=SPEC");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
   return d;
 }
 
-/// The images the models run on: the dump's /images rows named by --images (all by default).
+/// The images the models run on: the rows of the dump's (or image set's) /images named by
+/// --images (all by default), read one at a time as they are needed.
 struct Inputs {
+  std::unique_ptr<ImageRowReader> rows;
   std::vector<int> ids;
-  MatF images;
   std::vector<int> shape;  ///< C, H, W
-  std::vector<std::int64_t> labels;
-  MatF logits;  ///< the dump's own model's logits, when it has them
+  std::vector<std::int64_t> labels;  ///< of every image of the file (empty without)
+  bool has_logits = false;  ///< the dump holds its own model's logits
   std::string model_name;
 };
 
-Inputs read_inputs(const ReplayFlags& f) {
+Inputs open_inputs(const ReplayFlags& f) {
   Inputs in;
-  MatF all;
-  if (!f.image_set.empty()) {
-    ImageSet set = read_image_set(f.image_set);
-    all = std::move(set.images);
-    in.shape = set.shape;
-    in.labels = std::move(set.labels);
-  } else {
+  std::string path = f.image_set;
+  if (path.empty()) {
     DumpReader reader(f.common.dump);
     const DumpSchema& schema = reader.schema();
     if (!schema.has_images) throw InputError(f.common.dump, "/images", "the model's input images", "none");
-    all = reader.read_images(&in.shape);
-    if (schema.has_labels) in.labels = reader.read_labels();
-    if (schema.has_logits) in.logits = reader.read_logits();
+    in.has_logits = schema.has_logits;
     in.model_name = schema.attrs.model_name;
+    path = f.common.dump;
   }
+  in.rows = std::make_unique<ImageRowReader>(path);
+  in.shape = in.rows->shape();
+  in.labels = in.rows->labels();
   in.ids = analyses::parse_index_list(f.images, "--images");
   if (in.ids.empty()) {
-    for (Eigen::Index i = 0; i < all.rows(); ++i) in.ids.push_back(static_cast<int>(i));
+    for (int i = 0; i < in.rows->count(); ++i) in.ids.push_back(i);
   }
-  in.images.resize(static_cast<Eigen::Index>(in.ids.size()), all.cols());
-  for (std::size_t i = 0; i < in.ids.size(); ++i) {
-    if (in.ids[i] < 0 || in.ids[i] >= all.rows()) {
-      throw UsageError("--images: the dump holds " + std::to_string(all.rows()) + " images, found " +
-                       std::to_string(in.ids[i]));
+  for (int id : in.ids) {
+    if (id < 0 || id >= in.rows->count()) {
+      throw UsageError("--images: the dump holds " + std::to_string(in.rows->count()) + " images, found " +
+                       std::to_string(id));
     }
-    in.images.row(static_cast<Eigen::Index>(i)) = all.row(in.ids[i]);
   }
   return in;
 }
@@ -103,10 +105,14 @@ void check_fit(const VitModel& m, const Inputs& in, const std::string& dump) {
 struct Row {
   std::string model, intervention;
   int correct = 0;
+  int agree_count = 0;
   double accuracy = -1.0;  ///< -1 without labels
   double agree = 0.0;
   double dump_error = -1.0;  ///< vs the dump's logits (-1: not comparable)
 };
+
+/// Images replayed per batch (at least two per thread): few enough to hold, whatever the run's size.
+constexpr std::size_t kBatch = 32;
 
 int run_replay_cmd(const std::vector<std::string>& args) {
   ReplayFlags f;
@@ -115,9 +121,11 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE | --image-set FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
   std::vector<VitModel> models;
+  std::vector<std::string> model_paths;
   for (const std::string_view path : split_list(f.models)) {
     if (path.empty()) throw UsageError("--model: an empty item in '" + f.models + "'");
     models.push_back(load_vit(std::string(path)));
+    model_paths.emplace_back(path);
   }
   analyses::ReplayOptions opt;
   opt.seed = f.common.seed;
@@ -125,12 +133,23 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   std::vector<std::vector<analyses::Intervention>> ivs;
   for (const VitModel& m : models) ivs.push_back(analyses::parse_interventions(f.interventions, m, f.common.seed));
   if (f.common.dump.empty() == f.image_set.empty()) throw UsageError("give either --dump or --image-set");
-  const Inputs in = read_inputs(f);
+  Inputs in = open_inputs(f);
   const std::string source = f.image_set.empty() ? f.common.dump : f.image_set;
   for (const VitModel& m : models) check_fit(m, in, source);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
+  const std::size_t per = ivs.front().size();
+  // Per model, the intervention whose logits are compared with the dump's own (-1: none): the
+  // dump's model itself, unchanged.
+  std::vector<int> own(models.size(), -1);
+  for (std::size_t k = 0; k < models.size(); ++k) {
+    for (std::size_t j = 0; j < per; ++j) {
+      if (ivs[k][j].name == "none" && in.has_logits && in.model_name == models[k].model_name &&
+          in.rows->logit_classes() == models[k].num_classes) {
+        own[k] = static_cast<int>(j);
+      }
+    }
+  }
 
-  ResultSet set(dir, "replay.json");
   RunMetadata meta("replay");
   nlohmann::json model_files = nlohmann::json::array(), names = nlohmann::json::array(), ivnames = nlohmann::json::array();
   for (const VitModel& m : models) model_files.push_back(m.path), names.push_back(m.model_name);
@@ -138,72 +157,154 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"models", model_files}, {"images", source}};
   meta.params() = {{"models", names}, {"interventions", ivnames}, {"images", in.ids.size()},
                    {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads}};
-  ResultFile logits_csv(set, "replay_logits.csv");
-  logits_csv.stream() << "model,intervention,image,label,predicted,logits\n" << std::setprecision(9);
-  std::vector<Row> rows;
-  const double n = static_cast<double>(in.ids.size());
-  for (std::size_t k = 0; k < models.size(); ++k) {
-    const VitModel& m = models[k];
-    std::vector<int> first;
-    for (const auto& iv : ivs[k]) {
-      const MatF logits = analyses::replay_logits(m, in.images, in.ids, iv, opt);
-      Row row{m.model_name, iv.name};
-      std::vector<int> pred(in.ids.size());
-      double worst = 0.0, top = 0.0;
-      const bool own = iv.name == "none" && in.model_name == m.model_name && in.logits.cols() == m.num_classes;
-      for (std::size_t i = 0; i < in.ids.size(); ++i) {
-        const auto r = static_cast<Eigen::Index>(i);
-        Eigen::Index arg = 0;
-        logits.row(r).maxCoeff(&arg);
-        pred[i] = static_cast<int>(arg);
-        const std::int64_t label = in.labels.empty() ? -1 : in.labels[static_cast<std::size_t>(in.ids[i])];
-        row.correct += label == pred[i] ? 1 : 0;
-        logits_csv.stream() << m.model_name << "," << iv.name << "," << in.ids[i] << "," << label << "," << pred[i] << ",";
-        for (int c = 0; c < m.num_classes; ++c) logits_csv.stream() << (c ? " " : "") << logits(r, c);
-        logits_csv.stream() << "\n";
-        if (own) {
-          const auto want = in.logits.row(in.ids[i]).cast<double>();
-          worst = std::max(worst, (logits.row(r).cast<double>() - want).cwiseAbs().maxCoeff());
-          top = std::max(top, want.cwiseAbs().maxCoeff());
-        }
+  std::vector<std::string> inputs{source};
+  inputs.insert(inputs.end(), model_paths.begin(), model_paths.end());
+  ImageRun run(f.control, "replay", args, dir, run_fingerprint("replay", inputs, meta.params()), in.ids);
+
+  // An image's record: its label (-1 without labels) and, per model, the predicted class and the
+  // logits under each intervention, and where the dump holds the model's own logits, the largest
+  // difference from them and their largest magnitude.
+  run.compute([&] {
+    const std::vector<int>& todo = run.pending();
+    Progress progress("replay", todo.size());
+    const Eigen::Index pixels = static_cast<Eigen::Index>(in.shape[0]) * in.shape[1] * in.shape[2];
+    const std::size_t batch = std::max(kBatch, 2 * static_cast<std::size_t>(std::max(threads, 1)));
+    for (std::size_t b = 0; b < todo.size(); b += batch) {
+      const std::vector<int> ids(todo.begin() + static_cast<std::ptrdiff_t>(b),
+                                 todo.begin() + static_cast<std::ptrdiff_t>(std::min(todo.size(), b + batch)));
+      MatF images(static_cast<Eigen::Index>(ids.size()), pixels);
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        images.row(static_cast<Eigen::Index>(i)) = in.rows->image(ids[i]).transpose();
       }
-      if (first.empty()) first = pred;
-      int agree = 0;
-      for (std::size_t i = 0; i < pred.size(); ++i) agree += pred[i] == first[i] ? 1 : 0;
-      row.agree = agree / n;
-      if (!in.labels.empty()) row.accuracy = row.correct / n;
-      if (own) row.dump_error = top > 0.0 ? worst / top : worst;
-      rows.push_back(row);
+      std::vector<std::vector<MatF>> logits(models.size());
+      for (std::size_t k = 0; k < models.size(); ++k) {
+        for (const auto& iv : ivs[k]) logits[k].push_back(analyses::replay_logits(models[k], images, ids, iv, opt));
+      }
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const auto r = static_cast<Eigen::Index>(i);
+        nlohmann::json per_model = nlohmann::json::array();
+        for (std::size_t k = 0; k < models.size(); ++k) {
+          nlohmann::json predicted = nlohmann::json::array(), rows = nlohmann::json::array();
+          for (const MatF& l : logits[k]) {
+            Eigen::Index arg = 0;
+            l.row(r).maxCoeff(&arg);
+            predicted.push_back(static_cast<int>(arg));
+            rows.push_back(std::vector<float>(l.row(r).data(), l.row(r).data() + l.cols()));
+          }
+          nlohmann::json m = {{"predicted", std::move(predicted)}, {"logits", std::move(rows)}};
+          if (own[k] >= 0) {
+            const VecD want = in.rows->logits(ids[i]).cast<double>();
+            const auto got = logits[k][static_cast<std::size_t>(own[k])].row(r).cast<double>();
+            m["own"] = {(got.transpose() - want).cwiseAbs().maxCoeff(), want.cwiseAbs().maxCoeff()};
+          }
+          per_model.push_back(std::move(m));
+        }
+        const std::int64_t label = in.labels.empty() ? -1 : in.labels[static_cast<std::size_t>(ids[i])];
+        run.record(ids[i], {{"label", label}, {"models", std::move(per_model)}});
+        progress.tick();
+      }
     }
+    progress.finish();
+  });
+
+  std::vector<Row> rows;
+  for (std::size_t k = 0; k < models.size(); ++k) {
+    for (const auto& iv : ivs[k]) rows.push_back(Row{models[k].model_name, iv.name});
   }
-  logits_csv.close();
-  ResultFile table(set, "replay.csv");
-  table.stream() << "model,intervention,images,correct,accuracy,agree_with_first,dump_logits_max_rel_error\n"
-                 << std::setprecision(17);
-  nlohmann::json jrows = nlohmann::json::array();
-  for (const Row& r : rows) {
-    table.stream() << r.model << "," << r.intervention << "," << in.ids.size() << ","
-                   << (r.accuracy < 0 ? "" : std::to_string(r.correct)) << ",";
-    if (r.accuracy >= 0) table.stream() << r.accuracy;
-    table.stream() << "," << r.agree << ",";
-    if (r.dump_error >= 0) table.stream() << r.dump_error;
-    table.stream() << "\n";
-    nlohmann::json j = {{"model", r.model}, {"intervention", r.intervention}, {"images", in.ids.size()},
-                        {"accuracy", r.accuracy < 0 ? nlohmann::json() : nlohmann::json(r.accuracy)},
-                        {"agree_with_first", r.agree}};
-    if (r.dump_error >= 0) j["dump_logits_max_rel_error"] = r.dump_error;
-    jrows.push_back(j);
-  }
-  table.close();
-  meta.results() = {{"rows", jrows}};
-  meta.publish(set);
+  std::vector<double> worst(models.size(), 0.0), top(models.size(), 0.0);
+  // replay_logits.csv lists model by model, intervention by intervention: each (model,
+  // intervention) block is written to a part file of the staging folder as images come, and the
+  // parts are joined when the run publishes.
+  std::unique_ptr<ResultSet> set;
+  std::vector<std::filesystem::path> part_paths;
+  std::vector<std::unique_ptr<std::ofstream>> parts;
+  auto open_set = [&] {
+    if (set) return;
+    set = std::make_unique<ResultSet>(dir, "replay.json");
+    for (std::size_t p = 0; p < rows.size(); ++p) {
+      part_paths.push_back(set->staging() / ("replay_logits.part-" + std::to_string(p)));
+      parts.push_back(std::make_unique<std::ofstream>(part_paths.back(), std::ios::binary));
+      if (!*parts.back()) throw Error(part_paths.back().string() + ": cannot create");
+      *parts.back() << std::setprecision(9);
+    }
+  };
+  auto apply = [&](int image, const nlohmann::json& rec) {
+    open_set();
+    const auto bad = [image] { return Error("replay: a malformed record of image " + std::to_string(image)); };
+    const std::int64_t label = rec.at("label").get<std::int64_t>();
+    const nlohmann::json& per_model = rec.at("models");
+    if (per_model.size() != models.size()) throw bad();
+    for (std::size_t k = 0; k < models.size(); ++k) {
+      const nlohmann::json& m = per_model[k];
+      const auto predicted = m.at("predicted").get<std::vector<int>>();
+      const nlohmann::json& logits = m.at("logits");
+      if (predicted.size() != per || logits.size() != per) throw bad();
+      for (std::size_t j = 0; j < per; ++j) {
+        Row& row = rows[k * per + j];
+        row.correct += label == predicted[j] ? 1 : 0;
+        row.agree_count += predicted[j] == predicted[0] ? 1 : 0;
+        std::ofstream& out = *parts[k * per + j];
+        out << row.model << "," << row.intervention << "," << image << "," << label << "," << predicted[j] << ",";
+        const auto values = logits[j].get<std::vector<float>>();
+        for (std::size_t c = 0; c < values.size(); ++c) out << (c ? " " : "") << values[c];
+        out << "\n";
+      }
+      if (own[k] >= 0) {
+        worst[k] = std::max(worst[k], m.at("own").at(0).get<double>());
+        top[k] = std::max(top[k], m.at("own").at(1).get<double>());
+      }
+    }
+  };
+  auto publish = [&] {
+    open_set();
+    ResultFile logits_csv(*set, "replay_logits.csv");
+    logits_csv.stream() << "model,intervention,image,label,predicted,logits\n";
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      parts[p]->close();
+      if (!*parts[p]) throw Error(part_paths[p].string() + ": cannot write");
+      std::ifstream part(part_paths[p], std::ios::binary);
+      if (part.peek() != std::ifstream::traits_type::eof()) logits_csv.stream() << part.rdbuf();
+      part.close();
+      std::filesystem::remove(part_paths[p]);
+    }
+    logits_csv.close();
+    const double n = static_cast<double>(in.ids.size());
+    for (std::size_t k = 0; k < models.size(); ++k) {
+      for (std::size_t j = 0; j < per; ++j) {
+        Row& row = rows[k * per + j];
+        row.agree = row.agree_count / n;
+        if (!in.labels.empty()) row.accuracy = row.correct / n;
+        if (own[k] == static_cast<int>(j)) row.dump_error = top[k] > 0.0 ? worst[k] / top[k] : worst[k];
+      }
+    }
+    ResultFile table(*set, "replay.csv");
+    table.stream() << "model,intervention,images,correct,accuracy,agree_with_first,dump_logits_max_rel_error\n"
+                   << std::setprecision(17);
+    nlohmann::json jrows = nlohmann::json::array();
+    for (const Row& r : rows) {
+      table.stream() << r.model << "," << r.intervention << "," << in.ids.size() << ","
+                     << (r.accuracy < 0 ? "" : std::to_string(r.correct)) << ",";
+      if (r.accuracy >= 0) table.stream() << r.accuracy;
+      table.stream() << "," << r.agree << ",";
+      if (r.dump_error >= 0) table.stream() << r.dump_error;
+      table.stream() << "\n";
+      nlohmann::json j = {{"model", r.model}, {"intervention", r.intervention}, {"images", in.ids.size()},
+                          {"accuracy", r.accuracy < 0 ? nlohmann::json() : nlohmann::json(r.accuracy)},
+                          {"agree_with_first", r.agree}};
+      if (r.dump_error >= 0) j["dump_logits_max_rel_error"] = r.dump_error;
+      jrows.push_back(j);
+    }
+    table.close();
+    meta.results() = {{"rows", jrows}};
+    meta.publish(*set);
+  };
+  if (!run.finish(apply, publish)) return 0;
 
   // One table: a row per intervention, a column per model (accuracy %, or agreement without labels).
   std::cout << (in.labels.empty() ? "agreement with the first intervention" : "accuracy (%)") << " on "
             << in.ids.size() << " images\n" << std::left << std::setw(22) << "intervention";
   for (const VitModel& m : models) std::cout << std::setw(26) << m.model_name;
   std::cout << "\n";
-  const std::size_t per = ivs.front().size();
   for (std::size_t i = 0; i < per; ++i) {
     std::cout << std::setw(22) << rows[i].intervention;
     for (std::size_t k = 0; k < models.size(); ++k) {
@@ -225,7 +326,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
 const CommandRegistration kRegistration{
     {"replay", "run a model's forward pass in C++ on a dump's images, with interventions inside its "
                "attention (masks, query maps, a family swap): accuracy and logits",
-     run_replay_cmd}};
+     run_replay_cmd, true}};
 
 }  // namespace
 }  // namespace attnscope::app

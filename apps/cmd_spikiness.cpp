@@ -2,7 +2,9 @@
 // attention row sharpens (MALA Fig. 2), checking MALA eq. 6, 7, 11, 12 and InLine eq. 4 as it goes.
 #include "command.hpp"
 #include "common.hpp"
+#include "image_run.hpp"
 #include "selection_flags.hpp"
+#include "sha256.hpp"
 
 #include "attnscope/analyses/spikiness_run.hpp"
 
@@ -31,6 +33,7 @@ struct SpikinessFlags {
   std::string space = "auto";
   int topk = 5;
   int dist_samples = 1;
+  RunControl control;
 };
 
 po::options_description spikiness_options(SpikinessFlags& f) {
@@ -61,7 +64,106 @@ po::options_description spikiness_options(SpikinessFlags& f) {
       "samples whose sorted weights go to spikiness_weights.csv");
   add_threads_option(d, f.common);
   add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
   return d;
+}
+
+/// An image's record: the indices of its samples, per variant their sweeps ([key_high, key_low,
+/// eight numbers per point, the kept rows]) and the laws they fed.
+nlohmann::json to_record(const analyses::SpikinessImage& img) {
+  nlohmann::json sweeps = nlohmann::json::array(), laws = nlohmann::json::array();
+  for (const auto& per_variant : img.sweeps) {
+    nlohmann::json v = nlohmann::json::array();
+    for (const analyses::QuerySweep& q : per_variant) {
+      std::vector<double> points;
+      points.reserve(8 * q.points.size());
+      for (const auto& p : q.points) {
+        points.insert(points.end(), {p.scale, p.ratio, p.stats.max_weight, p.stats.entropy,
+                                     p.stats.effective_keys, p.stats.topk_mass,
+                                     static_cast<double>(p.stats.negatives),
+                                     static_cast<double>(p.stats.zeros)});
+      }
+      nlohmann::json rows = nlohmann::json::array();
+      for (const VecD& w : q.weights) rows.push_back(std::vector<double>(w.data(), w.data() + w.size()));
+      v.push_back({q.key_high, q.key_low, std::move(points), std::move(rows)});
+    }
+    sweeps.push_back(std::move(v));
+  }
+  for (const auto& per_variant : img.laws) {
+    nlohmann::json v = nlohmann::json::array();
+    for (const analyses::LawResult& l : per_variant) {
+      v.push_back({l.variant, static_cast<int>(l.law), l.max_deviation, l.queries, l.points,
+                   l.skipped, l.applicable, l.why, l.threshold});
+    }
+    laws.push_back(std::move(v));
+  }
+  return {{"samples", img.samples}, {"sweeps", std::move(sweeps)}, {"laws", std::move(laws)}};
+}
+
+analyses::SpikinessImage from_record(int image, const nlohmann::json& r) {
+  analyses::SpikinessImage img;
+  img.image = image;
+  try {
+    img.samples = r.at("samples").get<std::vector<std::size_t>>();
+    for (const nlohmann::json& v : r.at("sweeps")) {
+      std::vector<analyses::QuerySweep> sweeps;
+      for (const nlohmann::json& j : v) {
+        analyses::QuerySweep q;
+        q.key_high = j.at(0).get<int>();
+        q.key_low = j.at(1).get<int>();
+        const auto points = j.at(2).get<std::vector<double>>();
+        if (points.size() % 8 != 0) throw Error("points");
+        for (std::size_t p = 0; p < points.size(); p += 8) {
+          analyses::SweepPoint pt;
+          pt.scale = points[p];
+          pt.ratio = points[p + 1];
+          pt.stats.max_weight = points[p + 2];
+          pt.stats.entropy = points[p + 3];
+          pt.stats.effective_keys = points[p + 4];
+          pt.stats.topk_mass = points[p + 5];
+          pt.stats.negatives = static_cast<int>(points[p + 6]);
+          pt.stats.zeros = static_cast<int>(points[p + 7]);
+          q.points.push_back(pt);
+        }
+        for (const nlohmann::json& row : j.at(3)) {
+          const auto w = row.get<std::vector<double>>();
+          q.weights.push_back(Eigen::Map<const VecD>(w.data(), static_cast<Eigen::Index>(w.size())));
+        }
+        sweeps.push_back(std::move(q));
+      }
+      img.sweeps.push_back(std::move(sweeps));
+    }
+    for (const nlohmann::json& v : r.at("laws")) {
+      std::vector<analyses::LawResult> laws;
+      for (const nlohmann::json& j : v) {
+        analyses::LawResult l;
+        l.variant = j.at(0).get<std::string>();
+        l.law = static_cast<analyses::Law>(j.at(1).get<int>());
+        l.max_deviation = j.at(2).get<double>();
+        l.queries = j.at(3).get<long>();
+        l.points = j.at(4).get<long>();
+        l.skipped = j.at(5).get<long>();
+        l.applicable = j.at(6).get<bool>();
+        l.why = j.at(7).get<std::string>();
+        l.threshold = j.at(8).get<double>();
+        laws.push_back(std::move(l));
+      }
+      img.laws.push_back(std::move(laws));
+    }
+  } catch (const std::exception&) {
+    throw Error("spikiness: a malformed record of image " + std::to_string(image));
+  }
+  return img;
+}
+
+/// What identifies the sampled queries (for --resume and merge): the SHA-256 of their indices.
+std::string samples_digest(const std::vector<analyses::QuerySample>& samples) {
+  Sha256 h;
+  for (const auto& s : samples) {
+    const std::int64_t v[4] = {s.image, s.layer, s.head, s.token};
+    h.update(v, sizeof v);
+  }
+  return h.hex_digest();
 }
 
 void write_rows(ResultSet& set, const std::string& source, const analyses::SpikinessResult& r) {
@@ -226,7 +328,6 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   if (samples.empty()) throw UsageError("no query selected (--samples 0?)");
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
-  ResultSet set(dir, "spikiness.json");
   RunMetadata meta("spikiness");
   meta.inputs() = {{"source", source.name()}, {"dump", f.common.dump}};
   meta.params() = {{"variants", variant_names(variants)},
@@ -241,37 +342,59 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
                    {"threads", threads}};
   if (f.synthetic) meta.params()["synth_images"] = so.images;
 
-  Progress progress("spikiness", analyses::sample_images(samples).size());
-  analyses::SpikinessResult r = analyses::run_spikiness(source, sel, variants, samples, opt,
-                                                        f.dist_samples, [&](int) { progress.tick(); });
-  progress.finish();
-  if (!analyses::has_ratio(r)) {
-    throw NothingToMeasure("no valid queries: no sampled row has a positive weight on its reference "
-                           "keys at any scale (every row is degenerate), so there is no ratio to report");
-  }
-  report_model_layers(r.samples, schema);
+  nlohmann::json identity = meta.params();
+  identity["source"] = source.name();
+  identity["queries_sha256"] = samples_digest(samples);
+  ImageRun run(f.control, "spikiness", args, dir,
+               run_fingerprint("spikiness",
+                               f.synthetic ? std::vector<std::string>{} : std::vector{f.common.dump},
+                               identity),
+               analyses::sample_images(samples));
+  run.compute([&] {
+    Progress progress("spikiness", run.pending().size());
+    analyses::spikiness_images(source, sel, variants, samples, opt, f.dist_samples, run.pending(),
+                               [&](analyses::SpikinessImage&& img) {
+                                 run.record(img.image, to_record(img));
+                                 progress.tick();
+                               });
+    progress.finish();
+  });
 
-  write_rows(set, source.name(), r);
-  write_samples(set, r);
-  write_weights(set, r);
-  write_laws(set, r, opt.scales.size());
-  const nlohmann::json med = medians_json(r, opt.scales.size());
-  nlohmann::json laws = nlohmann::json::array();
+  analyses::SpikinessCollector collector(variants, samples, schema.attrs.scale, opt, f.dist_samples);
+  auto apply = [&](int image, const nlohmann::json& rec) { collector.add_image(from_record(image, rec)); };
+  analyses::SpikinessResult r;
+  nlohmann::json med;
   bool all_pass = true;
-  for (const auto& l : r.laws) {
-    all_pass = all_pass && l.pass();
-    laws.push_back({{"variant", l.variant},
-                    {"law", analyses::to_string(l.law)},
-                    {"max_deviation", l.max_deviation},
-                    {"queries", l.queries},
-                    {"points", l.points},
-                    {"skipped", l.skipped},
-                    {"threshold", l.threshold},
-                    {"result", law_verdict(l)},
-                    {"why", l.why}});
-  }
-  meta.results() = {{"laws", laws}, {"medians", med}};
-  meta.publish(set);
+  auto publish = [&] {
+    r = collector.finish();
+    if (!analyses::has_ratio(r)) {
+      throw NothingToMeasure("no valid queries: no sampled row has a positive weight on its reference "
+                             "keys at any scale (every row is degenerate), so there is no ratio to report");
+    }
+    report_model_layers(r.samples, schema);
+    ResultSet set(dir, "spikiness.json");
+    write_rows(set, source.name(), r);
+    write_samples(set, r);
+    write_weights(set, r);
+    write_laws(set, r, opt.scales.size());
+    med = medians_json(r, opt.scales.size());
+    nlohmann::json laws = nlohmann::json::array();
+    for (const auto& l : r.laws) {
+      all_pass = all_pass && l.pass();
+      laws.push_back({{"variant", l.variant},
+                      {"law", analyses::to_string(l.law)},
+                      {"max_deviation", l.max_deviation},
+                      {"queries", l.queries},
+                      {"points", l.points},
+                      {"skipped", l.skipped},
+                      {"threshold", l.threshold},
+                      {"result", law_verdict(l)},
+                      {"why", l.why}});
+    }
+    meta.results() = {{"laws", laws}, {"medians", med}};
+    meta.publish(set);
+  };
+  if (!run.finish(apply, publish)) return 0;
   print_summary(r, med);
   return all_pass ? 0 : kExitCheckFailed;
 }
@@ -279,7 +402,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
 const CommandRegistration kRegistration{
     {"spikiness",
      "sweep query magnitude: weight ratio, entropy, top-k mass per family (MALA Fig. 2)",
-     run_spikiness_cmd}};
+     run_spikiness_cmd, true}};
 
 }  // namespace
 }  // namespace attnscope::app

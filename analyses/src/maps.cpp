@@ -10,6 +10,7 @@
 #include <charconv>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 namespace attnscope::analyses {
 
@@ -47,10 +48,8 @@ AttentionMap attention_map(const ExactRows& rows, const TokenGrid& grid, int tok
   return m;
 }
 
-MapsRun run_maps(DumpReader& reader, const Selection& resolved,
-                 const std::vector<Variant>& variants, const std::vector<int>& tokens,
-                 const std::function<void(int image, const std::vector<MapEntry>& maps)>&
-                     on_image) {
+void maps_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
+                 const std::vector<int>& tokens, const std::function<void(MapsImage&&)>& sink) {
   const DumpSchema& schema = reader.schema();
   Selection sel = resolved;
   sel.need_v = false;  // maps are weights only
@@ -73,19 +72,33 @@ MapsRun run_maps(DumpReader& reader, const Selection& resolved,
       }
     }
   };
-  MapsRun run;
+  // Every head of an image is done when image_done runs (for_each_head), so the counter holds
+  // exactly that image's degenerate rows.
   auto image_done = [&](int image) {
     const auto key = [&schema](const MapEntry& e) {
       return std::make_tuple(e.variant, schema.model_layer(e.layer), e.head, e.map.token);
     };
     std::sort(pending.begin(), pending.end(),
               [&key](const MapEntry& a, const MapEntry& b) { return key(a) < key(b); });
-    on_image(image, pending);
-    run.maps += static_cast<long long>(pending.size());
-    pending.clear();
+    MapsImage done;
+    done.image = image;
+    done.maps = std::exchange(pending, {});
+    done.degenerate_rows = degenerate.exchange(0);
+    sink(std::move(done));
   };
   for_each_head(reader, sel, on_head, image_done);
-  run.degenerate_rows = degenerate.load();
+}
+
+MapsRun run_maps(DumpReader& reader, const Selection& resolved,
+                 const std::vector<Variant>& variants, const std::vector<int>& tokens,
+                 const std::function<void(int image, const std::vector<MapEntry>& maps)>&
+                     on_image) {
+  MapsRun run;
+  maps_images(reader, resolved, variants, tokens, [&](MapsImage&& img) {
+    on_image(img.image, img.maps);
+    run.maps += static_cast<long long>(img.maps.size());
+    run.degenerate_rows += img.degenerate_rows;
+  });
   return run;
 }
 

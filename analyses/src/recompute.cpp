@@ -7,6 +7,7 @@
 #include "attnscope/error.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace attnscope::analyses {
 namespace {
@@ -50,8 +51,31 @@ void compare_head(const Variant& variant, const MatF& q, const MatF& k, const Ma
   });
 }
 
-std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,
-                                          const std::vector<int>& images) {
+void RecomputeCell::merge(const RecomputeCell& o) {
+  images += o.images;
+  has_out = has_out || o.has_out;
+  has_attn = has_attn || o.has_attn;
+  out_max_abs = std::max(out_max_abs, o.out_max_abs);
+  out_max_rel = std::max(out_max_rel, o.out_max_rel);
+  out_sum_abs += o.out_sum_abs;
+  out_values += o.out_values;
+  attn_max_abs = std::max(attn_max_abs, o.attn_max_abs);
+  degenerate_rows += o.degenerate_rows;
+}
+
+std::vector<RecomputeCell> recompute_cells(const DumpSchema& s) {
+  const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
+  std::vector<RecomputeCell> cells(static_cast<std::size_t>(layers * heads));
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < heads; ++h) {
+      cells[static_cast<std::size_t>(l * heads + h)].layer = l;
+      cells[static_cast<std::size_t>(l * heads + h)].head = h;
+    }
+  return cells;
+}
+
+void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
+                      const std::function<void(RecomputeImage&&)>& sink) {
   const DumpSchema& s = reader.schema();
   const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
   bool any = false;
@@ -64,16 +88,28 @@ std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& var
   sel.images = images;
   sel = resolve(s, sel);
   sel.need_model_tensors = true;
-  std::vector<RecomputeCell> cells(static_cast<std::size_t>(layers * heads));
-  for (int l = 0; l < layers; ++l)
-    for (int h = 0; h < heads; ++h) {
-      cells[static_cast<std::size_t>(l * heads + h)].layer = l;
-      cells[static_cast<std::size_t>(l * heads + h)].head = h;
-    }
-  // Each head's cell is updated by one thread per image, and images come in order.
-  for_each_head(reader, sel, [&](const HeadView& hv) {
-    compare_head(variant, hv.q, hv.k, hv.v, s.attrs.scale, hv.out, hv.attn,
-                 cells[static_cast<std::size_t>(hv.layer * heads + hv.head)]);
+  RecomputeImage current;
+  current.cells = recompute_cells(s);
+  // Each head's cell is updated by one thread, and the image's cells are handed on when it is done.
+  for_each_head(
+      reader, sel,
+      [&](const HeadView& hv) {
+        compare_head(variant, hv.q, hv.k, hv.v, s.attrs.scale, hv.out, hv.attn,
+                     current.cells[static_cast<std::size_t>(hv.layer * heads + hv.head)]);
+      },
+      [&](int image) {
+        RecomputeImage done;
+        done.image = image;
+        done.cells = std::exchange(current.cells, recompute_cells(s));
+        sink(std::move(done));
+      });
+}
+
+std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,
+                                          const std::vector<int>& images) {
+  std::vector<RecomputeCell> cells = recompute_cells(reader.schema());
+  recompute_images(reader, variant, images, [&](RecomputeImage&& img) {
+    for (std::size_t c = 0; c < cells.size(); ++c) cells[c].merge(img.cells[c]);
   });
   return cells;
 }

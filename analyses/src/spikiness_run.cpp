@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <utility>
 
 namespace attnscope::analyses {
 
@@ -129,6 +130,57 @@ void SpikinessCollector::add_head(const HeadView& h) {
   }
 }
 
+SpikinessImage SpikinessCollector::take_image(int image) {
+  SpikinessImage out;
+  out.image = image;
+  const QuerySample key{image, 0, 0, 0};
+  const auto [first, last] = std::equal_range(
+      result_.samples.begin(), result_.samples.end(), key,
+      [](const QuerySample& a, const QuerySample& b) { return a.image < b.image; });
+  for (auto it = first; it != last; ++it) {
+    const auto i = static_cast<std::size_t>(it - result_.samples.begin());
+    if (done_[i] == 0) {
+      throw Error("spikiness: the head of sample (image " + std::to_string(it->image) + ", layer " +
+                  std::to_string(it->layer) + ", head " + std::to_string(it->head) +
+                  ") was never computed");
+    }
+    out.samples.push_back(i);
+  }
+  out.sweeps.resize(result_.variants.size());
+  for (std::size_t v = 0; v < result_.variants.size(); ++v) {
+    for (std::size_t i : out.samples) out.sweeps[v].push_back(std::move(result_.sweeps[v][i]));
+  }
+  out.laws = std::exchange(laws_, std::vector<std::vector<LawResult>>(result_.variants.size()));
+  return out;
+}
+
+void SpikinessCollector::add_image(SpikinessImage&& image) {
+  const std::size_t nv = result_.variants.size();
+  const auto bad = [&image](const std::string& what) {
+    return Error("spikiness: the part of image " + std::to_string(image.image) + " " + what);
+  };
+  if (image.sweeps.size() != nv || image.laws.size() != nv) throw bad("does not match the variants");
+  for (std::size_t k = 0; k < image.samples.size(); ++k) {
+    const std::size_t i = image.samples[k];
+    if (i >= result_.samples.size() || result_.samples[i].image != image.image) {
+      throw bad("names a sample of another image");
+    }
+    for (std::size_t v = 0; v < nv; ++v) {
+      if (image.sweeps[v].size() != image.samples.size()) throw bad("lacks sweeps");
+      result_.sweeps[v][i] = std::move(image.sweeps[v][k]);
+    }
+    done_[i] = 1;
+  }
+  for (std::size_t v = 0; v < nv; ++v) {
+    if (laws_[v].empty()) {
+      laws_[v] = std::move(image.laws[v]);
+    } else if (!image.laws[v].empty()) {
+      if (image.laws[v].size() != laws_[v].size()) throw bad("has other laws");
+      for (std::size_t l = 0; l < laws_[v].size(); ++l) laws_[v][l].merge(image.laws[v][l]);
+    }
+  }
+}
+
 SpikinessResult SpikinessCollector::finish() {
   for (std::size_t i = 0; i < done_.size(); ++i) {
     if (done_[i] == 0) {
@@ -208,6 +260,21 @@ SpikinessResult run_spikiness(const HeadSource& source, const Selection& resolve
   source.for_each_head(
       wanted, [&](const HeadView& h) { collector.add_head(h); }, on_image);
   return collector.finish();
+}
+
+void spikiness_images(const HeadSource& source, const Selection& resolved,
+                      const std::vector<Variant>& variants, const std::vector<QuerySample>& samples,
+                      const SpikinessOptions& options, int keep_weights,
+                      const std::vector<int>& images,
+                      const std::function<void(SpikinessImage&&)>& sink) {
+  Selection wanted = resolved;  // only Q and K of the given images
+  wanted.need_v = false;
+  wanted.images = images;
+  SpikinessCollector collector(variants, samples, source.schema().attrs.scale, options,
+                               keep_weights);
+  source.for_each_head(
+      wanted, [&](const HeadView& h) { collector.add_head(h); },
+      [&](int image) { sink(collector.take_image(image)); });
 }
 
 bool has_ratio(const SpikinessResult& r) {

@@ -11,6 +11,21 @@ struct Hdf5Writer::Impl {
   std::string name;  // the display name errors start with
   h5::Handle file;
   h5::Handle lcpl;  // link creation: missing groups are created
+  // Object creation without modification times, so that the same content gives the same bytes.
+  h5::Handle dcpl, gcpl;
+
+  /// Creates the groups on the way to `path` that do not exist yet (times not tracked).
+  void create_groups(const std::string& path) const {
+    for (std::size_t slash = path.find('/', 1); slash != std::string::npos;
+         slash = path.find('/', slash + 1)) {
+      const std::string group = path.substr(0, slash);
+      const htri_t exists = H5Lexists(file.get(), group.c_str(), H5P_DEFAULT);
+      if (exists < 0) fail(group, "cannot create");
+      if (exists > 0) continue;
+      h5::Handle g = h5::group(H5Gcreate2(file.get(), group.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+      if (!g.valid() || H5Gclose(g.release()) < 0) fail(group, "cannot create");
+    }
+  }
 
   [[noreturn]] void fail(const std::string& object, const std::string& what) const {
     std::string m = name;
@@ -56,6 +71,12 @@ Hdf5Writer::Hdf5Writer(const std::filesystem::path& path, std::string display_na
   if (!m.lcpl.valid() || H5Pset_create_intermediate_group(m.lcpl.get(), 1) < 0) {
     m.fail("", "cannot create");
   }
+  m.dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE));
+  m.gcpl = h5::plist(H5Pcreate(H5P_GROUP_CREATE));
+  if (!m.dcpl.valid() || !m.gcpl.valid() || H5Pset_obj_track_times(m.dcpl.get(), false) < 0 ||
+      H5Pset_obj_track_times(m.gcpl.get(), false) < 0) {
+    m.fail("", "cannot create");
+  }
 }
 
 // One attempt each, by the handles: HDF5 must never be asked to close a file twice (a second
@@ -70,8 +91,9 @@ void Hdf5Writer::write_matrix(const std::string& name, const MatD& mat,
   const hsize_t dims[2] = {static_cast<hsize_t>(mat.rows()), static_cast<hsize_t>(mat.cols())};
   const h5::Handle space = h5::space(H5Screate_simple(2, dims, nullptr));
   if (!space.valid()) m.fail(name, "cannot create");
+  if (!name.empty() && name.front() == '/') m.create_groups(name);
   h5::Handle ds = h5::dataset(H5Dcreate2(m.file.get(), name.c_str(), H5T_IEEE_F64LE, space.get(),
-                                         m.lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
+                                         m.lcpl.get(), m.dcpl.get(), H5P_DEFAULT));
   if (!ds.valid()) m.fail(name, "cannot create");
   // MatD is row-major: its storage is the dataset's C order.
   if (H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, mat.data()) < 0) {
@@ -92,6 +114,8 @@ void Hdf5Writer::close() {
   h5::quiet_hdf5();
   Impl& m = *impl_;
   m.lcpl.reset();
+  m.dcpl.reset();
+  m.gcpl.reset();
   if (!m.file.valid()) return;
   const bool flushed = H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) >= 0;
   const std::string reason = flushed ? std::string() : h5::system_reason();

@@ -97,6 +97,106 @@ ImageSet read_image_set(const std::string& path) {
   return set;
 }
 
+struct ImageRowReader::Impl {
+  std::string path;
+  h5::Handle file, images, logits;
+  std::vector<int> shape;
+  std::vector<std::int64_t> labels;
+  int n = 0, classes = 0;
+  h5::Handle half;
+  std::vector<std::uint16_t> scratch;
+
+  /// Row i of the [n, ...] float dataset `ds` as `cols` values.
+  VecF row(hid_t ds, const std::string& name, int i, Eigen::Index cols) {
+    if (i < 0 || i >= n) {
+      throw InputError(path, name, "an image below " + std::to_string(n), std::to_string(i));
+    }
+    const std::vector<hsize_t> dims = h5::dims(ds);
+    std::vector<hsize_t> off(dims.size(), 0), cnt = dims;
+    off[0] = static_cast<hsize_t>(i);
+    cnt[0] = 1;
+    VecF out(cols);
+    h5::Handle fs = h5::space(H5Dget_space(ds));
+    h5::Handle ms = h5::space(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr));
+    std::string why;
+    if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0) {
+      why = h5::last_error();
+    } else {
+      why = dump_detail::read_floats(ds, ms.get(), fs.get(), out.data(), static_cast<std::size_t>(cols),
+                                     half.get(), scratch);
+    }
+    if (!why.empty()) {
+      throw InputError(path, name, "readable data at image " + std::to_string(i), "a read error (" + why + ")");
+    }
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      if (!std::isfinite(out(j))) {
+        throw InputError(path, name, "finite values",
+                         "a non-finite value in image " + std::to_string(i) + " at flat index " + std::to_string(j));
+      }
+    }
+    return out;
+  }
+};
+
+ImageRowReader::ImageRowReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  h5::quiet_hdf5();
+  Impl& m = *impl_;
+  m.path = path;
+  m.half = h5::half_type();
+  m.file = dump_detail::open_read_only(path);
+  h5::Handle root = h5::group(H5Gopen2(m.file.get(), "/", H5P_DEFAULT));
+  const hid_t r = root.get();
+  if (!h5::exists(r, "images")) throw InputError(path, "/images", "a dataset [images, C, H, W]", "none");
+  m.images = dump_detail::open_dataset(r, "/images", path);
+  const std::vector<hsize_t> dims = h5::dims(m.images.get());
+  if (dims.size() != 4 || dims[0] == 0) {
+    throw InputError(path, "/images", "a dataset [images, C, H, W] with at least one image", shape_text(dims));
+  }
+  m.n = static_cast<int>(dims[0]);
+  m.shape = {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])};
+  if (h5::exists(r, "labels")) {
+    const h5::Handle ds = dump_detail::open_dataset(r, "/labels", path);
+    h5::Handle t = h5::type(H5Dget_type(ds.get()));
+    if (H5Tget_class(t.get()) != H5T_INTEGER) throw InputError(path, "/labels", "integers", h5::describe_type(t.get()));
+    if (h5::dims(ds.get()) != std::vector<hsize_t>{dims[0]}) {
+      throw InputError(path, "/labels", "shape [" + std::to_string(dims[0]) + "]", shape_text(h5::dims(ds.get())));
+    }
+    m.labels.resize(dims[0]);
+    if (H5Dread(ds.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, m.labels.data()) < 0) {
+      throw InputError(path, "/labels", "a readable dataset", h5::last_error());
+    }
+  }
+  if (h5::exists(r, "logits")) {
+    m.logits = dump_detail::open_dataset(r, "/logits", path);
+    const std::vector<hsize_t> ld = h5::dims(m.logits.get());
+    if (ld.size() != 2 || ld[0] != dims[0]) {
+      throw InputError(path, "/logits", "shape [" + std::to_string(dims[0]) + ", classes]", shape_text(ld));
+    }
+    m.classes = static_cast<int>(ld[1]);
+  }
+}
+
+ImageRowReader::~ImageRowReader() = default;
+
+int ImageRowReader::count() const { return impl_->n; }
+const std::vector<int>& ImageRowReader::shape() const { return impl_->shape; }
+const std::vector<std::int64_t>& ImageRowReader::labels() const { return impl_->labels; }
+int ImageRowReader::logit_classes() const { return impl_->classes; }
+
+VecF ImageRowReader::image(int i) {
+  h5::quiet_hdf5();
+  Impl& m = *impl_;
+  return m.row(m.images.get(), "/images", i,
+               static_cast<Eigen::Index>(m.shape[0]) * m.shape[1] * m.shape[2]);
+}
+
+VecF ImageRowReader::logits(int i) {
+  h5::quiet_hdf5();
+  Impl& m = *impl_;
+  if (!m.logits.valid()) throw InputError(m.path, "/logits", "the model's logits", "none");
+  return m.row(m.logits.get(), "/logits", i, m.classes);
+}
+
 VitModel load_vit(const std::string& path) {
   h5::Handle f = dump_detail::open_read_only(path);
   h5::Handle root = h5::group(H5Gopen2(f.get(), "/", H5P_DEFAULT));

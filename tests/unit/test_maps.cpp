@@ -125,5 +125,49 @@ TEST_F(MapsRunTest, MapsOfEachImageInOrderAndNoneForDegenerateRows) {
   EXPECT_EQ(run.degenerate_rows, 2 * 2) << "2 images x 2 tokens of linear:relu's layer 0, head 1";
 }
 
+// maps_images hands each image its own maps and its own degenerate rows; run_maps sums them.
+TEST_F(MapsRunTest, EachImageCountsItsOwnDegenerateRows) {
+  SynthOptions o;
+  o.layers = 1;
+  o.heads = 2;
+  o.grid = TokenGrid{1, 2, 3};
+  o.head_dim = 4;
+  o.images = 3;
+  {
+    DumpWriter writer(path("d.h5"), o.attributes(), DumpWriterOptions{});
+    for (int i = 0; i < o.images; ++i) {
+      ImageQKV img = synth_image(o, i);
+      // Positive queries and keys give every linear:relu row a positive denominator, except in
+      // image 1, whose head 0 gets queries with no positive entry: every row degenerate.
+      const MatF lift = MatF::Constant(o.tokens(), o.head_dim, 0.5f);
+      for (int h = 0; h < o.heads; ++h) {
+        img.q[static_cast<std::size_t>(h)] = img.q[static_cast<std::size_t>(h)].cwiseAbs() + lift;
+        img.k[static_cast<std::size_t>(h)] = img.k[static_cast<std::size_t>(h)].cwiseAbs() + lift;
+      }
+      if (i == 1) img.q[0] = -img.q[0];
+      writer.append(img);
+    }
+    writer.close();
+  }
+  DumpReader reader(path("d.h5"));
+  const std::vector<Variant> variants = parse_variants("linear:relu");
+  const Selection r = resolve(reader.schema(), Selection{});
+  const std::vector<int> tokens = {0, 4, 6};
+  std::vector<int> seen;
+  std::vector<long long> degenerate, maps;
+  maps_images(reader, r, variants, tokens, [&](MapsImage&& img) {
+    seen.push_back(img.image);
+    degenerate.push_back(img.degenerate_rows);
+    maps.push_back(static_cast<long long>(img.maps.size()));
+    for (const MapEntry& e : img.maps) EXPECT_EQ(e.image, img.image);
+  });
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(degenerate, (std::vector<long long>{0, 3, 0})) << "3 tokens of image 1's head 0";
+  EXPECT_EQ(maps, (std::vector<long long>{6, 3, 6}));
+  const MapsRun run = run_maps(reader, r, variants, tokens, [](int, const std::vector<MapEntry>&) {});
+  EXPECT_EQ(run.maps, 15);
+  EXPECT_EQ(run.degenerate_rows, 3);
+}
+
 }  // namespace
 }  // namespace attnscope::analyses

@@ -151,6 +151,72 @@ TEST(Recompute, StreamedRunEqualsComparingEveryHeadByHand) {
   std::filesystem::remove(w.path);
 }
 
+// A run split into per-image cells, whatever the split, merges back to recompute_dump's cells
+// bit for bit when the images are merged in the selection's order.
+TEST(Recompute, PerImageCellsMergeToTheRunInAnySplit) {
+  const Written w = write_dump("recompute_split.h5", "mala", "elu1", "mala:elu1@code", 1, 1, 0.125f);
+  DumpReader reader(w.path);
+  const Variant v = w.attrs.variant();
+  const std::vector<int> images = {1, 2, 0};
+  const auto whole = analyses::recompute_dump(reader, v, images);
+  for (std::size_t cut = 0; cut <= images.size(); ++cut) {
+    std::vector<analyses::RecomputeImage> parts;
+    const auto keep = [&parts](analyses::RecomputeImage&& img) { parts.push_back(std::move(img)); };
+    // Two separate runs: the images before the cut, then the rest (an empty list means every
+    // image, so an empty part is not run).
+    const std::vector<int> head(images.begin(), images.begin() + static_cast<long>(cut)),
+        tail(images.begin() + static_cast<long>(cut), images.end());
+    if (!head.empty()) analyses::recompute_images(reader, v, head, keep);
+    if (!tail.empty()) analyses::recompute_images(reader, v, tail, keep);
+    ASSERT_EQ(parts.size(), images.size()) << "cut " << cut;
+    std::vector<analyses::RecomputeCell> merged = analyses::recompute_cells(reader.schema());
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      EXPECT_EQ(parts[i].image, images[i]) << "cut " << cut << ": images in order";
+      ASSERT_EQ(parts[i].cells.size(), merged.size());
+      for (std::size_t c = 0; c < merged.size(); ++c) {
+        EXPECT_EQ(parts[i].cells[c].images, 1) << "cut " << cut;
+        merged[c].merge(parts[i].cells[c]);
+      }
+    }
+    for (std::size_t c = 0; c < merged.size(); ++c) {
+      const std::string where = "cut " + std::to_string(cut) + ", layer " + std::to_string(whole[c].layer) +
+                                " head " + std::to_string(whole[c].head);
+      EXPECT_EQ(merged[c].layer, whole[c].layer) << where;
+      EXPECT_EQ(merged[c].head, whole[c].head) << where;
+      EXPECT_EQ(merged[c].images, 3) << where;
+      EXPECT_EQ(merged[c].has_out, whole[c].has_out) << where;
+      EXPECT_EQ(merged[c].has_attn, whole[c].has_attn) << where;
+      EXPECT_EQ(merged[c].out_max_abs, whole[c].out_max_abs) << where;
+      EXPECT_EQ(merged[c].out_max_rel, whole[c].out_max_rel) << where;
+      EXPECT_EQ(merged[c].out_sum_abs, whole[c].out_sum_abs) << where;
+      EXPECT_EQ(merged[c].out_values, whole[c].out_values) << where;
+      EXPECT_EQ(merged[c].attn_max_abs, whole[c].attn_max_abs) << where;
+      EXPECT_EQ(merged[c].degenerate_rows, whole[c].degenerate_rows) << where;
+    }
+  }
+  // Only the corrupted image (1) of the corrupted head carries its error.
+  EXPECT_NEAR(whole[3].out_max_abs, 0.125, 1e-5) << "layer 1, head 1";
+  std::filesystem::remove(w.path);
+}
+
+TEST(Recompute, MergeTakesMaximaAndSums) {
+  analyses::RecomputeCell a, b;
+  a.images = 1, a.has_out = true, a.out_max_abs = 0.5, a.out_max_rel = 0.25, a.out_sum_abs = 1.0;
+  a.out_values = 10, a.attn_max_abs = 0.0, a.degenerate_rows = 1;
+  b.images = 2, b.has_attn = true, b.out_max_abs = 0.25, b.out_max_rel = 0.75, b.out_sum_abs = 2.5;
+  b.out_values = 20, b.attn_max_abs = 0.125, b.degenerate_rows = 2;
+  a.merge(b);
+  EXPECT_EQ(a.images, 3);
+  EXPECT_TRUE(a.has_out && a.has_attn);
+  EXPECT_EQ(a.out_max_abs, 0.5);
+  EXPECT_EQ(a.out_max_rel, 0.75);
+  EXPECT_EQ(a.out_sum_abs, 3.5);
+  EXPECT_EQ(a.out_values, 30);
+  EXPECT_EQ(a.attn_max_abs, 0.125);
+  EXPECT_EQ(a.degenerate_rows, 3);
+  EXPECT_EQ(a.out_mean_abs(), 3.5 / 30);
+}
+
 TEST(Recompute, DumpWithoutModelTensorsIsAnInputError) {
   SynthOptions o;
   o.images = 1;

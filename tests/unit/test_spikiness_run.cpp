@@ -134,6 +134,58 @@ TEST(SpikinessRun, ReadsOnlySampledImagesAndEqualsFeedingEveryHead) {
   EXPECT_TRUE(has_ratio(run));
 }
 
+// A run computed image by image, in parts (as shards or ranks compute it), and folded by a
+// collector in the selection's order, equals run_spikiness: sweeps, kept rows (counted from the
+// run's first sample, whichever part computes it) and laws.
+TEST(SpikinessRun, PartsOfImagesFoldToTheRun) {
+  const SynthOptions o = small_model();
+  const HeadSource src = HeadSource::synthetic(o);
+  const Selection sel = resolve(src.schema(), Selection{});
+  const std::vector<QuerySample> samples = {{0, 1, 1, 2}, {1, 0, 1, 3}, {1, 1, 0, 0}, {3, 0, 0, 12}};
+  const std::vector<int> images = sample_images(samples);
+  ASSERT_EQ(images, (std::vector<int>{0, 1, 3}));
+  const SpikinessResult run = run_spikiness(src, sel, variants(), samples, sweep_options(), 3);
+  for (std::size_t cut = 0; cut <= images.size(); ++cut) {
+    std::vector<SpikinessImage> parts;
+    const auto keep = [&parts](SpikinessImage&& img) { parts.push_back(std::move(img)); };
+    spikiness_images(src, sel, variants(), samples, sweep_options(), 3,
+                     {images.begin(), images.begin() + static_cast<long>(cut)}, keep);
+    spikiness_images(src, sel, variants(), samples, sweep_options(), 3,
+                     {images.begin() + static_cast<long>(cut), images.end()}, keep);
+    ASSERT_EQ(parts.size(), images.size()) << "cut " << cut;
+    EXPECT_EQ(parts[1].samples, (std::vector<std::size_t>{1, 2})) << "image 1 holds samples 1 and 2";
+    EXPECT_EQ(parts[1].sweeps[0][1].weights.size(), 3u) << "sample 2 keeps its rows (keep_weights 3)";
+    EXPECT_TRUE(parts[2].sweeps[0][0].weights.empty()) << "sample 3 does not";
+    SpikinessCollector fold(variants(), samples, o.scale(), sweep_options(), 3);
+    for (SpikinessImage& part : parts) fold.add_image(std::move(part));
+    const SpikinessResult got = fold.finish();
+    expect_same(run, got, "cut " + std::to_string(cut));
+    for (std::size_t l = 0; l < run.laws.size(); ++l) {
+      EXPECT_EQ(got.laws[l].queries, run.laws[l].queries) << run.laws[l].variant;
+      EXPECT_EQ(got.laws[l].skipped, run.laws[l].skipped) << run.laws[l].variant;
+      EXPECT_EQ(got.laws[l].law, run.laws[l].law) << run.laws[l].variant;
+    }
+  }
+}
+
+TEST(SpikinessRun, FoldRefusesMissingAndMisplacedImages) {
+  const SynthOptions o = small_model();
+  const HeadSource src = HeadSource::synthetic(o);
+  const Selection sel = resolve(src.schema(), Selection{});
+  const std::vector<QuerySample> samples = {{1, 0, 1, 3}, {3, 0, 0, 12}};
+  std::vector<SpikinessImage> parts;
+  spikiness_images(src, sel, variants(), samples, sweep_options(), 0, {1, 3},
+                   [&parts](SpikinessImage&& img) { parts.push_back(std::move(img)); });
+  ASSERT_EQ(parts.size(), 2u);
+  SpikinessCollector missing(variants(), samples, o.scale(), sweep_options(), 0);
+  missing.add_image(SpikinessImage(parts[0]));
+  EXPECT_THROW((void)missing.finish(), Error) << "image 3 was never added";
+  SpikinessCollector misplaced(variants(), samples, o.scale(), sweep_options(), 0);
+  SpikinessImage wrong = parts[0];
+  wrong.image = 3;  // names sample 0, which is in image 1
+  EXPECT_THROW(misplaced.add_image(std::move(wrong)), Error);
+}
+
 class SpikinessRunDump : public test::ScratchDirTest {};
 
 TEST_F(SpikinessRunDump, DumpAndSyntheticSourcesGiveTheSameSweeps) {

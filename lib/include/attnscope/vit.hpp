@@ -7,6 +7,7 @@
 #include "attnscope/variant.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,30 @@ struct ImageSet {
 };
 /// Throws InputError naming the file, the dataset and what was expected.
 [[nodiscard]] ImageSet read_image_set(const std::string& path);
+
+/// The /images of an image set or of a dump (and its /labels and /logits, where present), read
+/// one image at a time: memory is bounded by one image whatever the file holds. Opened with
+/// read_image_set's checks; throws InputError naming the file, the dataset and what was expected.
+class ImageRowReader {
+ public:
+  explicit ImageRowReader(const std::string& path);
+  ~ImageRowReader();
+  ImageRowReader(const ImageRowReader&) = delete;
+  ImageRowReader& operator=(const ImageRowReader&) = delete;
+
+  [[nodiscard]] int count() const;                      ///< images in the file
+  [[nodiscard]] const std::vector<int>& shape() const;  ///< C, H, W
+  [[nodiscard]] const std::vector<std::int64_t>& labels() const;  ///< empty when the file has none
+  [[nodiscard]] int logit_classes() const;  ///< columns of /logits [n, classes], 0 without it
+  /// Image `i` as C*H*W values (finite, or InputError naming the image).
+  [[nodiscard]] VecF image(int i);
+  /// Row `i` of /logits (finite, or InputError naming the image).
+  [[nodiscard]] VecF logits(int i);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Reads a weights file. Throws InputError naming the file, the attribute or dataset and what was
 /// expected (missing, wrong shape, not finite, an activation other than gelu_erf, a family the

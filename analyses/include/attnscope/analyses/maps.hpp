@@ -39,6 +39,18 @@ struct MapsRun {
   long long degenerate_rows = 0;  ///< rows without weights: no map rather than a map of zeros
 };
 
+/// One image's maps, ordered as run_maps hands them on, and its degenerate rows (no map).
+struct MapsImage {
+  int image = 0;
+  std::vector<MapEntry> maps;
+  long long degenerate_rows = 0;
+};
+
+/// Streams the selection as run_maps does, handing each image's maps to `sink` in the
+/// selection's order.
+void maps_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
+                 const std::vector<int>& tokens, const std::function<void(MapsImage&&)>& sink);
+
 /// The maps of the given query tokens under every variant for every selected head, streamed by
 /// for_each_head (V is not read). After each image, on_image receives that image's maps ordered
 /// by variant, then the model's layer index (DumpSchema::model_layer, as results report layers),

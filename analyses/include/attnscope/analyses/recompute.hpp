@@ -7,6 +7,7 @@
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct RecomputeCell {
   [[nodiscard]] double out_mean_abs() const {
     return out_values ? out_sum_abs / static_cast<double>(out_values) : 0.0;
   }
+  /// Adds another image's (or run's) errors of the same head: maxima, counts and the sum. The
+  /// sum is of doubles: merge images in the selection's order for the same bits every time.
+  void merge(const RecomputeCell& other);
 };
 
 /// Compares one head: `out_model` (N x d) and/or `attn_model` (N x N) may be null.
@@ -40,6 +44,21 @@ void compare_head(const Variant& variant, const MatF& q, const MatF& k, const Ma
 /// model's tensors read with their image, and returns one cell per (layer, head). Throws
 /// InputError when the dump has neither `out` nor `attn` in any layer, UsageError on an image
 /// index out of range.
+/// One image's errors: one cell per (layer, head), layer-major, each with images == 1.
+struct RecomputeImage {
+  int image = 0;
+  std::vector<RecomputeCell> cells;
+};
+
+/// Streams the given images of a dump (empty = all), in order, calling `sink` after each image.
+/// Throws as recompute_dump does.
+void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
+                      const std::function<void(RecomputeImage&&)>& sink);
+
+/// Empty cells, one per (layer, head) of the dump, layer-major (the order of RecomputeImage).
+[[nodiscard]] std::vector<RecomputeCell> recompute_cells(const DumpSchema& schema);
+
+/// recompute_images merged image by image, in order, into recompute_cells.
 [[nodiscard]] std::vector<RecomputeCell> recompute_dump(DumpReader& reader, const Variant& variant,
                                                         const std::vector<int>& images);
 

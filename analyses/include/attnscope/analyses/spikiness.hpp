@@ -207,14 +207,31 @@ struct SpikinessResult {
   std::vector<LawResult> laws;                  ///< per variant, its laws merged over samples
 };
 
+/// One image's part of a run: the sweeps of the samples in that image and the laws they fed.
+struct SpikinessImage {
+  int image = 0;
+  std::vector<std::size_t> samples;             ///< indices into the run's samples, ascending
+  std::vector<std::vector<QuerySweep>> sweeps;  ///< [variant][k]: the sweep of samples[k]
+  std::vector<std::vector<LawResult>> laws;     ///< [variant]: merged over the image's samples
+};
+
 /// Sweeps every sample query for every variant as heads arrive (from for_each_head or from
 /// synthetic heads). add_head() is thread-safe; each sample belongs to exactly one head.
+/// A run split over images takes each image's part out (take_image) where it is computed and
+/// adds it (add_image) where the result is assembled, images in the selection's order.
 class SpikinessCollector {
  public:
   /// keep_weights: how many of the first samples keep their full rows (weight-distribution panel).
   SpikinessCollector(std::vector<Variant> variants, std::vector<QuerySample> samples, double scale,
                      SpikinessOptions opts, int keep_weights);
   void add_head(const HeadView& head);
+  /// Moves out the sweeps of `image`'s samples and the laws collected since the last take (call
+  /// it after each image, when all its heads were added). Throws Error if a sample's head of
+  /// that image never arrived.
+  [[nodiscard]] SpikinessImage take_image(int image);
+  /// Adds an image's part (of a collector over the same variants and samples). Laws merge by
+  /// maxima and sums: the result does not depend on how the images were split.
+  void add_image(SpikinessImage&& image);
   /// The result; throws Error if a sample's head never arrived.
   [[nodiscard]] SpikinessResult finish();
 

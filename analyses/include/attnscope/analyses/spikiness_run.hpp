@@ -51,6 +51,16 @@ class HeadSource {
                                             const SpikinessOptions& options, int keep_weights,
                                             const HeadSource::ImageFn& on_image = {});
 
+/// The per-image form of run_spikiness: sweeps the samples of `images` (images holding samples,
+/// ascending; a part of sample_images(samples)) and hands each image's part to `sink` after the
+/// image. A SpikinessCollector over the same variants and samples that add_image()s every part
+/// in order finishes with run_spikiness's result. keep_weights counts from the run's first sample.
+void spikiness_images(const HeadSource& source, const Selection& resolved,
+                      const std::vector<Variant>& variants, const std::vector<QuerySample>& samples,
+                      const SpikinessOptions& options, int keep_weights,
+                      const std::vector<int>& images,
+                      const std::function<void(SpikinessImage&&)>& sink);
+
 /// Whether any point of any sweep has a ratio (not NaN): false when every sampled row is
 /// degenerate at every scale, and there is nothing to report.
 [[nodiscard]] bool has_ratio(const SpikinessResult& r);
