@@ -170,7 +170,7 @@ JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool r
       ::close(fd_);
       fd_ = -1;
       if (mismatch.rfind("run.fingerprint.dumps", 0) == 0) {
-        mismatch = "the dump is not the one it was written for: " + mismatch;
+        mismatch = "an input file (dump or weights) is not the one it was written for: " + mismatch;
       }
       throw UsageError("--resume: " + path_.string() +
                        " belongs to a different run (" + mismatch +

@@ -61,6 +61,8 @@ check_image_run() {
   local cmd=$1
   local manifest="$cmd.json"
   local images=${IMAGES:-8}
+  # Three distinct kill points need four images at least.
+  [ "$images" -ge 4 ] || { echo "FAIL: check_image_run needs IMAGES >= 4, got $images"; exit 1; }
   local base="$WORK/$name"
   rm -rf "$base" && mkdir -p "$base"
   expect_ok "$ATTNSCOPE" "$@" --out "$base/plain"

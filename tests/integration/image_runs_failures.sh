@@ -60,7 +60,7 @@ same_results "$WORK/plain" "$WORK/m" confusion.json
 rc=0
 ATTNSCOPE_TEST_KILL_AT=record:3 "$A" confusion --dump "$WORK/d.h5" --out "$WORK/r" >/dev/null 2>&1 || rc=$?
 [ "$rc" -eq 137 ] || { echo "FAIL: kill hook: exit $rc"; exit 1; }
-expect_exit 2 "belongs to a different run (the dump is not the one it was written for" \
+expect_exit 2 "belongs to a different run (an input file (dump or weights) is not the one it was written for" \
   "$A" confusion --dump "$WORK/other.h5" --out "$WORK/r" --resume
 expect_exit 2 "parameters.eps: 0.01 here, 0.001 in the journal" \
   "$A" confusion --dump "$WORK/d.h5" --out "$WORK/r" --resume --eps 1e-2
