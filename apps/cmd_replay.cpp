@@ -62,7 +62,7 @@ Inputs read_inputs(const ReplayFlags& f) {
   } else {
     DumpReader reader(f.common.dump);
     const DumpSchema& schema = reader.schema();
-    if (!schema.has_images) throw InputError(f.common.dump, "/images", "the model's input images", "none");
+    if (!schema.has_images) throw InputError(schema.path, "/images", "the model's input images", "none");
     all = reader.read_images(&in.shape);
     if (schema.has_labels) in.labels = reader.read_labels();
     if (schema.has_logits) in.logits = reader.read_logits();
@@ -126,7 +126,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   for (const VitModel& m : models) ivs.push_back(analyses::parse_interventions(f.interventions, m, f.common.seed));
   if (f.common.dump.empty() == f.image_set.empty()) throw UsageError("give either --dump or --image-set");
   const Inputs in = read_inputs(f);
-  const std::string source = f.image_set.empty() ? f.common.dump : f.image_set;
+  const std::string source = f.image_set.empty() ? f.common.dump.name() : f.image_set;
   for (const VitModel& m : models) check_fit(m, in, source);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

@@ -234,8 +234,7 @@ std::size_t float_bytes(std::size_t n) { return n * sizeof(float); }
 
 }  // namespace
 
-LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved,
-                            std::size_t read_buffer_bytes) {
+LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved) {
   const auto H = static_cast<std::size_t>(schema.attrs.num_heads);
   const auto N = static_cast<std::size_t>(schema.attrs.num_tokens);
   const auto d = static_cast<std::size_t>(schema.attrs.head_dim);
@@ -249,7 +248,7 @@ LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved,
       if (l < schema.layer_has_out.size() && schema.layer_has_out[l]) m.image_bytes += float_bytes(H * N * d);
     }
   }
-  m.fixed_bytes = read_buffer_bytes;
+  m.fixed_bytes = read_buffer_bytes(schema.attrs);
   if (!resolved.transform.is_identity()) {
     m.fixed_bytes += float_bytes(resolved.layers.size() * resolved.heads.size() * N * d);
   }
@@ -318,7 +317,7 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(int image)>& on_image) {
   if (resolved.images.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const LoopMemory plan = plan_loop_memory(reader.schema(), resolved, reader.read_buffer_bytes());
+  const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
   reader.set_chunk_cache(plan.chunk_cache);
   ImageQueue queue(plan.depth);
   ReaderThread guard{queue, {}};

@@ -251,6 +251,7 @@ struct FileReader {
   std::vector<LayerSets> layers;
   h5::Handle labels, logits, images;
   ReadScratch* scratch = nullptr;
+  int shard_first_image = -1;  // the optional attribute of a shard (-1: absent)
 
   FileReader(const std::string& path, ReadScratch& s);
   void open_layers();
@@ -427,6 +428,9 @@ FileReader::FileReader(const std::string& path, ReadScratch& s) : scratch(&s) {
   h5::Handle root = h5::group(H5Gopen2(file.get(), "/", H5P_DEFAULT));
   schema.attrs = dump_detail::read_attributes(root.get(), path);
   schema.source_layers = dump_detail::read_source_layers(root.get(), path, schema.attrs.num_layers);
+  if (H5Aexists(root.get(), "shard_first_image") > 0) {
+    shard_first_image = dump_detail::root_int(root.get(), "shard_first_image", path);
+  }
   open_layers();
   open_optional();
   schema.file_images = {schema.num_images};
@@ -583,9 +587,24 @@ void check_compatible(const FileReader& a, const FileReader& b) {
            std::to_string(h5::dims(b.logits.get()).at(1)));
   }
   if (x.has_images) {
-    differ("/images shape [C, H, W]", h5::shape_string(h5::dims(a.images.get())),
-           h5::shape_string(h5::dims(b.images.get())));
+    std::vector<hsize_t> da = h5::dims(a.images.get()), db = h5::dims(b.images.get());
+    da.erase(da.begin());
+    db.erase(db.begin());
+    differ("/images shape [C, H, W]", h5::shape_string(da), h5::shape_string(db));
   }
+}
+
+/// Shards of one dump (the dumper's shard_first_image attribute) must follow each other in
+/// order: `b`'s first image comes after the last of `a`.
+void check_shard_order(const FileReader& a, const FileReader& b) {
+  if (a.shard_first_image < 0 || b.shard_first_image < 0) return;
+  const long long after = static_cast<long long>(a.shard_first_image) + a.schema.num_images;
+  if (b.shard_first_image >= after) return;
+  throw InputError(b.schema.path, "attribute 'shard_first_image'",
+                   "at least " + std::to_string(after) + ", as the shard given after " +
+                       a.schema.path + " (images " + std::to_string(a.shard_first_image) + " to " +
+                       std::to_string(after - 1) + "; give the shards in order)",
+                   std::to_string(b.shard_first_image));
 }
 
 }  // namespace
@@ -646,7 +665,10 @@ DumpReader::DumpReader(const std::vector<std::string>& paths) : impl_(std::make_
   Impl& m = *impl_;
   for (const std::string& p : paths) {
     m.files.push_back(std::make_unique<FileReader>(p, m.scratch));
-    if (m.files.size() > 1) check_compatible(*m.files.front(), *m.files.back());
+    if (m.files.size() > 1) {
+      check_compatible(*m.files.front(), *m.files.back());
+      check_shard_order(*m.files[m.files.size() - 2], *m.files.back());
+    }
   }
   m.schema = m.files.front()->schema;
   m.schema.files = paths;
@@ -678,8 +700,7 @@ void DumpReader::set_chunk_cache(std::size_t bytes) {
 
 std::size_t DumpReader::chunk_cache() const { return impl_->chunk_cache; }
 
-std::size_t DumpReader::read_buffer_bytes() const {
-  const DumpAttributes& a = impl_->schema.attrs;
+std::size_t read_buffer_bytes(const DumpAttributes& a) {
   const auto H = static_cast<std::size_t>(a.num_heads), N = static_cast<std::size_t>(a.num_tokens),
              d = static_cast<std::size_t>(a.head_dim);
   // The largest block read at once: one layer's q, k or v, or one head's attn.

@@ -131,14 +131,15 @@ class DumpReader {
   /// when the reader moves to another), so it does not grow with the number of files.
   void set_chunk_cache(std::size_t bytes);
   [[nodiscard]] std::size_t chunk_cache() const;
-  /// Bytes of the buffers the reader keeps for its reads (one layer's q, k or v, or one head's
-  /// attn, as float and as raw half), besides the images it fills and the chunk cache.
-  [[nodiscard]] std::size_t read_buffer_bytes() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Bytes of the buffers a DumpReader of such a dump keeps for its reads (one layer's q, k or v,
+/// or one head's attn, as float and as raw half), besides the images it fills and the chunk cache.
+[[nodiscard]] std::size_t read_buffer_bytes(const DumpAttributes& attrs);
 
 struct DumpWriterOptions {
   DType dtype = DType::F32;

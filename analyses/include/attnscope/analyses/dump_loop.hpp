@@ -64,9 +64,8 @@ struct LoopMemory {
 /// The plan for `resolved` under its max_memory: at least two images in flight (one computed,
 /// one read), at most kMaxQueueDepth; the chunk cache gets an eighth of what remains (at most
 /// kMaxChunkCache) when two images still fit beside it. UsageError naming the bytes needed when
-/// the budget cannot hold two images. `read_buffer_bytes` is DumpReader::read_buffer_bytes().
-LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved,
-                            std::size_t read_buffer_bytes);
+/// the budget cannot hold two images.
+LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved);
 
 /// Parses a byte size: a whole number with an optional K, M, G or T suffix (powers of 1024,
 /// an optional trailing B or iB; e.g. 800M, 2G, 1.5G, 1048576). UsageError naming `flag` when it
