@@ -43,16 +43,19 @@ void validate(boost::any& v, const std::vector<std::string>& values, DumpFiles*,
   if (v.empty()) v = DumpFiles();
   auto& files = boost::any_cast<DumpFiles&>(v);
   for (const std::string& f : values) {
-    if (f.empty()) throw UsageError("--dump was given an empty file name");
+    if (f.empty()) {
+      throw UsageError("--dump was given an empty value (give a value, or leave the flag out for "
+                       "its default)");
+    }
     files.push_back(f);
   }
 }
 
 void add_dump_option(po::options_description& d, CommonOptions& o, const std::string& alternative) {
   const std::string help =
-      "HDF5 dump to read (docs/dump-format.md); several files (shards) are read as one dump, "
-      "their images in the order given";
-  auto* value = po::value(&o.dump)->value_name("FILE [FILE...]")->multitoken()->composing();
+      "HDF5 dump to read (docs/dump-format.md); several files are read as one dump, their images "
+      "in the order given";
+  auto* value = po::value(&o.dump)->value_name("FILE...")->multitoken()->composing();
   if (alternative.empty()) {
     d.add_options()("dump", value->required(), help.c_str());
   } else {

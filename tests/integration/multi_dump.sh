@@ -68,4 +68,4 @@ expect_exit 2 "--max-memory 10 KiB is too small" \
 expect_grep "needs at least .* \([0-9]+ bytes\)" "$WORK/err.txt"
 expect_no_file "$WORK/small/confusion.json"
 expect_exit 2 "--max-memory: expected a size" "$ATTNSCOPE" locality --dump "$WORK/all.h5" --max-memory 2X --out "$WORK/x"
-expect_exit 2 "--dump was given an empty file name" "$ATTNSCOPE" locality --dump "$WORK/all.h5" "" --out "$WORK/x"
+expect_exit 2 "--dump was given an empty value" "$ATTNSCOPE" locality --dump "$WORK/all.h5" "" --out "$WORK/x"
