@@ -237,13 +237,26 @@ std::vector<std::string> extra_layer_links(hid_t file, int num_layers) {
 
 
 /// What every file of a reader shares: the block buffers and the half type of the raw reads,
-/// and the dataset access list that sets HDF5's chunk cache.
+/// and the chunk cache each dataset may have.
 struct ReadScratch {
   h5::Handle half = h5::half_type();  // little-endian IEEE half, the raw-read memory type
   std::vector<float> buf;
   std::vector<std::uint16_t> half_buf;
-  h5::Handle dapl = h5::plist(H5Pcreate(H5P_DATASET_ACCESS));
+  std::size_t dataset_cache = 0;  // the most chunk cache one dataset may have
 };
+
+/// Bytes of one chunk of `ds` (0 when it is not chunked).
+std::size_t chunk_bytes(hid_t ds) {
+  h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return 0;
+  const int rank = H5Pget_chunk(dcpl.get(), 0, nullptr);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+  if (rank <= 0 || H5Pget_chunk(dcpl.get(), rank, dims.data()) < 0) return 0;
+  h5::Handle t = h5::type(H5Dget_type(ds));
+  std::size_t n = H5Tget_size(t.get());
+  for (hsize_t d : dims) n *= static_cast<std::size_t>(d);
+  return n;
+}
 
 /// One file of a dump: its schema (image indices local to the file) and open datasets.
 struct FileReader {
@@ -257,8 +270,8 @@ struct FileReader {
   FileReader(const std::string& path, ReadScratch& s);
   void open_layers();
   void open_optional();
-  /// Opens every dataset again under scratch->dapl: applies a new chunk cache size, and drops
-  /// whatever the old caches held.
+  /// Opens every dataset again with a chunk cache of at most scratch->dataset_cache bytes (and
+  /// one chunk): applies a new size, and drops whatever the old caches held.
   void reopen_datasets();
   void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers, bool with_v);
   std::optional<MatF> read_head(int image, int layer, int head, bool attn);
@@ -438,10 +451,19 @@ FileReader::FileReader(const std::string& path, ReadScratch& s) : scratch(&s) {
 }
 
 void FileReader::reopen_datasets() {
+  // Each dataset's cache holds one chunk at most: with one image per chunk that serves the
+  // per-head reads of attn and out, with several it serves the images that follow; more would
+  // only keep chunks that are never read again.
   const auto reopen = [this](h5::Handle& h, const std::string& name) {
     if (!h.valid()) return;
+    const std::size_t bytes = std::min(chunk_bytes(h.get()), scratch->dataset_cache);
     h.reset();
-    h = h5::dataset(H5Dopen2(file.get(), name.c_str(), scratch->dapl.get()));
+    h5::Handle dapl = h5::plist(H5Pcreate(H5P_DATASET_ACCESS));
+    if (H5Pset_chunk_cache(dapl.get(), H5D_CHUNK_CACHE_NSLOTS_DEFAULT, bytes,
+                           H5D_CHUNK_CACHE_W0_DEFAULT) < 0) {
+      throw Error("cannot set HDF5's chunk cache: " + h5::last_error());
+    }
+    h = h5::dataset(H5Dopen2(file.get(), name.c_str(), dapl.get()));
     if (!h.valid()) throw InputError(schema.path, name, "a readable dataset", h5::last_error());
   };
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -632,10 +654,7 @@ void DumpReader::Impl::apply_chunk_cache() {
   for (std::size_t l = 0; l < f0.layers.size(); ++l) {
     sets += 3 + (f0.schema.layer_has_attn[l] ? 1 : 0) + (f0.schema.layer_has_out[l] ? 1 : 0);
   }
-  if (H5Pset_chunk_cache(scratch.dapl.get(), H5D_CHUNK_CACHE_NSLOTS_DEFAULT, chunk_cache / sets,
-                         H5D_CHUNK_CACHE_W0_DEFAULT) < 0) {
-    throw Error("cannot set HDF5's chunk cache: " + h5::last_error());
-  }
+  scratch.dataset_cache = chunk_cache / sets;
   for (auto& f : files) f->reopen_datasets();
 }
 

@@ -127,8 +127,9 @@ class DumpReader {
   [[nodiscard]] std::vector<DatasetInfo> datasets() const;
 
   /// Caps HDF5's chunk cache at `bytes` for the whole reader (default 32 MiB): split evenly over
-  /// one file's datasets, and only the file read last keeps its caches (a file's are emptied
-  /// when the reader moves to another), so it does not grow with the number of files.
+  /// one file's datasets, each holding one chunk at most, and only the file read last keeps its
+  /// caches (a file's are emptied when the reader moves to another), so it grows neither with
+  /// the dump's size nor with the number of files.
   void set_chunk_cache(std::size_t bytes);
   [[nodiscard]] std::size_t chunk_cache() const;
 

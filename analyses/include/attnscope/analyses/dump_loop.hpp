@@ -28,8 +28,9 @@ struct LoopStats {
 /// The streaming loop's default memory budget (Selection::max_memory = 0).
 inline constexpr std::size_t kDefaultMaxMemory = std::size_t{512} << 20;
 /// The most images in flight, whatever the budget: more never hides more I/O.
-inline constexpr std::size_t kMaxQueueDepth = 16;
-/// The most bytes of HDF5 chunk cache a loop asks for.
+inline constexpr std::size_t kMaxQueueDepth = 8;
+/// The most bytes of HDF5 chunk cache a loop asks for (each dataset holds one chunk at most,
+/// DumpReader::set_chunk_cache, so a dump chunked one image per chunk uses about one image).
 inline constexpr std::size_t kMaxChunkCache = std::size_t{64} << 20;
 
 /// Which part of a dump an analysis reads.
