@@ -2,7 +2,8 @@
 # Dumps larger than memory: writes a synthetic float16 dump of DeiT-T shape (12 layers, 3 heads,
 # 14x14 grid + 1 prefix token, head dim 64, uncompressed) of SIZE_GB, and a smaller one of
 # SMALL_GB, runs `confusion` and `locality` over each under /usr/bin/time -v, and prints a markdown
-# table: images, wall time, images per second, peak RSS and the share of the streaming loop spent
+# table: images, wall time of the process, images per second (over the run JSON's elapsed_s; for
+# synth over the wall time), peak RSS and the share of the streaming loop spent
 # waiting for the reader (the run JSON's results.io_wait_share). Peak RSS at the two sizes shows
 # that memory does not grow with the dump. When the binary was built with MPI, `confusion` is
 # also run under `mpirun --oversubscribe -n R` for each R of RANKS, its CSVs checked byte for byte
@@ -92,7 +93,15 @@ row() {
   local walls=() rates=() rss=() io=()
   for name in "$@"; do
     walls+=("$WORKDIR/$name.wall")
-    python3 -c "print($n / float(open('$WORKDIR/$name.wall').read()))" >"$WORKDIR/$name.rate"
+    # images/s over the run's own elapsed time (its JSON, to the microsecond) where there is one
+    python3 - "$WORKDIR/$name" "$n" >"$WORKDIR/$name.rate" <<'PY'
+import json, os, sys
+base, n = sys.argv[1], int(sys.argv[2])
+t = float(open(base + ".wall").read())
+if os.path.exists(base + ".json"):
+    t = json.load(open(base + ".json"))["elapsed_s"]
+print(n / t)
+PY
     rates+=("$WORKDIR/$name.rate")
     python3 -c "print(int(open('$WORKDIR/$name.rss').read()) / 1024)" >"$WORKDIR/$name.mib"
     rss+=("$WORKDIR/$name.mib")
