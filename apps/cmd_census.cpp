@@ -178,7 +178,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
                    {"precision", "double"},
                    {"threads", threads}};
   ImageRun run(f.control, "census", args, dir,
-               run_fingerprint("census", {f.common.dump}, meta.params()), sel.images);
+               run_fingerprint("census", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
     analyses::Selection part = sel;
     part.images = run.pending();

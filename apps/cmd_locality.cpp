@@ -137,7 +137,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
   ImageRun run(f.control, "locality", args, dir,
-               run_fingerprint("locality", {f.common.dump}, meta.params()), sel.images);
+               run_fingerprint("locality", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   run.compute([&] {
     analyses::Selection part = sel;

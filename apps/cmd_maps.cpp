@@ -95,7 +95,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"variants", variant_names(variants)}, {"tokens", tokens}, {"images", sel.images},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"transform", sel.transform.name()},
                    {"threads", threads}, {"seed", f.common.seed}};
-  ImageRun run(f.control, "maps", args, dir, run_fingerprint("maps", {f.common.dump}, meta.params()),
+  ImageRun run(f.control, "maps", args, dir, run_fingerprint("maps", f.common.dump, meta.params()),
                sel.images);
   run.compute([&] {
     analyses::Selection part = sel;

@@ -201,7 +201,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                    {"precision", "double"},
                    {"threads", threads}};
   ImageRun run(f.control, "mask", args, dir,
-               run_fingerprint("mask", {f.common.dump}, meta.params()), sel.images);
+               run_fingerprint("mask", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
     analyses::Selection part = sel;
     part.images = run.pending();

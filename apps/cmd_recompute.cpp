@@ -100,7 +100,7 @@ int run_recompute(const std::vector<std::string>& args) {
   meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
                    {"images", sel.images.size()}};
   ImageRun run(f.control, "recompute", args, dir,
-               run_fingerprint("recompute", {f.common.dump}, meta.params()),
+               run_fingerprint("recompute", f.common.dump, meta.params()),
                sel.images);
   run.compute([&] {
     Progress progress("recompute", run.pending().size());

@@ -61,13 +61,16 @@ struct Inputs {
 Inputs open_inputs(const ReplayFlags& f) {
   Inputs in;
   std::string path = f.image_set;
+  if (f.common.dump.size() > 1) {
+    throw UsageError("replay reads the images of one dump: give one --dump file (or --image-set)");
+  }
   if (path.empty()) {
     DumpReader reader(f.common.dump);
     const DumpSchema& schema = reader.schema();
-    if (!schema.has_images) throw InputError(f.common.dump, "/images", "the model's input images", "none");
+    if (!schema.has_images) throw InputError(schema.path, "/images", "the model's input images", "none");
     in.has_logits = schema.has_logits;
     in.model_name = schema.attrs.model_name;
-    path = f.common.dump;
+    path = f.common.dump.front();
   }
   in.rows = std::make_unique<ImageRowReader>(path);
   in.shape = in.rows->shape();
@@ -134,7 +137,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   for (const VitModel& m : models) ivs.push_back(analyses::parse_interventions(f.interventions, m, f.common.seed));
   if (f.common.dump.empty() == f.image_set.empty()) throw UsageError("give either --dump or --image-set");
   Inputs in = open_inputs(f);
-  const std::string source = f.image_set.empty() ? f.common.dump : f.image_set;
+  const std::string source = f.image_set.empty() ? f.common.dump.name() : f.image_set;
   for (const VitModel& m : models) check_fit(m, in, source);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
   const std::size_t per = ivs.front().size();

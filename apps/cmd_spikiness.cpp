@@ -347,7 +347,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   identity["queries_sha256"] = samples_digest(samples);
   ImageRun run(f.control, "spikiness", args, dir,
                run_fingerprint("spikiness",
-                               f.synthetic ? std::vector<std::string>{} : std::vector{f.common.dump},
+                               f.synthetic ? std::vector<std::string>{} : std::vector<std::string>(f.common.dump),
                                identity),
                analyses::sample_images(samples));
   run.compute([&] {

@@ -3,6 +3,7 @@
 #include "common.hpp"
 #include "mpi_world.hpp"
 
+#include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/text.hpp"
 
@@ -25,13 +26,41 @@
 
 namespace attnscope::app {
 
-void add_dump_option(po::options_description& d, CommonOptions& o, const std::string& alternative) {
-  const std::string help = "HDF5 dump to read (docs/dump-format.md)";
-  if (alternative.empty()) {
-    d.add_options()("dump", po::value(&o.dump)->value_name("FILE")->required(), help.c_str());
+std::string DumpFiles::name() const {
+  std::string s;
+  for (const std::string& f : *this) s += (s.empty() ? "" : ", ") + f;
+  return s;
+}
+
+void to_json(nlohmann::json& j, const DumpFiles& files) {
+  if (files.size() == 1) {
+    j = files.front();
   } else {
-    d.add_options()("dump", po::value(&o.dump)->value_name("FILE"),
-                    (help + "; or " + alternative).c_str());
+    j = static_cast<const std::vector<std::string>&>(files);
+  }
+}
+
+void validate(boost::any& v, const std::vector<std::string>& values, DumpFiles*, int) {
+  if (v.empty()) v = DumpFiles();
+  auto& files = boost::any_cast<DumpFiles&>(v);
+  for (const std::string& f : values) {
+    if (f.empty()) {
+      throw UsageError("--dump was given an empty value (give a value, or leave the flag out for "
+                       "its default)");
+    }
+    files.push_back(f);
+  }
+}
+
+void add_dump_option(po::options_description& d, CommonOptions& o, const std::string& alternative) {
+  const std::string help =
+      "HDF5 dump to read (docs/dump-format.md); several files are read as one dump, their images "
+      "in the order given";
+  auto* value = po::value(&o.dump)->value_name("FILE...")->multitoken()->composing();
+  if (alternative.empty()) {
+    d.add_options()("dump", value->required(), help.c_str());
+  } else {
+    d.add_options()("dump", value, (help + "; or " + alternative).c_str());
   }
 }
 
@@ -290,9 +319,21 @@ RunMetadata::RunMetadata(std::string command) : start_(std::chrono::steady_clock
   j_["results"] = nlohmann::json::object();
 }
 
+std::shared_ptr<analyses::LoopStats> run_loop_stats() {
+  static const auto stats = std::make_shared<analyses::LoopStats>();
+  return stats;
+}
+
 std::filesystem::path RunMetadata::publish(ResultSet& set) {
   const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start_;
   j_["elapsed_s"] = dt.count();
+  if (const analyses::LoopStats& s = *run_loop_stats(); s.images > 0) {
+    j_["results"]["io_wait_seconds"] = s.io_wait_seconds;
+    j_["results"]["io_wait_share"] = s.loop_seconds > 0 ? s.io_wait_seconds / s.loop_seconds : 0.0;
+    j_["results"]["read_queue"] = {{"images_in_flight", s.queue_depth},
+                                   {"image_bytes", s.image_bytes},
+                                   {"chunk_cache_bytes", s.chunk_cache_bytes}};
+  }
   j_["threads"] = omp_get_max_threads();
   return set.publish(j_);
 }
@@ -316,23 +357,52 @@ struct Progress::Impl {
   }
 
   void draw(std::size_t n, long long ms) {
-    constexpr int kWidth = 30;
-    const double frac =
-        total == 0 ? 1.0 : std::min(1.0, static_cast<double>(n) / static_cast<double>(total));
-    const int filled = static_cast<int>(frac * kWidth);
     std::ostringstream line;
-    line << "\r" << label << " [" << std::string(static_cast<std::size_t>(filled), '#')
-         << std::string(static_cast<std::size_t>(kWidth - filled), '.') << "] " << n << "/" << total
-         << " " << static_cast<int>(frac * 100.0) << "%";
-    if (n > 0 && n < total) {
-      const double eta = static_cast<double>(ms) / 1000.0 * (1.0 - frac) / frac;
-      line << " ETA " << std::fixed << std::setprecision(0) << eta << "s";
-    }
+    line << "\r" << Progress::line(label, n, total, static_cast<double>(ms) / 1000.0);
     line << "\033[K";
     std::cerr << line.str() << std::flush;
     drawn = true;
   }
 };
+
+namespace {
+
+/// "42s", "3m05s", "2h07m".
+std::string duration_text(double seconds) {
+  const auto s = static_cast<long long>(std::llround(seconds));
+  char buf[32];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%llds", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::string Progress::line(const std::string& label, std::size_t done, std::size_t total,
+                           double seconds) {
+  constexpr int kWidth = 30;
+  const double frac =
+      total == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total));
+  const int filled = static_cast<int>(frac * kWidth);
+  std::ostringstream line;
+  line << label << " [" << std::string(static_cast<std::size_t>(filled), '#')
+       << std::string(static_cast<std::size_t>(kWidth - filled), '.') << "] " << done << "/"
+       << total << " " << static_cast<int>(frac * 100.0) << "%";
+  if (done > 0 && seconds > 0) {
+    const double rate = static_cast<double>(done) / seconds;
+    line << " " << std::fixed << std::setprecision(rate < 10 ? 2 : rate < 100 ? 1 : 0) << rate
+         << "/s";
+    if (done < total) {
+      line << " ETA " << duration_text(static_cast<double>(total - done) / rate);
+    }
+  }
+  return line.str();
+}
 
 Progress::Progress(std::string label, std::size_t total) : impl_(new Impl) {
   impl_->label = std::move(label);

@@ -17,12 +17,22 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace attnscope::analyses {
+struct LoopStats;
+}
 
 namespace attnscope::app {
 
 namespace po = boost::program_options;
+
+/// What this run's streaming loops measured (one run per process): make_selection hands it to
+/// every selection, RunMetadata::publish records it under "results" (io_wait_seconds,
+/// io_wait_share of the loops' time, and the read queue's sizes) when a loop ran.
+std::shared_ptr<analyses::LoopStats> run_loop_stats();
 
 /// Exit codes: 0 ok, 1 input/numerical error, 2 usage error, 3 a check failed (verify),
 /// 4 nothing to measure (no images selected, or no row of the selection could be measured).
@@ -68,17 +78,31 @@ VariantDefault dumps_own_variant();
 /// A fixed list of variant names, parsed under the dump's convention.
 VariantDefault variants_under_dump_convention(const std::string& specs);
 
+/// The files of --dump, in the order their images follow each other. Converts to the file list
+/// DumpReader takes; recorded in a run's JSON as the file name when there is one file (the form
+/// runs have always had) and as a list when there are several.
+struct DumpFiles : std::vector<std::string> {
+  using std::vector<std::string>::vector;
+  /// The files for messages: "a.h5" or "a.h5, b.h5".
+  [[nodiscard]] std::string name() const;
+};
+void to_json(nlohmann::json& j, const DumpFiles& files);
+/// Boost.Program_options parses every value of --dump (`--dump a.h5 b.h5`, repeated or not) into
+/// the list; an empty name is refused.
+void validate(boost::any& v, const std::vector<std::string>& values, DumpFiles*, int);
+
 /// The shared flags. Each one is declared by one function below, used by every command that
 /// takes it, so that its name, value name, help text and default are spelled in one place.
 struct CommonOptions {
-  std::string dump;                 ///< --dump FILE
+  DumpFiles dump;                   ///< --dump FILE [FILE...]
   std::string out;                  ///< --out DIR (results folder, created if missing)
   std::string variant;              ///< --variant SPEC[,SPEC...] (empty: variant_default)
   VariantDefault variant_default = dumps_own_variant();
   int threads = 0;                  ///< --threads N (0: OpenMP default)
   std::uint64_t seed = 0;           ///< --seed N
 };
-/// --dump FILE, required; with `alternative` (e.g. "--synthetic") optional, the help naming it.
+/// --dump FILE [FILE...] (several values, or the flag repeated), required; with `alternative`
+/// (e.g. "--synthetic") optional, the help naming it.
 void add_dump_option(po::options_description& d, CommonOptions& o,
                      const std::string& alternative = "");
 void add_out_option(po::options_description& d, CommonOptions& o, const std::string& default_dir);
@@ -137,7 +161,7 @@ class RunMetadata {
   std::chrono::steady_clock::time_point start_;
 };
 
-/// Progress bar with ETA on stderr, drawn only when stderr is a terminal and the work has run
+/// Progress bar with rate and ETA on stderr, drawn only when stderr is a terminal and the work has run
 /// for more than a second. Thread-safe tick().
 class Progress {
  public:
@@ -145,6 +169,10 @@ class Progress {
   ~Progress();
   void tick(std::size_t n = 1);
   void finish();
+  /// The line drawn for `done` of `total` items after `seconds`: bar, count, percentage, rate and
+  /// ETA (rate and ETA once something is done).
+  static std::string line(const std::string& label, std::size_t done, std::size_t total,
+                          double seconds);
 
  private:
   struct Impl;

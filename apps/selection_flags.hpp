@@ -1,5 +1,5 @@
-// The flags that choose part of a dump (--images, --layers, --heads, --transform), shared by the
-// analysis subcommands.
+// The flags that choose part of a dump (--images, --layers, --heads, --transform) and bound the
+// streaming loop's memory (--max-memory), shared by the analysis subcommands.
 #pragma once
 
 #include "common.hpp"
@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ namespace attnscope::app {
 struct SelectionFlags {
   std::string images, layers, heads;  ///< index lists like "0-9,15"; empty = all
   std::string transform = "none";     ///< none | f1 | f2 | l2norm
+  std::string max_memory;             ///< e.g. "800M", "2G"; empty = the loop's default
 };
 
 /// --images LIST, declared here only; `default_images` is what leaving it out selects ("": all).
@@ -42,6 +44,10 @@ inline void add_selection_options(po::options_description& d, SelectionFlags& f,
     d.add_options()("transform", po::value(&f.transform)->value_name("T")->default_value(f.transform),
                     "query transform applied before every family: none, f1, f2, l2norm");
   }
+  const std::string help = "memory for streaming the dump: images read ahead and HDF5's chunk "
+                           "cache, e.g. 800M, 2G (default: " +
+                           analyses::byte_size_text(analyses::kDefaultMaxMemory) + ")";
+  d.add_options()("max-memory", po::value(&f.max_memory)->value_name("SIZE"), help.c_str());
 }
 
 /// The selection resolved against the dump (UsageError on a bad index; NothingToMeasure when the
@@ -56,7 +62,15 @@ inline analyses::Selection make_selection(const SelectionFlags& f, const DumpSch
   sel.layers = dump_layers_of(schema, analyses::parse_index_list(f.layers, "--layers"));
   sel.heads = analyses::parse_index_list(f.heads, "--heads");
   sel.transform = parse_query_transform(f.transform, seed);
-  return analyses::resolve(schema, sel);
+  if (!f.max_memory.empty()) sel.max_memory = analyses::parse_byte_size(f.max_memory, "--max-memory");
+  sel.stats = run_loop_stats();
+  sel = analyses::resolve(schema, sel);
+  // Refused before any result is written; an analysis that reads V or the model's own tensors
+  // needs more, which the loop checks when it starts.
+  analyses::Selection least = sel;
+  least.need_v = false;
+  (void)analyses::plan_loop_memory(schema, least);
+  return sel;
 }
 
 inline nlohmann::json variant_names(const std::vector<Variant>& vs) {
@@ -66,26 +80,50 @@ inline nlohmann::json variant_names(const std::vector<Variant>& vs) {
 }
 
 /// Wall time between successive finished images (the streaming throughput per image), reported
-/// as median, min and max in milliseconds.
+/// as median, min and max in milliseconds. The median comes from a histogram of fixed size with
+/// bins 1% wide (so memory does not grow with the number of images); min and max are exact.
 class ImageTimer {
  public:
   void tick() {
     const auto now = std::chrono::steady_clock::now();
-    ms_.push_back(std::chrono::duration<double, std::milli>(now - last_).count());
+    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
     last_ = now;
+    min_ = n_ == 0 ? ms : std::min(min_, ms);
+    max_ = n_ == 0 ? ms : std::max(max_, ms);
+    ++n_;
+    ++bins_[bin(ms)];
   }
   [[nodiscard]] nlohmann::json summary() const {
-    if (ms_.empty()) return nlohmann::json::object();
-    std::vector<double> s = ms_;
-    std::sort(s.begin(), s.end());
-    const std::size_t n = s.size();
-    const double median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-    return {{"median", median}, {"min", s.front()}, {"max", s.back()}, {"images", n}};
+    if (n_ == 0) return nlohmann::json::object();
+    return {{"median", std::clamp(median(), min_, max_)}, {"min", min_}, {"max", max_}, {"images", n_}};
   }
 
  private:
+  static constexpr double kLow = 1e-3;    // ms: everything below lands in bin 0
+  static constexpr double kRatio = 1.01;  // each bin 1% wider than the last
+  static constexpr std::size_t kBins = 2400;  // up to 1e-3 * 1.01^2400 ms, about 70 days
+  static std::size_t bin(double ms) {
+    if (!(ms > kLow)) return 0;
+    const double b = std::log(ms / kLow) / std::log(kRatio);
+    return std::min(kBins - 1, static_cast<std::size_t>(b));
+  }
+  static double centre(std::size_t b) { return kLow * std::pow(kRatio, static_cast<double>(b) + 0.5); }
+  /// The median's bin centre (the mean of the two middle values' bins for an even count).
+  [[nodiscard]] double median() const {
+    const auto value_at = [this](std::size_t rank) {  // rank counts from 0
+      std::size_t seen = 0;
+      for (std::size_t b = 0; b < kBins; ++b) {
+        seen += bins_[b];
+        if (seen > rank) return centre(b);
+      }
+      return max_;
+    };
+    return n_ % 2 ? value_at(n_ / 2) : 0.5 * (value_at(n_ / 2 - 1) + value_at(n_ / 2));
+  }
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-  std::vector<double> ms_;
+  std::vector<std::size_t> bins_ = std::vector<std::size_t>(kBins, 0);
+  std::size_t n_ = 0;
+  double min_ = 0, max_ = 0;
 };
 
 }  // namespace attnscope::app

@@ -1,7 +1,7 @@
-// Streaming over a dump: the next image is read on a helper thread while OpenMP threads compute
-// the heads of the current one. Only one thread touches the reader at any time, and the two
-// images in flight reuse their storage (the model's own attn and out, when asked for, are read
-// with their image).
+// Streaming over a dump: a reader thread fills a bounded queue of image buffers while OpenMP
+// threads compute the heads of the image at its head. Only the reader thread touches the reader
+// during the loop; the buffers are allocated once and reused (the model's own attn and out, when
+// asked for, are read with their image), so memory is set by the budget, not by the dump.
 #include "attnscope/analyses/dump_loop.hpp"
 
 #include "attnscope/error.hpp"
@@ -9,11 +9,20 @@
 #include "attnscope/text.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
-#include <future>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 
 namespace attnscope::analyses {
 
@@ -139,26 +148,209 @@ std::vector<int> parse_index_list(std::string_view spec, const std::string& flag
   return out;
 }
 
+namespace {
+
+/// Images handed from the reader thread to the computing thread: `ready` in image order, `free`
+/// the buffers the reader may fill. Both hold pointers into a fixed set of buffers.
+class ImageQueue {
+ public:
+  explicit ImageQueue(std::size_t depth) : buffers_(depth) {
+    for (ImageBuffer& b : buffers_) free_.push_back(&b);
+  }
+
+  /// Reader side: a buffer to fill, or null when the loop stops.
+  ImageBuffer* take_free() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return stop_ || !free_.empty(); });
+    if (stop_) return nullptr;
+    ImageBuffer* b = free_.front();
+    free_.pop_front();
+    return b;
+  }
+  void put_ready(ImageBuffer* b) {
+    {
+      std::lock_guard lock(mu_);
+      ready_.push_back(b);
+    }
+    cv_.notify_all();
+  }
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mu_);
+      error_ = std::move(e);
+    }
+    cv_.notify_all();
+  }
+
+  /// Computing side: the next image read, in order; rethrows the reader's error once every image
+  /// read before it was taken. Adds the time spent waiting to `waited`.
+  ImageBuffer* take_ready(double& waited) {
+    std::unique_lock lock(mu_);
+    if (ready_.empty() && !error_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait(lock, [this] { return error_ || !ready_.empty(); });
+      waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (ready_.empty()) std::rethrow_exception(error_);
+    ImageBuffer* b = ready_.front();
+    ready_.pop_front();
+    return b;
+  }
+  void give_back(ImageBuffer* b) {
+    {
+      std::lock_guard lock(mu_);
+      free_.push_back(b);
+    }
+    cv_.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::vector<ImageBuffer> buffers_;
+  std::deque<ImageBuffer*> free_, ready_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+/// Stops and joins the reader thread however the computing side leaves (an analysis may throw).
+struct ReaderThread {
+  ImageQueue& queue;
+  std::thread thread;
+  ~ReaderThread() {
+    queue.stop();
+    if (thread.joinable()) thread.join();
+  }
+};
+
+std::size_t float_bytes(std::size_t n) { return n * sizeof(float); }
+
+}  // namespace
+
+LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved) {
+  const auto H = static_cast<std::size_t>(schema.attrs.num_heads);
+  const auto N = static_cast<std::size_t>(schema.attrs.num_tokens);
+  const auto d = static_cast<std::size_t>(schema.attrs.head_dim);
+  LoopMemory m;
+  // Every head of a selected layer is read (a layer is one block on disk).
+  for (int layer : resolved.layers) {
+    const auto l = static_cast<std::size_t>(layer);
+    m.image_bytes += float_bytes(H * N * d) * (resolved.need_v ? 3 : 2);
+    if (resolved.need_model_tensors) {
+      if (l < schema.layer_has_attn.size() && schema.layer_has_attn[l]) m.image_bytes += float_bytes(H * N * N);
+      if (l < schema.layer_has_out.size() && schema.layer_has_out[l]) m.image_bytes += float_bytes(H * N * d);
+    }
+  }
+  m.fixed_bytes = read_buffer_bytes(schema.attrs);
+  if (!resolved.transform.is_identity()) {
+    m.fixed_bytes += float_bytes(resolved.layers.size() * resolved.heads.size() * N * d);
+  }
+  const std::size_t budget = resolved.max_memory == 0 ? kDefaultMaxMemory : resolved.max_memory;
+  const std::size_t needed = m.fixed_bytes + 2 * m.image_bytes;
+  if (budget < needed) {
+    throw UsageError("--max-memory " + byte_size_text(budget) + " is too small: this selection " +
+                     "needs at least " + byte_size_text(needed) + " (" + std::to_string(needed) +
+                     " bytes) for two images in flight of " + byte_size_text(m.image_bytes) +
+                     " each and the reader's buffers");
+  }
+  const std::size_t avail = budget - m.fixed_bytes;
+  m.chunk_cache = std::min(avail / 8, kMaxChunkCache);
+  if (avail - m.chunk_cache < 2 * m.image_bytes) m.chunk_cache = avail - 2 * m.image_bytes;
+  m.depth = m.image_bytes == 0 ? 2 : (avail - m.chunk_cache) / m.image_bytes;
+  m.depth = std::clamp<std::size_t>(m.depth, 2, kMaxQueueDepth);
+  return m;
+}
+
+std::size_t parse_byte_size(std::string_view text, const std::string& flag) {
+  const auto refuse = [&] {
+    return UsageError(flag + ": expected a size such as 800M, 2G or 1048576 (K, M, G, T are " +
+                      "powers of 1024), found '" + std::string(text) + "'");
+  };
+  std::string s(text);
+  std::size_t digits = 0;
+  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) ++digits;
+  if (digits == 0) throw refuse();
+  const std::string number = s.substr(0, digits);
+  std::string unit = s.substr(digits);
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (unit.size() == 2 && unit.back() == 'i') unit.pop_back();
+  double scale = 1;
+  if (unit.size() == 1) {
+    const std::string units = "KMGT";
+    const std::size_t at = units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))));
+    if (at == std::string::npos) throw refuse();
+    scale = std::pow(1024.0, static_cast<double>(at + 1));
+  } else if (!unit.empty()) {
+    throw refuse();
+  }
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !(value > 0)) throw refuse();
+  const double bytes = std::floor(value * scale);
+  if (bytes < 1 || bytes > 1e18) throw refuse();
+  return static_cast<std::size_t>(bytes);
+}
+
+std::string byte_size_text(std::size_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  if (u == 0) return std::to_string(bytes) + " bytes";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v < 10 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image) {
   if (resolved.images.empty()) return;
-  // Two images in flight, their storage reused: the reader fills one while the other is
-  // computed, so no matrix is allocated (and page-faulted in) again after the first two images.
-  ImageBuffer buffers[2];
-  auto read = [&reader, &resolved, &buffers](std::size_t slot, int image) {
-    read_image(reader, resolved, image, buffers[slot]);
-  };
-  std::future<void> next =
-      std::async(std::launch::async, read, std::size_t{0}, resolved.images.front());
-  for (std::size_t n = 0; n < resolved.images.size(); ++n) {
-    next.get();
-    const ImageBuffer& buf = buffers[n % 2];
-    if (n + 1 < resolved.images.size()) {
-      next = std::async(std::launch::async, read, (n + 1) % 2, resolved.images[n + 1]);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
+  reader.set_chunk_cache(plan.chunk_cache);
+  ImageQueue queue(plan.depth);
+  ReaderThread guard{queue, {}};
+  guard.thread = std::thread([&reader, &resolved, &queue] {
+    try {
+      for (int image : resolved.images) {
+        ImageBuffer* b = queue.take_free();
+        if (b == nullptr) return;
+        read_image(reader, resolved, image, *b);
+        queue.put_ready(b);
+      }
+    } catch (...) {
+      queue.fail(std::current_exception());
     }
-    compute_image(buf, resolved, fn);
-    if (on_image) on_image(buf.qkv.image);
+  });
+  double waited = 0;
+  std::int64_t done = 0;
+  for (std::size_t n = 0; n < resolved.images.size(); ++n) {
+    ImageBuffer* b = queue.take_ready(waited);
+    compute_image(*b, resolved, fn);
+    const int image = b->qkv.image;
+    queue.give_back(b);
+    ++done;
+    if (on_image) on_image(image);
+  }
+  if (resolved.stats) {
+    LoopStats& s = *resolved.stats;
+    s.io_wait_seconds += waited;
+    s.loop_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.images += done;
+    s.queue_depth = plan.depth;
+    s.image_bytes = plan.image_bytes;
+    s.chunk_cache_bytes = plan.chunk_cache;
   }
 }
 

@@ -43,7 +43,8 @@ h5::Handle open_read_only(const std::string& path) {
     throw InputError(path, "", "an HDF5 file",
                      why.empty() ? "no HDF5 signature" : "an unreadable file (" + why + ")");
   }
-  h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  const h5::Handle fapl = h5::small_metadata_cache_fapl();  // flat with many files open
+  h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
   if (!f.valid()) {
     const std::vector<std::string> stack = h5::error_stack();
     const auto says = [&stack](const char* text) {
@@ -235,17 +236,45 @@ std::vector<std::string> extra_layer_links(hid_t file, int num_layers) {
 }  // namespace
 
 
-struct DumpReader::Impl {
+/// What every file of a reader shares: the block buffers and the half type of the raw reads,
+/// and the chunk cache each dataset may have.
+struct ReadScratch {
+  h5::Handle half = h5::half_type();  // little-endian IEEE half, the raw-read memory type
+  std::vector<float> buf;
+  std::vector<std::uint16_t> half_buf;
+  std::size_t dataset_cache = 0;  // the most chunk cache one dataset may have
+};
+
+/// Bytes of one chunk of `ds` (0 when it is not chunked).
+std::size_t chunk_bytes(hid_t ds) {
+  h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return 0;
+  const int rank = H5Pget_chunk(dcpl.get(), 0, nullptr);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+  if (rank <= 0 || H5Pget_chunk(dcpl.get(), rank, dims.data()) < 0) return 0;
+  h5::Handle t = h5::type(H5Dget_type(ds));
+  std::size_t n = H5Tget_size(t.get());
+  for (hsize_t d : dims) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+/// One file of a dump: its schema (image indices local to the file) and open datasets.
+struct FileReader {
   h5::Handle file;  // declared first: closed last
   DumpSchema schema;
   std::vector<LayerSets> layers;
   h5::Handle labels, logits, images;
-  h5::Handle half = h5::half_type();  // little-endian IEEE half, the raw-read memory type
-  std::vector<float> buf;
-  std::vector<std::uint16_t> half_buf;
+  ReadScratch* scratch = nullptr;
+  int shard_first_image = -1;  // the optional attribute of a shard (-1: absent)
 
+  FileReader(const std::string& path, ReadScratch& s);
   void open_layers();
   void open_optional();
+  /// Opens every dataset again with a chunk cache of at most scratch->dataset_cache bytes (and
+  /// one chunk): applies a new size, and drops whatever the old caches held.
+  void reopen_datasets();
+  void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers, bool with_v);
+  std::optional<MatF> read_head(int image, int layer, int head, bool attn);
   /// Reads block [image, start...] of shape [1, count...] as float into buf; checks finiteness.
   const float* read_block(hid_t ds, const std::string& name, int image,
                           const std::vector<hsize_t>& start, const std::vector<hsize_t>& count,
@@ -255,7 +284,7 @@ struct DumpReader::Impl {
   void check_head(int head) const;
 };
 
-void DumpReader::Impl::open_layers() {
+void FileReader::open_layers() {
   const std::string& path = schema.path;
   const DumpAttributes& a = schema.attrs;
   if (!h5::exists(file.get(), "layers")) throw InputError(path, "/layers", "a group", "none");
@@ -299,7 +328,7 @@ void DumpReader::Impl::open_layers() {
   }
 }
 
-void DumpReader::Impl::open_optional() {
+void FileReader::open_optional() {
   const std::string& path = schema.path;
   const auto n = static_cast<hsize_t>(schema.num_images);
   const auto H = static_cast<hsize_t>(schema.attrs.num_heads),
@@ -353,7 +382,7 @@ void DumpReader::Impl::open_optional() {
   }
 }
 
-const float* DumpReader::Impl::read_block(hid_t ds, const std::string& name, int image,
+const float* FileReader::read_block(hid_t ds, const std::string& name, int image,
                                           const std::vector<hsize_t>& start,
                                           const std::vector<hsize_t>& count,
                                           const std::vector<const char*>& labels_of_dims) {
@@ -362,7 +391,7 @@ const float* DumpReader::Impl::read_block(hid_t ds, const std::string& name, int
   cnt.insert(cnt.end(), count.begin(), count.end());
   hsize_t total = 1;
   for (hsize_t c : count) total *= c;
-  buf.resize(static_cast<std::size_t>(total));
+  scratch->buf.resize(static_cast<std::size_t>(total));
   // The memory space has the selection's own rank and shape: HDF5 then copies the contiguous
   // block in one piece, where a rank-1 memory space makes it iterate element by element.
   h5::Handle fs = h5::space(H5Dget_space(ds));
@@ -371,17 +400,18 @@ const float* DumpReader::Impl::read_block(hid_t ds, const std::string& name, int
   if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0) {
     why = h5::last_error();
   } else {
-    why = read_floats(ds, ms.get(), fs.get(), buf.data(), buf.size(), half.get(), half_buf);
+    why = read_floats(ds, ms.get(), fs.get(), scratch->buf.data(), scratch->buf.size(),
+                      scratch->half.get(), scratch->half_buf);
   }
   if (!why.empty()) {
     throw InputError(schema.path, name, "readable data at image " + std::to_string(image),
                      "a read error (" + why + ")");
   }
-  check_finite(buf.data(), start, count, labels_of_dims, schema.path, name, image);
-  return buf.data();
+  check_finite(scratch->buf.data(), start, count, labels_of_dims, schema.path, name, image);
+  return scratch->buf.data();
 }
 
-void DumpReader::Impl::check_image(int image) const {
+void FileReader::check_image(int image) const {
   if (schema.num_images == 0) {
     throw InputError(schema.path, "/layers/0/q", "at least one image", "no images");
   }
@@ -391,35 +421,312 @@ void DumpReader::Impl::check_image(int image) const {
   }
 }
 
-void DumpReader::Impl::check_layer(int layer) const {
+void FileReader::check_layer(int layer) const {
   if (layer < 0 || layer >= schema.attrs.num_layers) {
     throw UsageError(schema.path + ": layer " + std::to_string(layer) + " out of range [0, " +
                      std::to_string(schema.attrs.num_layers) + ")");
   }
 }
 
-void DumpReader::Impl::check_head(int head) const {
+void FileReader::check_head(int head) const {
   if (head < 0 || head >= schema.attrs.num_heads) {
     throw UsageError(schema.path + ": head " + std::to_string(head) + " out of range [0, " +
                      std::to_string(schema.attrs.num_heads) + ")");
   }
 }
 
-DumpReader::DumpReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+FileReader::FileReader(const std::string& path, ReadScratch& s) : scratch(&s) {
+  schema.path = path;
+  schema.files = {path};
+  file = dump_detail::open_read_only(path);
+  h5::Handle root = h5::group(H5Gopen2(file.get(), "/", H5P_DEFAULT));
+  schema.attrs = dump_detail::read_attributes(root.get(), path);
+  schema.source_layers = dump_detail::read_source_layers(root.get(), path, schema.attrs.num_layers);
+  if (H5Aexists(root.get(), "shard_first_image") > 0) {
+    shard_first_image = dump_detail::root_int(root.get(), "shard_first_image", path);
+  }
+  open_layers();
+  open_optional();
+  schema.file_images = {schema.num_images};
+}
+
+void FileReader::reopen_datasets() {
+  // Each dataset's cache holds one chunk at most: with one image per chunk that serves the
+  // per-head reads of attn and out, with several it serves the images that follow; more would
+  // only keep chunks that are never read again.
+  const auto reopen = [this](h5::Handle& h, const std::string& name) {
+    if (!h.valid()) return;
+    const std::size_t bytes = std::min(chunk_bytes(h.get()), scratch->dataset_cache);
+    h.reset();
+    h5::Handle dapl = h5::plist(H5Pcreate(H5P_DATASET_ACCESS));
+    if (H5Pset_chunk_cache(dapl.get(), H5D_CHUNK_CACHE_NSLOTS_DEFAULT, bytes,
+                           H5D_CHUNK_CACHE_W0_DEFAULT) < 0) {
+      throw Error("cannot set HDF5's chunk cache: " + h5::last_error());
+    }
+    h = h5::dataset(H5Dopen2(file.get(), name.c_str(), dapl.get()));
+    if (!h.valid()) throw InputError(schema.path, name, "a readable dataset", h5::last_error());
+  };
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const int li = static_cast<int>(l);
+    LayerSets& ls = layers[l];
+    reopen(ls.q, layer_path(li, "q"));
+    reopen(ls.k, layer_path(li, "k"));
+    reopen(ls.v, layer_path(li, "v"));
+    reopen(ls.attn, layer_path(li, "attn"));
+    reopen(ls.out, layer_path(li, "out"));
+  }
+  reopen(labels, "/labels");
+  reopen(logits, "/logits");
+  reopen(images, "/images");
+}
+
+void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers_wanted,
+                                 bool with_v) {
+  check_image(image);
+  img.heads = schema.attrs.num_heads;
+  img.layers.clear();
+  if (layers_wanted.empty()) {
+    for (int l = 0; l < schema.attrs.num_layers; ++l) img.layers.push_back(l);
+  } else {
+    for (int l : layers_wanted) check_layer(l);
+    img.layers = layers_wanted;
+  }
+  const int H = img.heads, N = schema.attrs.num_tokens, d = schema.attrs.head_dim;
+  const std::vector<hsize_t> count{static_cast<hsize_t>(H), static_cast<hsize_t>(N),
+                                   static_cast<hsize_t>(d)};
+  const std::size_t slots = img.layers.size() * static_cast<std::size_t>(H);
+  img.q.resize(slots);
+  img.k.resize(slots);
+  img.v.resize(slots);
+  if (!with_v) {
+    for (MatF& v : img.v) v.resize(0, 0);  // empty matrices without with_v
+  }
+  const int n_sets = with_v ? 3 : 2;
+  for (std::size_t s = 0; s < img.layers.size(); ++s) {
+    const LayerSets& ls = layers[static_cast<std::size_t>(img.layers[s])];
+    const std::pair<const h5::Handle*, std::vector<MatF>*> sets[3] = {
+        {&ls.q, &img.q}, {&ls.k, &img.k}, {&ls.v, &img.v}};
+    const char* names[3] = {"q", "k", "v"};
+    for (int t = 0; t < n_sets; ++t) {
+      const float* p = read_block(sets[t].first->get(), layer_path(img.layers[s], names[t]),
+                                  image, {0, 0, 0}, count, {"head", "token", "dim"});
+      for (int h = 0; h < H; ++h) {
+        (*sets[t].second)[s * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)] =
+            Eigen::Map<const MatF>(p + static_cast<std::ptrdiff_t>(h) * N * d, N, d);
+      }
+    }
+  }
+}
+
+std::optional<MatF> FileReader::read_head(int image, int layer, int head, bool attn) {
+  check_image(image);
+  check_layer(layer);
+  check_head(head);
+  const LayerSets& ls = layers[static_cast<std::size_t>(layer)];
+  const h5::Handle& ds = attn ? ls.attn : ls.out;
+  if (!ds.valid()) return std::nullopt;
+  const auto N = static_cast<hsize_t>(schema.attrs.num_tokens);
+  const auto cols = attn ? N : static_cast<hsize_t>(schema.attrs.head_dim);
+  const float* p = read_block(ds.get(), layer_path(layer, attn ? "attn" : "out"), image,
+                              {static_cast<hsize_t>(head), 0, 0}, {1, N, cols},
+                              {"head", attn ? "query" : "token", attn ? "key" : "dim"});
+  return MatF(
+      Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(cols)));
+}
+
+namespace {
+
+/// HDF5's chunk cache of a reader when set_chunk_cache is not called.
+constexpr std::size_t kDefaultChunkCache = std::size_t{32} << 20;
+
+std::string dtype_name(DType t) { return t == DType::F16 ? "float16" : "float32"; }
+
+std::string bools_text(const std::vector<bool>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::string(v[i] ? "yes" : "no");
+  return s + "]";
+}
+
+std::string ints_text(const std::vector<int>& v) {
+  if (v.empty()) return "absent";
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string double_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
+/// The name a dump read from several files goes by in messages.
+std::string joined_name(const std::vector<std::string>& files) {
+  if (files.size() == 1) return files.front();
+  if (files.size() > 4) {
+    return files.front() + ", ..., " + files.back() + " (" + std::to_string(files.size()) +
+           " files)";
+  }
+  std::string s;
+  for (const std::string& f : files) s += (s.empty() ? "" : ", ") + f;
+  return s;
+}
+
+/// Refuses `b` unless it holds the same kind of data as `a` (the first file): every attribute an
+/// analysis reads, the layers' optional tensors, the dtype, and the optional datasets.
+void check_compatible(const FileReader& a, const FileReader& b) {
+  const DumpSchema& x = a.schema;
+  const DumpSchema& y = b.schema;
+  const auto differ = [&](const std::string& what, const std::string& va, const std::string& vb) {
+    if (va == vb) return;
+    throw InputError(y.path, what,
+                     va + " as in " + x.path + " (files read as one dump must agree)", vb);
+  };
+  const auto attr = [](const char* name) { return std::string("attribute '") + name + "'"; };
+  const DumpAttributes& p = x.attrs;
+  const DumpAttributes& q = y.attrs;
+  differ(attr("model_name"), "'" + p.model_name + "'", "'" + q.model_name + "'");
+  differ(attr("attention_family"), p.attention_family, q.attention_family);
+  differ(attr("feature_map"), p.feature_map, q.feature_map);
+  differ(attr("convention"), p.convention, q.convention);
+  differ(attr("scale"), double_text(p.scale), double_text(q.scale));
+  differ(attr("num_layers"), std::to_string(p.num_layers), std::to_string(q.num_layers));
+  differ(attr("num_heads"), std::to_string(p.num_heads), std::to_string(q.num_heads));
+  differ(attr("head_dim"), std::to_string(p.head_dim), std::to_string(q.head_dim));
+  differ(attr("num_tokens"), std::to_string(p.num_tokens), std::to_string(q.num_tokens));
+  differ(attr("grid_height"), std::to_string(p.grid.height), std::to_string(q.grid.height));
+  differ(attr("grid_width"), std::to_string(p.grid.width), std::to_string(q.grid.width));
+  differ(attr("prefix_tokens"), std::to_string(p.grid.prefix), std::to_string(q.grid.prefix));
+  differ(attr("source_layers"), ints_text(x.source_layers), ints_text(y.source_layers));
+  differ("dtype of /layers/*/q, k, v", dtype_name(x.dtype), dtype_name(y.dtype));
+  differ("/layers/*/attn (per layer)", bools_text(x.layer_has_attn), bools_text(y.layer_has_attn));
+  differ("/layers/*/out (per layer)", bools_text(x.layer_has_out), bools_text(y.layer_has_out));
+  const auto present = [](bool has) { return std::string(has ? "present" : "absent"); };
+  differ("/labels", present(x.has_labels), present(y.has_labels));
+  differ("/logits", present(x.has_logits), present(y.has_logits));
+  differ("/images", present(x.has_images), present(y.has_images));
+  if (x.has_logits) {
+    differ("/logits classes", std::to_string(h5::dims(a.logits.get()).at(1)),
+           std::to_string(h5::dims(b.logits.get()).at(1)));
+  }
+  if (x.has_images) {
+    std::vector<hsize_t> da = h5::dims(a.images.get()), db = h5::dims(b.images.get());
+    da.erase(da.begin());
+    db.erase(db.begin());
+    differ("/images shape [C, H, W]", h5::shape_string(da), h5::shape_string(db));
+  }
+}
+
+/// Shards of one dump (the dumper's shard_first_image attribute) must follow each other in
+/// order: `b`'s first image comes after the last of `a`.
+void check_shard_order(const FileReader& a, const FileReader& b) {
+  if (a.shard_first_image < 0 || b.shard_first_image < 0) return;
+  const long long after = static_cast<long long>(a.shard_first_image) + a.schema.num_images;
+  if (b.shard_first_image >= after) return;
+  throw InputError(b.schema.path, "attribute 'shard_first_image'",
+                   "at least " + std::to_string(after) + ", as the shard given after " +
+                       a.schema.path + " (images " + std::to_string(a.shard_first_image) + " to " +
+                       std::to_string(after - 1) + "; give the shards in order)",
+                   std::to_string(b.shard_first_image));
+}
+
+}  // namespace
+
+struct DumpReader::Impl {
+  ReadScratch scratch;  // declared first: outlives the files that point to it
+  std::vector<std::unique_ptr<FileReader>> files;
+  std::vector<int> first;  // the sequence index of each file's first image
+  DumpSchema schema;       // the whole sequence
+  std::size_t chunk_cache = kDefaultChunkCache;
+  std::size_t current = 0;  // the file read last: the only one whose chunk caches may hold data
+
+  void apply_chunk_cache();
+  /// The file holding sequence image `image` (range-checked), its local index in `local`; drops
+  /// the chunk caches of the file read before when it is another one.
+  FileReader& locate(int image, int* local);
+};
+
+void DumpReader::Impl::apply_chunk_cache() {
+  // Only one file's caches are warm at a time (locate), so the budget is split over the
+  // datasets of one file.
+  const FileReader& f0 = *files.front();
+  std::size_t sets = 3;  // /labels, /logits, /images
+  for (std::size_t l = 0; l < f0.layers.size(); ++l) {
+    sets += 3 + (f0.schema.layer_has_attn[l] ? 1 : 0) + (f0.schema.layer_has_out[l] ? 1 : 0);
+  }
+  scratch.dataset_cache = chunk_cache / sets;
+  for (auto& f : files) f->reopen_datasets();
+}
+
+FileReader& DumpReader::Impl::locate(int image, int* local) {
+  if (schema.num_images == 0) {
+    throw InputError(schema.path, "/layers/0/q", "at least one image", "no images");
+  }
+  if (image < 0 || image >= schema.num_images) {
+    throw UsageError(schema.path + ": image " + std::to_string(image) + " out of range [0, " +
+                     std::to_string(schema.num_images) + ")");
+  }
+  const std::size_t i =
+      static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), image) - first.begin()) - 1;
+  if (i != current) {
+    files[current]->reopen_datasets();
+    current = i;
+  }
+  *local = image - first[i];
+  return *files[i];
+}
+
+DumpReader::DumpReader(const std::string& path)
+    : DumpReader(std::vector<std::string>{path}) {}
+
+DumpReader::DumpReader(const std::vector<std::string>& paths) : impl_(std::make_unique<Impl>()) {
   h5::quiet_hdf5();
-  impl_->schema.path = path;
-  impl_->file = dump_detail::open_read_only(path);
-  h5::Handle root = h5::group(H5Gopen2(impl_->file.get(), "/", H5P_DEFAULT));
-  impl_->schema.attrs = dump_detail::read_attributes(root.get(), path);
-  impl_->schema.source_layers =
-      dump_detail::read_source_layers(root.get(), path, impl_->schema.attrs.num_layers);
-  impl_->open_layers();
-  impl_->open_optional();
+  if (paths.empty()) throw UsageError("no dump file given");
+  Impl& m = *impl_;
+  for (const std::string& p : paths) {
+    m.files.push_back(std::make_unique<FileReader>(p, m.scratch));
+    if (m.files.size() > 1) {
+      check_compatible(*m.files.front(), *m.files.back());
+      check_shard_order(*m.files[m.files.size() - 2], *m.files.back());
+    }
+  }
+  m.schema = m.files.front()->schema;
+  m.schema.files = paths;
+  m.schema.path = joined_name(paths);
+  m.schema.num_images = 0;
+  m.schema.file_images.clear();
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const FileReader& f = *m.files[i];
+    m.first.push_back(m.schema.num_images);
+    m.schema.file_images.push_back(f.schema.num_images);
+    m.schema.num_images += f.schema.num_images;
+    if (i > 0) {
+      m.schema.warnings.insert(m.schema.warnings.end(), f.schema.warnings.begin(),
+                               f.schema.warnings.end());
+    }
+  }
+  m.apply_chunk_cache();
 }
 
 DumpReader::~DumpReader() = default;
 
 const DumpSchema& DumpReader::schema() const { return impl_->schema; }
+
+void DumpReader::set_chunk_cache(std::size_t bytes) {
+  h5::quiet_hdf5();
+  impl_->chunk_cache = bytes;
+  impl_->apply_chunk_cache();
+}
+
+std::size_t DumpReader::chunk_cache() const { return impl_->chunk_cache; }
+
+std::size_t read_buffer_bytes(const DumpAttributes& a) {
+  const auto H = static_cast<std::size_t>(a.num_heads), N = static_cast<std::size_t>(a.num_tokens),
+             d = static_cast<std::size_t>(a.head_dim);
+  // The largest block read at once: one layer's q, k or v, or one head's attn.
+  const std::size_t block = std::max(H * N * d, N * N);
+  return block * (sizeof(float) + sizeof(std::uint16_t));
+}
 
 void set_dump_warning_handler(std::function<void(const std::string&)> handler) {
   std::lock_guard<std::mutex> lock(warning_mutex);
@@ -446,85 +753,35 @@ ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool 
 void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers,
                                  bool with_v) {
   h5::quiet_hdf5();
-  Impl& m = *impl_;
-  m.check_image(image);
+  int local = 0;
+  impl_->locate(image, &local).read_image_into(img, local, layers, with_v);
   img.image = image;
-  img.heads = m.schema.attrs.num_heads;
-  img.layers.clear();
-  if (layers.empty()) {
-    for (int l = 0; l < m.schema.attrs.num_layers; ++l) img.layers.push_back(l);
-  } else {
-    for (int l : layers) m.check_layer(l);
-    img.layers = layers;
-  }
-  const int H = img.heads, N = m.schema.attrs.num_tokens, d = m.schema.attrs.head_dim;
-  const std::vector<hsize_t> count{static_cast<hsize_t>(H), static_cast<hsize_t>(N),
-                                   static_cast<hsize_t>(d)};
-  const std::size_t slots = img.layers.size() * static_cast<std::size_t>(H);
-  img.q.resize(slots);
-  img.k.resize(slots);
-  img.v.resize(slots);
-  if (!with_v) {
-    for (MatF& v : img.v) v.resize(0, 0);  // empty matrices without with_v
-  }
-  const int n_sets = with_v ? 3 : 2;
-  for (std::size_t s = 0; s < img.layers.size(); ++s) {
-    const LayerSets& ls = m.layers[static_cast<std::size_t>(img.layers[s])];
-    const std::pair<const h5::Handle*, std::vector<MatF>*> sets[3] = {
-        {&ls.q, &img.q}, {&ls.k, &img.k}, {&ls.v, &img.v}};
-    const char* names[3] = {"q", "k", "v"};
-    for (int t = 0; t < n_sets; ++t) {
-      const float* p = m.read_block(sets[t].first->get(), layer_path(img.layers[s], names[t]),
-                                    image, {0, 0, 0}, count, {"head", "token", "dim"});
-      for (int h = 0; h < H; ++h) {
-        (*sets[t].second)[s * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)] =
-            Eigen::Map<const MatF>(p + static_cast<std::ptrdiff_t>(h) * N * d, N, d);
-      }
-    }
-  }
 }
 
 std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {
   h5::quiet_hdf5();
-  Impl& m = *impl_;
-  m.check_image(image);
-  m.check_layer(layer);
-  m.check_head(head);
-  const LayerSets& ls = m.layers[static_cast<std::size_t>(layer)];
-  if (!ls.attn.valid()) return std::nullopt;
-  const auto N = static_cast<hsize_t>(m.schema.attrs.num_tokens);
-  const float* p =
-      m.read_block(ls.attn.get(), layer_path(layer, "attn"), image,
-                   {static_cast<hsize_t>(head), 0, 0}, {1, N, N}, {"head", "query", "key"});
-  return MatF(
-      Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(N)));
+  int local = 0;
+  return impl_->locate(image, &local).read_head(local, layer, head, true);
 }
 
 std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
   h5::quiet_hdf5();
-  Impl& m = *impl_;
-  m.check_image(image);
-  m.check_layer(layer);
-  m.check_head(head);
-  const LayerSets& ls = m.layers[static_cast<std::size_t>(layer)];
-  if (!ls.out.valid()) return std::nullopt;
-  const auto N = static_cast<hsize_t>(m.schema.attrs.num_tokens);
-  const auto d = static_cast<hsize_t>(m.schema.attrs.head_dim);
-  const float* p =
-      m.read_block(ls.out.get(), layer_path(layer, "out"), image,
-                   {static_cast<hsize_t>(head), 0, 0}, {1, N, d}, {"head", "token", "dim"});
-  return MatF(
-      Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(d)));
+  int local = 0;
+  return impl_->locate(image, &local).read_head(local, layer, head, false);
 }
 
 std::vector<std::int64_t> DumpReader::read_labels() {
   h5::quiet_hdf5();
   Impl& m = *impl_;
-  if (!m.labels.valid()) return {};
+  if (!m.schema.has_labels) return {};
   std::vector<std::int64_t> out(static_cast<std::size_t>(m.schema.num_images));
-  if (!out.empty() &&
-      H5Dread(m.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
-    throw InputError(m.schema.path, "/labels", "readable data", h5::last_error());
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const FileReader& f = *m.files[i];
+    if (f.schema.num_images > 0 &&
+        H5Dread(f.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                out.data() + m.first[i]) < 0) {
+      throw InputError(f.schema.path, "/labels", "readable data", h5::last_error());
+    }
   }
   return out;
 }
@@ -550,57 +807,76 @@ MatF read_whole(hid_t ds, const std::string& name, const std::string& path, int 
   return out;
 }
 
+/// The whole dataset `which` of every file, stacked in file order.
+MatF read_stacked(const std::vector<std::unique_ptr<FileReader>>& files,
+                  h5::Handle FileReader::*which, const std::string& name) {
+  MatF all;
+  for (const auto& f : files) {
+    MatF part = read_whole((f.get()->*which).get(), name, f->schema.path, f->schema.num_images);
+    if (files.size() == 1) return part;
+    MatF grown(all.rows() + part.rows(), part.cols());
+    if (all.rows() > 0) grown.topRows(all.rows()) = all;
+    grown.bottomRows(part.rows()) = part;
+    all = std::move(grown);
+  }
+  return all;
+}
+
 }  // namespace
 
 MatF DumpReader::read_logits() {
   h5::quiet_hdf5();
   Impl& m = *impl_;
-  if (!m.logits.valid()) return {};
-  return read_whole(m.logits.get(), "/logits", m.schema.path, m.schema.num_images);
+  if (!m.schema.has_logits) return {};
+  return read_stacked(m.files, &FileReader::logits, "/logits");
 }
 
 MatF DumpReader::read_images(std::vector<int>* shape) {
   h5::quiet_hdf5();
   Impl& m = *impl_;
-  if (!m.images.valid()) return {};
+  if (!m.schema.has_images) return {};
   if (shape != nullptr) {
-    const std::vector<hsize_t> dims = h5::dims(m.images.get());
+    const std::vector<hsize_t> dims = h5::dims(m.files.front()->images.get());
     shape->assign(
         {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])});
   }
-  return read_whole(m.images.get(), "/images", m.schema.path, m.schema.num_images);
+  return read_stacked(m.files, &FileReader::images, "/images");
 }
 
 std::vector<DatasetInfo> DumpReader::datasets() const {
   h5::quiet_hdf5();
-  const Impl& m = *impl_;
-  std::vector<std::pair<std::string, hid_t>> all;
-  for (std::size_t l = 0; l < m.layers.size(); ++l) {
-    const LayerSets& ls = m.layers[l];
-    const std::pair<const char*, const h5::Handle*> sets[5] = {
-        {"q", &ls.q}, {"k", &ls.k}, {"v", &ls.v}, {"attn", &ls.attn}, {"out", &ls.out}};
-    for (const auto& [name, h] : sets) {
-      if (h->valid()) all.emplace_back(layer_path(static_cast<int>(l), name), h->get());
-    }
-  }
-  if (m.labels.valid()) all.emplace_back("/labels", m.labels.get());
-  if (m.logits.valid()) all.emplace_back("/logits", m.logits.get());
-  if (m.images.valid()) all.emplace_back("/images", m.images.get());
   std::vector<DatasetInfo> out;
-  for (const auto& [name, ds] : all) {
-    DatasetInfo info;
-    info.name = name;
-    for (hsize_t x : h5::dims(ds)) info.shape.push_back(x);
-    h5::Handle t = h5::type(H5Dget_type(ds));
-    info.dtype = h5::describe_type(t.get());
-    h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
-    if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
-      std::vector<hsize_t> c(info.shape.size());
-      H5Pget_chunk(dcpl.get(), static_cast<int>(c.size()), c.data());
-      for (hsize_t x : c) info.chunks.push_back(x);
+  for (const auto& fp : impl_->files) {
+    const FileReader& m = *fp;
+    // With several files each dataset's name says which file holds it.
+    const std::string prefix = impl_->files.size() > 1 ? m.schema.path + ":" : "";
+    std::vector<std::pair<std::string, hid_t>> all;
+    for (std::size_t l = 0; l < m.layers.size(); ++l) {
+      const LayerSets& ls = m.layers[l];
+      const std::pair<const char*, const h5::Handle*> sets[5] = {
+          {"q", &ls.q}, {"k", &ls.k}, {"v", &ls.v}, {"attn", &ls.attn}, {"out", &ls.out}};
+      for (const auto& [name, h] : sets) {
+        if (h->valid()) all.emplace_back(layer_path(static_cast<int>(l), name), h->get());
+      }
     }
-    info.filters = filters_of(dcpl.get());
-    out.push_back(std::move(info));
+    if (m.labels.valid()) all.emplace_back("/labels", m.labels.get());
+    if (m.logits.valid()) all.emplace_back("/logits", m.logits.get());
+    if (m.images.valid()) all.emplace_back("/images", m.images.get());
+    for (const auto& [name, ds] : all) {
+      DatasetInfo info;
+      info.name = prefix + name;
+      for (hsize_t x : h5::dims(ds)) info.shape.push_back(x);
+      h5::Handle t = h5::type(H5Dget_type(ds));
+      info.dtype = h5::describe_type(t.get());
+      h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
+      if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+        std::vector<hsize_t> c(info.shape.size());
+        H5Pget_chunk(dcpl.get(), static_cast<int>(c.size()), c.data());
+        for (hsize_t x : c) info.chunks.push_back(x);
+      }
+      info.filters = filters_of(dcpl.get());
+      out.push_back(std::move(info));
+    }
   }
   return out;
 }

@@ -147,7 +147,8 @@ DumpWriter::DumpWriter(const std::string& path, const DumpAttributes& attrs,
   h5::quiet_hdf5();
   m.half = h5::half_type();
   m.tmp = path + ".tmp-" + std::to_string(static_cast<long>(::getpid()));
-  m.file = h5::file(H5Fcreate(m.tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  const h5::Handle fapl = h5::small_metadata_cache_fapl();  // memory flat whatever the size
+  m.file = h5::file(H5Fcreate(m.tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!m.file.valid()) {
     throw InputError(path, "", "a writable location",
                      "cannot create " + m.tmp + " (" + h5::last_error() + ")");

@@ -78,6 +78,21 @@ bool exists(hid_t loc, const std::string& path) {
   }
 }
 
+Handle small_metadata_cache_fapl() {
+  Handle fapl = plist(H5Pcreate(H5P_FILE_ACCESS));
+  H5AC_cache_config_t c;
+  c.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  if (H5Pget_mdc_config(fapl.get(), &c) >= 0) {
+    c.set_initial_size = true;
+    c.initial_size = std::size_t{1} << 20;
+    c.min_size = std::size_t{1} << 20;
+    c.max_size = std::size_t{4} << 20;
+    H5Pset_mdc_config(fapl.get(), &c);
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return fapl;
+}
+
 Handle half_type() {
   // h5py: IEEE_F32LE copied, fields (sign 15, exponent 10 x 5 bits, mantissa 0 x 10 bits),
   // size 2, exponent bias 15.

@@ -79,6 +79,11 @@ inline Handle plist(hid_t id) { return {id, H5Pclose}; }
 /// in turn (H5Lexists fails rather than answering when an intermediate group is missing).
 bool exists(hid_t loc, const std::string& path);
 
+/// A file access list whose metadata cache (chunk indices, object headers) stays below 4 MiB
+/// instead of HDF5's adaptive default of up to 32 MiB per open file: a dump's metadata is small,
+/// and a run opens many files (shards) or writes one of any size.
+Handle small_metadata_cache_fapl();
+
 /// The IEEE half type exactly as h5py builds numpy.float16 (so h5py reads it back as float16).
 Handle half_type();
 

@@ -94,7 +94,8 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
                feature_map: str | None = None, convention: str = "code", grid=None,
                prefix_tokens: int | None = None, compression: int = 4,
                device: str | torch.device | None = None,
-               allow_rotary: bool = False) -> DumpSummary:
+               allow_rotary: bool = False, shard: int | None = None,
+               num_shards: int | None = None) -> DumpSummary:
     """Writes the dump of `model` over `loader` to `path` (atomically: a temporary name, renamed
     when complete). `loader` yields tensors, (images, labels) pairs or dicts with pixel_values.
 
@@ -104,6 +105,15 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
 
     A model that rotates q and k (RoPE) is refused: q and k are read before the rotation, so they
     are not the vectors the attention used. allow_rotary=True dumps them anyway, with a warning.
+
+    shard=i, num_shards=n: data-parallel dumping. Of the T images the loader yields (the first
+    max_images when given), this call writes the i-th contiguous block, images
+    [i*T//n, (i+1)*T//n), and records it in the attributes shard_index, num_shards,
+    shard_first_image and total_images. Run every i (on as many processes or machines as wanted,
+    each with the same loader order) and read the files as one dump with
+    `attnscope ... --dump s0.h5 s1.h5 ...`. T is max_images, else len(loader.dataset), else
+    counted from a list of batches. The images before the block are skipped without running the
+    model.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float16 or float32, not {dtype!r}")
@@ -122,6 +132,11 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     attrs = _attributes(model, style, [sites[i] for i in keep], model_name, attention_family,
                         feature_map, convention, grid, prefix_tokens)
     attrs["num_layers"] = len(keep)
+    first, stop = 0, max_images
+    if shard is not None or num_shards is not None:
+        first, stop, total = _shard_block(loader, shard, num_shards, max_images)
+        attrs.update(shard_index=int(shard), num_shards=int(num_shards),
+                     shard_first_image=int(first), total_images=int(total))
 
     stores = [dict() for _ in keep]
     handles = []
@@ -134,7 +149,7 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
         with h5py.File(tmp, "w", libver=_LIBVER) as f:
             f.attrs.update(attrs)
             f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
-            n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_images,
+            n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop,
                         with_out, with_attn, with_labels, with_logits, with_images, device,
                         call_kwargs(model, style, with_attn), [sites[i].hint for i in keep])
             if n == 0:
@@ -151,17 +166,53 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     return DumpSummary(path, n, keep, attrs)
 
 
-def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_images, with_out,
+def _total_images(loader, max_images) -> int:
+    """The number of images a sharded dump splits: max_images, the loader's dataset, or the
+    images of a list of batches."""
+    if max_images is not None:
+        return int(max_images)
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return len(dataset)
+    if isinstance(loader, (list, tuple)):
+        return sum(len(_split_batch(b)[0]) for b in loader)
+    raise ValueError("shard= needs the number of images to split: pass max_images=, or a loader "
+                     "with a sized .dataset, or a list of batches")
+
+
+def _shard_block(loader, shard, num_shards, max_images):
+    """[first, stop) of shard `shard` of `num_shards` contiguous blocks, and the images split."""
+    if shard is None or num_shards is None:
+        raise ValueError("give both shard= and num_shards=")
+    if isinstance(shard, bool) or isinstance(num_shards, bool) or int(num_shards) < 1 \
+            or not 0 <= int(shard) < int(num_shards):
+        raise ValueError(f"shard={shard!r}, num_shards={num_shards!r}: expected 0 <= shard < "
+                         "num_shards")
+    total = _total_images(loader, max_images)
+    first, stop = int(shard) * total // int(num_shards), (int(shard) + 1) * total // int(num_shards)
+    if first == stop:
+        raise ValueError(f"shard {shard} of {num_shards} holds no image: there are only {total} "
+                         "images; use fewer shards")
+    return first, stop, total
+
+
+def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
             with_attn, with_labels, with_logits, with_images, device, kwargs, hints) -> int:
+    """Writes the loader's images [first, stop) (stop None: to the end); returns how many."""
     w = _Writer(f, np_dtype, compression)
     shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
     n = 0
+    pos = 0  # the loader's index of the batch's first image
     with torch.no_grad():
         for batch in loader:
             x, y = _split_batch(batch)
-            if max_images is not None:
-                x = x[: max_images - n]
-                y = None if y is None else y[: max_images - n]
+            lo = max(first - pos, 0)
+            hi = len(x) if stop is None else min(len(x), stop - pos)
+            pos += len(x)
+            if pos <= first and len(x) > 0:
+                continue  # wholly before the block
+            x = x[lo:hi]
+            y = None if y is None else y[lo:hi]
             if len(x) == 0:
                 break
             for s in stores:
@@ -186,7 +237,7 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, max_im
             if with_images:
                 w.append("images", x.detach().float().cpu().numpy(), dtype=np.float32)
             n += len(x)
-            if max_images is not None and n >= max_images:
+            if stop is not None and pos >= stop:
                 break
     return n
 

@@ -9,7 +9,8 @@
 #   - as 3 shards (--shard I/3) combined with attnscope merge;
 #   - under mpirun with 1, 2 and 4 ranks (--oversubscribe),
 # and compares every result file byte for byte with the plain run's, and the JSON records with
-# their timing fields (elapsed time, start time, command line, threads, ms_per_image, I/O wait)
+# their timing fields (elapsed time, start time, command line, threads, ms_per_image, I/O wait,
+# read queue: how this process read, which a resumed or merged run did not)
 # removed. IMAGES (default 8) is the number of images the run selects (for the kill points).
 
 image_runs_mpirun() {
@@ -43,7 +44,8 @@ def strip(path):
     for section in ("parameters", "results"):
         s = j.get(section, {})
         for k in list(s):
-            if k in ("threads", "ms_per_image") or k.startswith("io_") or k.endswith("_seconds"):
+            if k in ("threads", "ms_per_image", "read_queue") or k.startswith("io_") \
+                    or k.endswith("_seconds"):
                 s.pop(k)
     return j
 a, b = strip(sys.argv[1]), strip(sys.argv[2])

@@ -15,3 +15,10 @@ ATTNSCOPE_PROGRESS=always expect_ok "$ATTNSCOPE" info "$WORK/b.h5" --check-value
 expect_grep 'info \[' "$WORK/err.txt"
 ATTNSCOPE_PROGRESS=never expect_ok "$ATTNSCOPE" info "$WORK/b.h5" --check-values
 expect_empty "$WORK/err.txt"
+
+# The bar shows done/total, the percentage, the rate and the ETA (the first image of a brute-force
+# run over a 14x14 grid takes milliseconds, so the rate is measurable at the first draw).
+expect_ok "$ATTNSCOPE" synth --out "$WORK/c.h5" --images 3 --grid-height 14 --grid-width 14
+ATTNSCOPE_PROGRESS=always expect_ok "$ATTNSCOPE" confusion --dump "$WORK/c.h5" --reference \
+  --threads 1 --out "$WORK/conf"
+expect_grep 'confusion \[#*\.*\] [1-3]/3 [0-9]+% [0-9.]+/s( ETA [0-9]+s)?' "$WORK/err.txt"

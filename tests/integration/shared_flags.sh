@@ -31,7 +31,7 @@ def shared_part(desc):
 takes = {"--dump": ["confusion", "locality", "maps", "census", "spikiness", "recompute"],
          "--variant": ["confusion", "locality", "maps", "census", "spikiness"],
          "--images": ["confusion", "locality", "maps", "census", "spikiness", "recompute"]}
-want = {"--dump": ("FILE", "HDF5dumptoread(docs/dump-format.md)"),
+want = {"--dump": ("FILE...", "HDF5dumptoread(docs/dump-format.md);severalfilesarereadasonedump,theirimagesintheordergiven"),
         "--variant": ("SPEC[,SPEC...]", "attentionvariants,e.g.softmax,linear:relu,inline,mala:elu1@code"),
         "--images": ("LIST", "images,e.g.0-9,15")}
 bad = []

@@ -11,7 +11,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
+#include <stdexcept>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -232,6 +235,106 @@ TEST(ParseIndexList, RepeatsAndEmptyItemsAreErrors) {
   for (const char* spec : {"0,", ",0", "0,,1", ","}) {
     EXPECT_THROW((void)parse_index_list(spec, "--heads"), UsageError) << "'" << spec << "'";
   }
+}
+
+}  // namespace
+}  // namespace attnscope::analyses
+
+namespace attnscope::analyses {
+namespace {
+
+// The budget sets how many images are in flight; any budget that holds two gives the same visits,
+// and what the loop measured reaches the selection's stats.
+TEST_F(DumpLoop, BudgetSetsTheQueueNotTheResults) {
+  DumpReader reader(path_);
+  Selection base;
+  base.need_v = false;
+  base = resolve(reader.schema(), base);
+  const LoopMemory least = [&] {
+    Selection s = base;
+    s.max_memory = std::size_t{1} << 40;
+    return plan_loop_memory(reader.schema(), s);
+  }();
+  const std::size_t H = 2, N = 31, d = 7, L = 3;
+  EXPECT_EQ(least.image_bytes, L * H * N * d * sizeof(float) * 2) << "q and k of every layer";
+  EXPECT_EQ(least.fixed_bytes, read_buffer_bytes(reader.schema().attrs));
+  EXPECT_EQ(least.depth, kMaxQueueDepth);
+  EXPECT_EQ(least.chunk_cache, kMaxChunkCache);
+  const std::size_t minimum = least.fixed_bytes + 2 * least.image_bytes;
+  std::vector<std::vector<std::tuple<int, int, int>>> runs;
+  for (std::size_t budget : {minimum, minimum + 3 * least.image_bytes, std::size_t{0}}) {
+    Selection s = base;
+    s.max_memory = budget;
+    s.stats = std::make_shared<LoopStats>();
+    const LoopMemory plan = plan_loop_memory(reader.schema(), s);
+    if (budget == minimum) {
+      EXPECT_EQ(plan.depth, 2u);
+      EXPECT_EQ(plan.chunk_cache, 0u);
+    }
+    if (budget != 0) {
+      EXPECT_LE(plan.fixed_bytes + plan.depth * plan.image_bytes + plan.chunk_cache, budget);
+    }
+    std::mutex m;
+    std::vector<std::tuple<int, int, int>> seen;
+    for_each_head(reader, s, [&](const HeadView& hv) {
+      const std::lock_guard<std::mutex> lock(m);
+      seen.emplace_back(hv.image, hv.layer, hv.head);
+    });
+    std::sort(seen.begin(), seen.end());
+    runs.push_back(seen);
+    EXPECT_EQ(s.stats->images, opts_.images) << budget;
+    EXPECT_EQ(s.stats->queue_depth, plan.depth) << budget;
+    EXPECT_EQ(reader.chunk_cache(), plan.chunk_cache) << budget;
+    EXPECT_GE(s.stats->io_wait_seconds, 0.0);
+    EXPECT_LE(s.stats->io_wait_seconds, s.stats->loop_seconds);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[2]);
+  EXPECT_EQ(runs[0].size(), static_cast<std::size_t>(opts_.images * 3 * 2));
+  // One byte short of two images: refused, naming the size needed.
+  Selection s = base;
+  s.max_memory = minimum - 1;
+  try {
+    for_each_head(reader, s, [](const HeadView&) {});
+    ADD_FAILURE() << "a budget below two images was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(minimum) + " bytes"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The reader's error at image n surfaces after images before it were computed, and the reader
+// thread is joined when the computing side throws.
+TEST_F(DumpLoop, ComputeErrorStopsTheReader) {
+  DumpReader reader(path_);
+  Selection s = resolve(reader.schema(), {});
+  s.max_memory = std::size_t{1} << 20;
+  int images = 0;
+  EXPECT_THROW(for_each_head(
+                   reader, s, [](const HeadView&) {},
+                   [&](int image) {
+                     ++images;
+                     if (image == 1) throw std::runtime_error("stop");
+                   }),
+               std::runtime_error);
+  EXPECT_EQ(images, 2);
+  // The reader is usable again afterwards.
+  EXPECT_EQ(reader.read_image(4).image, 4);
+}
+
+TEST(ByteSize, ParsesSuffixesAndRefusesGarbage) {
+  EXPECT_EQ(parse_byte_size("1048576", "--max-memory"), 1048576u);
+  EXPECT_EQ(parse_byte_size("800M", "--max-memory"), std::size_t{800} << 20);
+  EXPECT_EQ(parse_byte_size("2G", "--max-memory"), std::size_t{2} << 30);
+  EXPECT_EQ(parse_byte_size("2GiB", "--max-memory"), std::size_t{2} << 30);
+  EXPECT_EQ(parse_byte_size("512k", "--max-memory"), std::size_t{512} << 10);
+  EXPECT_EQ(parse_byte_size("1.5G", "--max-memory"), std::size_t{3} << 29);
+  for (const char* bad : {"", "G", "0", "-1G", "12X", "1..5M", "1 G", "3MB2"}) {
+    EXPECT_THROW((void)parse_byte_size(bad, "--max-memory"), UsageError) << "'" << bad << "'";
+  }
+  EXPECT_EQ(byte_size_text(512u << 20), "512 MiB");
+  EXPECT_EQ(byte_size_text(1536u << 20), "1.5 GiB");
+  EXPECT_EQ(byte_size_text(100), "100 bytes");
 }
 
 }  // namespace

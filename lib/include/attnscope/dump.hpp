@@ -7,6 +7,7 @@
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,9 +39,13 @@ struct DumpAttributes {
 
 /// What a file holds, learned and validated when it is opened.
 struct DumpSchema {
+  /// The file; for a dump read from several files, their names joined for messages
+  /// ("a.h5, b.h5"; the first and last of more than four).
   std::string path;
+  std::vector<std::string> files;  ///< every file, in the order their images follow each other
+  std::vector<int> file_images;    ///< the images of each file
   DumpAttributes attrs;
-  int num_images = 0;
+  int num_images = 0;  ///< of all files together
   DType dtype = DType::F32;
   bool has_labels = false, has_logits = false, has_images = false;
   std::vector<bool> layer_has_attn;  ///< per layer: /layers/L/attn present
@@ -88,6 +93,13 @@ class DumpReader {
  public:
   /// Opens and validates the file's schema. Throws InputError (file, object, expected, found).
   explicit DumpReader(const std::string& path);
+  /// Opens several files as one dump whose images are the files' images in the order given (the
+  /// shards of a data-parallel dump). Every file must agree with the first on each attribute an
+  /// analysis reads, the dtype, source_layers, which layers hold attn and out, and which of
+  /// /labels, /logits, /images are present: otherwise an InputError naming both files, the
+  /// attribute and the two values. Errors reading an image name the file holding it, its
+  /// dataset, and the image's index within that file.
+  explicit DumpReader(const std::vector<std::string>& paths);
   ~DumpReader();
   DumpReader(const DumpReader&) = delete;
   DumpReader& operator=(const DumpReader&) = delete;
@@ -110,13 +122,25 @@ class DumpReader {
   [[nodiscard]] MatF read_logits();  ///< images x classes
   /// Input images as images x (C*H*W) with their shape in `shape` (C, H, W).
   [[nodiscard]] MatF read_images(std::vector<int>* shape);
-  /// Every dataset of the dump in format order (layers, then /labels, /logits, /images).
+  /// Every dataset of the dump in format order (layers, then /labels, /logits, /images); with
+  /// several files, each file's in turn, names prefixed by "FILE:".
   [[nodiscard]] std::vector<DatasetInfo> datasets() const;
+
+  /// Caps HDF5's chunk cache at `bytes` for the whole reader (default 32 MiB): split evenly over
+  /// one file's datasets, each holding one chunk at most, and only the file read last keeps its
+  /// caches (a file's are emptied when the reader moves to another), so it grows neither with
+  /// the dump's size nor with the number of files.
+  void set_chunk_cache(std::size_t bytes);
+  [[nodiscard]] std::size_t chunk_cache() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Bytes of the buffers a DumpReader of such a dump keeps for its reads (one layer's q, k or v,
+/// or one head's attn, as float and as raw half), besides the images it fills and the chunk cache.
+[[nodiscard]] std::size_t read_buffer_bytes(const DumpAttributes& attrs);
 
 struct DumpWriterOptions {
   DType dtype = DType::F32;

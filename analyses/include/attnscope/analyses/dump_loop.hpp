@@ -5,12 +5,33 @@
 #include "attnscope/dump.hpp"
 #include "attnscope/query_transform.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace attnscope::analyses {
+
+/// What one streaming loop measured (for_each_head adds to it).
+struct LoopStats {
+  double io_wait_seconds = 0;  ///< time the computing side waited for the reader
+  double loop_seconds = 0;     ///< wall time of the loops
+  std::int64_t images = 0;     ///< images computed
+  std::size_t queue_depth = 0;        ///< images in flight (the last loop's)
+  std::size_t image_bytes = 0;        ///< one image buffer (the last loop's)
+  std::size_t chunk_cache_bytes = 0;  ///< HDF5's chunk cache (the last loop's)
+};
+
+/// The streaming loop's default memory budget (Selection::max_memory = 0).
+inline constexpr std::size_t kDefaultMaxMemory = std::size_t{512} << 20;
+/// The most images in flight, whatever the budget: more never hides more I/O.
+inline constexpr std::size_t kMaxQueueDepth = 8;
+/// The most bytes of HDF5 chunk cache a loop asks for (each dataset holds one chunk at most,
+/// DumpReader::set_chunk_cache, so a dump chunked one image per chunk uses about one image).
+inline constexpr std::size_t kMaxChunkCache = std::size_t{64} << 20;
 
 /// Which part of a dump an analysis reads.
 struct Selection {
@@ -24,7 +45,35 @@ struct Selection {
   /// Whether the analysis uses the model's own tensors: each selected layer's `attn` and `out`
   /// are then read too, where the dump holds them (HeadView::attn, HeadView::out).
   bool need_model_tensors = false;
+  /// Bytes the streaming loop may hold: its images in flight, the reader's buffers, the
+  /// transformed queries of one image and HDF5's chunk cache (0: kDefaultMaxMemory). An
+  /// analysis's own totals (per head, never per image) come on top.
+  std::size_t max_memory = 0;
+  /// When set, for_each_head adds its measurements here (the copies an analysis makes of its
+  /// selection share it).
+  std::shared_ptr<LoopStats> stats;
 };
+
+/// How for_each_head spends its memory budget on a selection.
+struct LoopMemory {
+  std::size_t image_bytes = 0;  ///< one image in flight (its q, k, v and model tensors)
+  std::size_t fixed_bytes = 0;  ///< the reader's buffers and one image's transformed queries
+  std::size_t depth = 0;        ///< images in flight: one computed, the others read ahead
+  std::size_t chunk_cache = 0;  ///< HDF5's chunk cache
+};
+
+/// The plan for `resolved` under its max_memory: at least two images in flight (one computed,
+/// one read), at most kMaxQueueDepth; the chunk cache gets an eighth of what remains (at most
+/// kMaxChunkCache) when two images still fit beside it. UsageError naming the bytes needed when
+/// the budget cannot hold two images.
+LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved);
+
+/// Parses a byte size: a whole number with an optional K, M, G or T suffix (powers of 1024,
+/// an optional trailing B or iB; e.g. 800M, 2G, 1.5G, 1048576). UsageError naming `flag` when it
+/// is not one, or is 0.
+std::size_t parse_byte_size(std::string_view text, const std::string& flag);
+/// "512 MiB", "1.5 GiB", "800 KiB", "100 bytes".
+std::string byte_size_text(std::size_t bytes);
 
 /// One (image, layer, head) work item. q already has the selection's transform applied.
 struct HeadView {
@@ -48,8 +97,9 @@ struct HeadView {
 Selection resolve(const DumpSchema& schema, Selection sel);
 
 /// Calls fn for every selected (image, layer, head), heads of an image in parallel (fn must be
-/// thread-safe), images in order. The next image is read while the current one is computed.
-/// on_image(image) runs on the calling thread after each image is done (progress, flushing).
+/// thread-safe), images in order. A reader thread fills a bounded queue of reused image buffers
+/// (plan_loop_memory) while the current image is computed. on_image(image) runs on the calling
+/// thread after each image is done (progress, flushing). Sets the reader's chunk cache.
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
