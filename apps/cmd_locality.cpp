@@ -3,6 +3,7 @@
 #include "common.hpp"
 #include "image_run.hpp"
 #include "selection_flags.hpp"
+#include "stats_record.hpp"
 
 #include "attnscope/analyses/locality.hpp"
 
@@ -41,18 +42,15 @@ po::options_description locality_options(LocalityFlags& f) {
 nlohmann::json to_record(const analyses::LocalityImage& img) {
   nlohmann::json r = nlohmann::json::array();
   for (const auto& heads : img.heads) {
-    std::vector<std::int64_t> count, degenerate;
-    std::vector<double> mean, m2, min, max;
+    StatsColumns mass;
+    std::vector<std::int64_t> degenerate;
     for (const auto& h : heads) {
-      count.push_back(h.mass.count);
-      mean.push_back(h.mass.mean);
-      m2.push_back(h.mass.m2);
-      min.push_back(h.mass.min);
-      max.push_back(h.mass.max);
+      mass.push(h.mass);
       degenerate.push_back(h.degenerate_rows);
     }
-    r.push_back({{"queries", count}, {"mean", mean}, {"m2", m2}, {"min", min}, {"max", max},
-                 {"degenerate_rows", degenerate}});
+    nlohmann::json v = {{"degenerate_rows", degenerate}};
+    mass.write(v, "");
+    r.push_back(std::move(v));
   }
   return r;
 }
@@ -60,22 +58,13 @@ nlohmann::json to_record(const analyses::LocalityImage& img) {
 analyses::LocalityImage from_record(int image, const nlohmann::json& r) {
   analyses::LocalityImage img;
   img.image = image;
+  const std::string what = "locality: image " + std::to_string(image);
   for (const auto& v : r) {
-    const auto count = v.at("queries").get<std::vector<std::int64_t>>();
     const auto degenerate = v.at("degenerate_rows").get<std::vector<std::int64_t>>();
-    const auto mean = v.at("mean").get<std::vector<double>>(), m2 = v.at("m2").get<std::vector<double>>();
-    const auto min = v.at("min").get<std::vector<double>>(), max = v.at("max").get<std::vector<double>>();
-    const std::size_t n = count.size();
-    if (degenerate.size() != n || mean.size() != n || m2.size() != n || min.size() != n || max.size() != n) {
-      throw Error("locality: a malformed record of image " + std::to_string(image));
-    }
-    std::vector<analyses::LocalityHead> heads(n);
-    for (std::size_t s = 0; s < n; ++s) {
-      heads[s].mass.count = count[s];
-      heads[s].mass.mean = mean[s];
-      heads[s].mass.m2 = m2[s];
-      heads[s].mass.min = min[s];
-      heads[s].mass.max = max[s];
+    const StatsColumns mass = StatsColumns::read(v, "", degenerate.size(), what);
+    std::vector<analyses::LocalityHead> heads(degenerate.size());
+    for (std::size_t s = 0; s < heads.size(); ++s) {
+      heads[s].mass = mass.at(s);
       heads[s].degenerate_rows = degenerate[s];
     }
     img.heads.push_back(std::move(heads));

@@ -5,6 +5,7 @@
 #include "common.hpp"
 #include "image_run.hpp"
 #include "selection_flags.hpp"
+#include "stats_record.hpp"
 
 #include "attnscope/analyses/masking.hpp"
 
@@ -44,48 +45,32 @@ po::options_description mask_options(MaskFlags& f) {
 /// the statistics over the image's masked queries.
 nlohmann::json to_record(const std::vector<analyses::MaskCell>& cells) {
   nlohmann::json change = nlohmann::json::array();
-  std::vector<std::int64_t> queries;
-  std::vector<double> mean, m2, min, max;
+  StatsColumns removed;
   std::vector<long long> empty, degenerate;
   for (const auto& c : cells) {
     if (c.change.count > 1 || c.change.count != 1 - c.unmeasured_heads) {
       throw Error("internal: a mask cell is not one image's");
     }
     change.push_back(c.change.count ? nlohmann::json(c.change.mean) : nlohmann::json());
-    queries.push_back(c.removed_mass.count);
-    mean.push_back(c.removed_mass.mean);
-    m2.push_back(c.removed_mass.m2);
-    min.push_back(c.removed_mass.min);
-    max.push_back(c.removed_mass.max);
+    removed.push(c.removed_mass);
     empty.push_back(c.empty_rows);
     degenerate.push_back(c.degenerate_rows);
   }
-  return {{"change", change},
-          {"removed_queries", queries},
-          {"removed_mean", mean},
-          {"removed_m2", m2},
-          {"removed_min", min},
-          {"removed_max", max},
-          {"empty_rows", empty},
-          {"degenerate_rows", degenerate}};
+  nlohmann::json r = {{"change", change}, {"empty_rows", empty}, {"degenerate_rows", degenerate}};
+  removed.write(r, "removed_");
+  return r;
 }
 
 std::vector<analyses::MaskCell> from_record(int image, const nlohmann::json& r) {
   const nlohmann::json& change = r.at("change");
-  const auto queries = r.at("removed_queries").get<std::vector<std::int64_t>>();
-  const auto mean = r.at("removed_mean").get<std::vector<double>>();
-  const auto m2 = r.at("removed_m2").get<std::vector<double>>();
-  const auto min = r.at("removed_min").get<std::vector<double>>();
-  const auto max = r.at("removed_max").get<std::vector<double>>();
   const auto empty = r.at("empty_rows").get<std::vector<long long>>();
   const auto degenerate = r.at("degenerate_rows").get<std::vector<long long>>();
-  const std::size_t n = queries.size();
-  bool ok = change.is_array();
-  for (std::size_t size : {change.size(), mean.size(), m2.size(), min.size(), max.size(),
-                           empty.size(), degenerate.size()}) {
-    ok = ok && size == n;
+  const std::size_t n = empty.size();
+  const std::string what = "mask: image " + std::to_string(image);
+  const StatsColumns removed = StatsColumns::read(r, "removed_", n, what);
+  if (!change.is_array() || change.size() != n || degenerate.size() != n) {
+    throw Error(what + ": a malformed record");
   }
-  if (!ok) throw Error("mask: a malformed record of image " + std::to_string(image));
   std::vector<analyses::MaskCell> cells(n);
   for (std::size_t i = 0; i < n; ++i) {
     analyses::MaskCell& c = cells[i];
@@ -94,11 +79,7 @@ std::vector<analyses::MaskCell> from_record(int image, const nlohmann::json& r) 
     } else {
       c.change.add(change[i].get<double>());
     }
-    c.removed_mass.count = queries[i];
-    c.removed_mass.mean = mean[i];
-    c.removed_mass.m2 = m2[i];
-    c.removed_mass.min = min[i];
-    c.removed_mass.max = max[i];
+    c.removed_mass = removed.at(i);
     c.empty_rows = empty[i];
     c.degenerate_rows = degenerate[i];
   }

@@ -68,35 +68,6 @@ VecF vector(hid_t root, const std::string& file, const std::string& path, int n)
 
 }  // namespace
 
-ImageSet read_image_set(const std::string& path) {
-  h5::Handle f = dump_detail::open_read_only(path);
-  h5::Handle root = h5::group(H5Gopen2(f.get(), "/", H5P_DEFAULT));
-  const hid_t r = root.get();
-  if (!h5::exists(r, "images")) throw InputError(path, "/images", "a dataset [images, C, H, W]", "none");
-  const std::vector<hsize_t> dims = h5::dims(dump_detail::open_dataset(r, "/images", path).get());
-  if (dims.size() != 4 || dims[0] == 0) {
-    throw InputError(path, "/images", "a dataset [images, C, H, W] with at least one image", shape_text(dims));
-  }
-  ImageSet set;
-  const std::vector<float> v = read_tensor(r, path, "/images", dims);
-  const auto n = static_cast<Eigen::Index>(dims[0]);
-  set.images = Eigen::Map<const MatF>(v.data(), n, static_cast<Eigen::Index>(dims[1] * dims[2] * dims[3]));
-  set.shape = {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])};
-  if (h5::exists(r, "labels")) {
-    const h5::Handle ds = dump_detail::open_dataset(r, "/labels", path);
-    h5::Handle t = h5::type(H5Dget_type(ds.get()));
-    if (H5Tget_class(t.get()) != H5T_INTEGER) throw InputError(path, "/labels", "integers", h5::describe_type(t.get()));
-    if (h5::dims(ds.get()) != std::vector<hsize_t>{dims[0]}) {
-      throw InputError(path, "/labels", "shape [" + std::to_string(dims[0]) + "]", shape_text(h5::dims(ds.get())));
-    }
-    set.labels.resize(dims[0]);
-    if (H5Dread(ds.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, set.labels.data()) < 0) {
-      throw InputError(path, "/labels", "a readable dataset", h5::last_error());
-    }
-  }
-  return set;
-}
-
 struct ImageRowReader::Impl {
   std::string path;
   h5::Handle file, images, logits;

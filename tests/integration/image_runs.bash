@@ -13,6 +13,17 @@
 # read queue: how this process read, which a resumed or merged run did not)
 # removed. IMAGES (default 8) is the number of images the run selects (for the kill points).
 
+# negative_queries_copy SRC DST LAYER: a copy of dump SRC whose LAYER's queries are all negative,
+# so that every linear:relu row of that layer is degenerate (needs h5py).
+negative_queries_copy() {
+  cp "$1" "$2"
+  "${PYTHON:-/usr/bin/python3}" -c '
+import h5py, numpy as np, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    x = f["layers/" + sys.argv[2] + "/q"]; x[...] = -(np.abs(x[...]) + 1)
+' "$2" "$3"
+}
+
 image_runs_mpirun() {
   command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (the README's commands install openmpi-bin)"; exit 1; }
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \

@@ -12,12 +12,7 @@ IMAGES=5 check_image_run some census --dump "$WORK/d.h5" --variant inline,mala:e
   --images 7,2,5,0,8 --layers 1 --sum-tol 1e-12
 
 need_h5py
-cp "$WORK/d.h5" "$WORK/half.h5"
-"$PYTHON" -c '
-import h5py, numpy as np, sys
-with h5py.File(sys.argv[1], "r+") as f:
-    x = f["layers/0/q"]; x[...] = -(np.abs(x[...]) + 1)
-' "$WORK/half.h5"
+negative_queries_copy "$WORK/d.h5" "$WORK/half.h5" 0
 IMAGES=9 check_image_run half census --dump "$WORK/half.h5" --variant linear:relu,inline
 expect_grep '^linear:relu@paper,0,1,0,0,0,inf,0,0$' "$WORK/half/plain/census.csv"
 expect_grep '^linear:relu@paper,1,1,6084,0,' "$WORK/half/plain/census.csv"

@@ -14,12 +14,7 @@ awk -F, 'NR > 1 && $9 != 125 { print "FAIL: 5 images x 25 grid queries expected,
 # Layer 0's queries all negative: every linear:relu row of layer 0 is degenerate, so its heads'
 # statistics are empty (no query, infinite range) in every record.
 need_h5py
-cp "$WORK/d.h5" "$WORK/half.h5"
-"$PYTHON" -c '
-import h5py, numpy as np, sys
-with h5py.File(sys.argv[1], "r+") as f:
-    x = f["layers/0/q"]; x[...] = -(np.abs(x[...]) + 1)
-' "$WORK/half.h5"
+negative_queries_copy "$WORK/d.h5" "$WORK/half.h5" 0
 IMAGES=9 check_image_run half locality --dump "$WORK/half.h5" --variant linear:relu,softmax
 expect_grep '^linear:relu@paper,0,1,3,0,0,0,0,0,' "$WORK/half/plain/locality.csv"
 expect_grep '^linear:relu@paper,1,1,3,[0-9.e-]*,[0-9.e-]*,[0-9.e-]*,[0-9.e-]*,225,' "$WORK/half/plain/locality.csv"

@@ -10,12 +10,7 @@ IMAGES=5 check_image_run some mask --dump "$WORK/d.h5" --variant inline --images
   --heads 1 --mask random:6,local:5 --seed 11
 
 need_h5py
-cp "$WORK/d.h5" "$WORK/half.h5"
-"$PYTHON" -c '
-import h5py, numpy as np, sys
-with h5py.File(sys.argv[1], "r+") as f:
-    x = f["layers/0/q"]; x[...] = -(np.abs(x[...]) + 1)
-' "$WORK/half.h5"
+negative_queries_copy "$WORK/d.h5" "$WORK/half.h5" 0
 IMAGES=9 check_image_run half mask --dump "$WORK/half.h5" --variant linear:relu,softmax --mask local:3
 # Layer 0 of linear:relu: no value, every row degenerate, every image unmeasured.
 expect_grep '^linear:relu@paper,local:3,0,1,0,,,,,,,0,234,9$' "$WORK/half/plain/mask_per_head.csv"

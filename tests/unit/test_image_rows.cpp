@@ -1,5 +1,5 @@
 // ImageRowReader (vit.hpp): an image set's /images, /labels and /logits read one image at a time
-// give exactly what read_image_set reads whole, and a bad image is named when it is read.
+// give exactly the values written, in any order, and a bad image is named when it is read.
 #include "attnscope/error.hpp"
 #include "attnscope/vit.hpp"
 #include "scratch_dir.hpp"
@@ -45,16 +45,17 @@ class ImageRowsTest : public test::ScratchDirTest {
   }
 };
 
-TEST_F(ImageRowsTest, RowsEqualTheWholeSet) {
+TEST_F(ImageRowsTest, RowsAreTheValuesWritten) {
   write_set(path("set.h5"), 5, false);
-  const ImageSet whole = read_image_set(path("set.h5"));
   ImageRowReader rows(path("set.h5"));
   EXPECT_EQ(rows.count(), 5);
   EXPECT_EQ(rows.shape(), (std::vector<int>{1, 2, 3}));
-  EXPECT_EQ(rows.labels(), whole.labels);
+  EXPECT_EQ(rows.labels(), (std::vector<std::int64_t>{0, 3, 2, 1, 0}));
   EXPECT_EQ(rows.logit_classes(), 4);
   for (int i : {3, 0, 4, 1, 2}) {  // any order
-    EXPECT_EQ(rows.image(i), whole.images.row(i).transpose()) << "image " << i;
+    const VecF image = rows.image(i);
+    ASSERT_EQ(image.size(), 6) << "image " << i;
+    for (int c = 0; c < 6; ++c) EXPECT_EQ(image(c), 0.25f * static_cast<float>(6 * i + c) - 3.0f) << "image " << i;
     const VecF logits = rows.logits(i);
     ASSERT_EQ(logits.size(), 4) << "image " << i;
     for (int c = 0; c < 4; ++c) EXPECT_EQ(logits(c), 1.5f - 0.125f * static_cast<float>(4 * i + c)) << "image " << i;

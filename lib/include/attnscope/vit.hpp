@@ -52,19 +52,10 @@ struct VitModel {
   VecF head_b;
 };
 
-/// An HDF5 image set: /images [n, C, H, W] (float32 or float16, the model's normalised input, as
-/// a dump's /images) and, optionally, /labels [n] (integers).
-struct ImageSet {
-  MatF images;             ///< n x (C*H*W)
-  std::vector<int> shape;  ///< C, H, W
-  std::vector<std::int64_t> labels;  ///< empty when the file has none
-};
-/// Throws InputError naming the file, the dataset and what was expected.
-[[nodiscard]] ImageSet read_image_set(const std::string& path);
-
 /// The /images of an image set or of a dump (and its /labels and /logits, where present), read
-/// one image at a time: memory is bounded by one image whatever the file holds. Opened with
-/// read_image_set's checks; throws InputError naming the file, the dataset and what was expected.
+/// one image at a time: memory is bounded by one image whatever the file holds. /images must be
+/// [images, C, H, W] with at least one image, /labels integers [images], /logits [images,
+/// classes]; throws InputError naming the file, the dataset and what was expected.
 class ImageRowReader {
  public:
   explicit ImageRowReader(const std::string& path);
