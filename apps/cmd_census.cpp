@@ -35,6 +35,7 @@ po::options_description census_options(CensusFlags& f) {
                   po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
                   "a row fails to sum to 1 when |sum - 1| > T");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   return d;
 }
 
@@ -105,6 +106,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("census", "--dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("census", f.common, false);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
@@ -123,6 +125,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
                    {"heads", sel.heads},
                    {"precision", "double"},
                    {"threads", threads}};
+  meta.params()["device"] = device.description;
   Progress progress("census", sel.images.size());
   analyses::for_each_head(
       reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },

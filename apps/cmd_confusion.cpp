@@ -35,6 +35,7 @@ po::options_description confusion_options(ConfusionFlags& f) {
       ("reference", po::bool_switch(&f.reference),
        "brute force over every pair in double (slow; for checks and benchmarks)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
 }
@@ -98,6 +99,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   if (!parse_args("confusion", "--dump FILE [options]", desc, args, vm)) return 0;
   if (!(f.opt.eps >= 0.0) || !(f.opt.query_eps >= 0.0)) throw UsageError("--eps and --query-eps must be >= 0");
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("confusion", f.common, true);
+  f.opt.device = device.used;
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
@@ -110,6 +113,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
   ResultSet set(dir, "confusion.json");
   ResultFile per_image(set, "confusion_per_image.csv");
   per_image.stream() << "variant,image,count,degenerate_pairs\n";

@@ -29,6 +29,7 @@ po::options_description locality_options(LocalityFlags& f) {
        "odd window size: the k x k grid cells around each query, itself included")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
 }
@@ -74,6 +75,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     throw UsageError("--window must be a positive odd number, found " + std::to_string(f.window));
   }
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("locality", f.common, true);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
@@ -87,12 +89,13 @@ int run_locality_cmd(const std::vector<std::string>& args) {
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
   Progress progress("locality", sel.images.size());
   ImageTimer timer;
   analyses::LocalityResult r = analyses::run_locality(reader, sel, variants, f.window, f.reference, [&](int) {
     timer.tick();
     progress.tick();
-  });
+  }, device.used);
   progress.finish();
   std::int64_t measured = 0;
   for (const auto& heads : r.per_head) {

@@ -32,6 +32,7 @@ po::options_description mask_options(MaskFlags& f) {
                   "and random:N (N random keys outside its 3 x 3 window, the same draw for every "
                   "family)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
 }
@@ -110,6 +111,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("mask", "--dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("mask", f.common, false);
   const std::vector<analyses::MaskSpec> masks = analyses::parse_mask_specs(f.masks);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
@@ -132,6 +134,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                    {"seed", f.common.seed},
                    {"precision", "double"},
                    {"threads", threads}};
+  meta.params()["device"] = device.description;
   Progress progress("mask", sel.images.size());
   analyses::for_each_head(
       reader, sel, [&](const analyses::HeadView& h) { collector.add_head(h); },

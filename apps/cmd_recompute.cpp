@@ -50,9 +50,11 @@ int run_recompute(const std::vector<std::string>& args) {
       "largest allowed output error relative to the head's largest |out| (default: 5e-3 for "
       "float16 dumps, 1e-4 for float32); also the largest absolute error allowed on weights");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   po::variables_map vm;
   if (!parse_args("recompute", "--dump FILE [options]", d, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("recompute", f.common, false);
 
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
@@ -66,6 +68,7 @@ int run_recompute(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
                    {"images", sel.images.size()}};
+  meta.params()["device"] = device.description;
   auto cells = analyses::recompute_dump(reader, variant, sel.images);
   report_model_layers(cells, schema);
   write_csv(set, variant.name(), cells);

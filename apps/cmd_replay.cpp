@@ -37,6 +37,7 @@ po::options_description replay_options(ReplayFlags& f) {
       "intervention", po::value(&f.interventions)->value_name("LIST")->default_value(f.interventions),
       "comma list: none, local:K, random:N, f1, f2, l2norm, family=SPEC");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
 }
@@ -114,6 +115,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE | --image-set FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("replay", f.common, false);
   std::vector<VitModel> models;
   for (const std::string_view path : split_list(f.models)) {
     if (path.empty()) throw UsageError("--model: an empty item in '" + f.models + "'");
@@ -138,6 +140,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"models", model_files}, {"images", source}};
   meta.params() = {{"models", names}, {"interventions", ivnames}, {"images", in.ids.size()},
                    {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads}};
+  meta.params()["device"] = device.description;
   ResultFile logits_csv(set, "replay_logits.csv");
   logits_csv.stream() << "model,intervention,image,label,predicted,logits\n" << std::setprecision(9);
   std::vector<Row> rows;

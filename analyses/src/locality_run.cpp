@@ -2,6 +2,7 @@
 // and grid queries, memory independent of the number of images.
 #include "attnscope/analyses/locality.hpp"
 
+#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/head_error.hpp"
 
 #include <cmath>
@@ -10,7 +11,7 @@ namespace attnscope::analyses {
 
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
                             const std::vector<Variant>& variants, int window, bool reference,
-                            const std::function<void(int)>& on_image) {
+                            const std::function<void(int)>& on_image, Device device) {
   const DumpSchema& schema = reader.schema();
   const TokenGrid grid = schema.attrs.grid;
   const double scale = schema.attrs.scale;
@@ -39,8 +40,9 @@ LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       int dead = 0;
       const std::vector<double> mass = in_head(hv.image, hv.layer, hv.head, [&] {
-        return reference ? local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead)
-                         : local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        if (reference) return local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        if (device == Device::Cuda) return local_mass_cuda(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        return local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
       });
       RunningStats image_stats;
       for (double m : mass) {

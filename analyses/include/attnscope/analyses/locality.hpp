@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/device.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -54,9 +55,10 @@ struct LocalityResult {
   std::int64_t images = 0;
 };
 
-/// Streams the selection of a dump; on_image(image) runs after each image (progress).
+/// Streams the selection of a dump; on_image(image) runs after each image (progress). With
+/// device Cuda each head's mass is computed on the GPU (cuda_paths.hpp; `reference` wins).
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
                             const std::vector<Variant>& variants, int window, bool reference = false,
-                            const std::function<void(int)>& on_image = {});
+                            const std::function<void(int)>& on_image = {}, Device device = Device::Cpu);
 
 }  // namespace attnscope::analyses

@@ -1,0 +1,201 @@
+// The CUDA paths of the per-head analyses (cuda_paths.hpp). The host side prepares what the
+// kernels take from the family registry (features and row forms, through ExactRows, so that the
+// GPU's rows and the exact judge's rows share every input) and the margins; the kernels are in
+// lib/cuda/. The margin helpers and the judging of candidates are plain host code.
+#include "attnscope/analyses/cuda_paths.hpp"
+
+#include "attnscope/candidate_margin.hpp"
+#include "attnscope/error.hpp"
+#include "confusion_search.hpp"
+
+#ifdef ATTNSCOPE_HAVE_CUDA
+#include "confusion_candidates.cuh"
+#include "local_mass.cuh"
+#include "weights.cuh"
+#endif
+
+#include <algorithm>
+#include <cmath>
+
+namespace attnscope::analyses {
+
+namespace {
+
+/// Norms computed in double err by a few units of 2^-53; this covers them with room to spare.
+constexpr double kNormSlack = 1.0 + 1e-12;
+
+}  // namespace
+
+std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, const MatF& k, double scale) {
+  const int n = rows.tokens();
+  std::vector<double> bound(static_cast<std::size_t>(n), 0.0);
+  if (!rows.variant().has_linear_form()) {
+    double k_max = 0.0;
+    for (Eigen::Index j = 0; j < k.rows(); ++j) k_max = std::max(k_max, k.row(j).cast<double>().norm());
+    const auto d = static_cast<int>(q.cols());
+    for (int i = 0; i < n; ++i) {
+      const double logit_bound = std::abs(scale) * q.row(i).cast<double>().norm() * k_max * kNormSlack;
+      bound[static_cast<std::size_t>(i)] = margin::row_bound_softmax(logit_bound, n, d);
+    }
+    return bound;
+  }
+  const double fk_frobenius = rows.phi_k().norm() * kNormSlack;
+  const auto r = static_cast<int>(rows.phi_q().cols());
+  for (int i = 0; i < n; ++i) {
+    if (rows.degenerate(i)) continue;
+    bound[static_cast<std::size_t>(i)] =
+        margin::row_bound_kernel(rows.row_coefficient(i), rows.row_offset(i), rows.phi_q().row(i).norm() * kNormSlack,
+                                 fk_frobenius, n, r);
+  }
+  return bound;
+}
+
+std::vector<std::pair<int, int>> candidate_pairs_host(const MatD& w, const std::vector<double>& row_bound,
+                                                      const ExactRows& rows, double eps) {
+  const int n = rows.tokens();
+  if (w.rows() != n || w.cols() != n || row_bound.size() != static_cast<std::size_t>(n)) {
+    throw UsageError("candidate_pairs_host: rows, bounds and head disagree in size");
+  }
+  const MatD gram = w * w.transpose();
+  std::vector<std::pair<int, int>> out;
+  for (int i = 0; i < n; ++i) {
+    if (rows.degenerate(i)) continue;
+    for (int j = i + 1; j < n; ++j) {
+      if (rows.degenerate(j)) continue;
+      if (margin::is_candidate(eps, gram(i, i), gram(j, j), gram(i, j), row_bound[static_cast<std::size_t>(i)],
+                               row_bound[static_cast<std::size_t>(j)], n)) {
+        out.emplace_back(i, j);
+      }
+    }
+  }
+  return out;
+}
+
+HeadConfusion judge_candidates(const ExactRows& rows, const MatF& q_raw, const ConfusionOptions& opt,
+                               const std::vector<std::pair<int, int>>& candidates) {
+  thread_local detail::PairJudge judge;
+  judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
+  HeadConfusion out;
+  for (const auto& [i, j] : candidates) {
+    if (i < 0 || j <= i || j >= rows.tokens()) {
+      throw UsageError("judge_candidates: pair (" + std::to_string(i) + ", " + std::to_string(j) +
+                       ") is not i < j < " + std::to_string(rows.tokens()));
+    }
+    if (rows.degenerate(i) || rows.degenerate(j)) continue;
+    ++out.candidates;
+    if (judge.confused(i, j)) ++out.pairs;
+  }
+  out.degenerate_rows = rows.degenerate_count();
+  out.degenerate_pairs = detail::count_degenerate_pairs(rows, q_raw, opt.query_eps, judge);
+  return out;
+}
+
+#ifdef ATTNSCOPE_HAVE_CUDA
+
+namespace {
+
+std::vector<unsigned char> degenerate_flags(const ExactRows& rows) {
+  std::vector<unsigned char> flags(static_cast<std::size_t>(rows.tokens()));
+  for (int i = 0; i < rows.tokens(); ++i) flags[static_cast<std::size_t>(i)] = rows.degenerate(i) ? 1 : 0;
+  return flags;
+}
+
+/// The head's rows on the device, from the same inputs as ExactRows's: softmax from q and k as
+/// they are (widened on the device), the kernel form from ExactRows's features and row forms.
+cuda::DeviceRows device_rows(const ExactRows& rows, const MatF& q, const MatF& k, double scale,
+                             const std::vector<unsigned char>& flags) {
+  cuda::Context& ctx = cuda::this_thread_context();
+  const int n = rows.tokens();
+  if (!rows.variant().has_linear_form()) {
+    return cuda::softmax_rows(ctx, q.data(), k.data(), 1, n, static_cast<int>(q.cols()), scale);
+  }
+  std::vector<double> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    a[static_cast<std::size_t>(i)] = rows.row_coefficient(i);
+    b[static_cast<std::size_t>(i)] = rows.row_offset(i);
+  }
+  return cuda::kernel_rows(ctx, rows.phi_q().data(), rows.phi_k().data(), a.data(), b.data(), flags.data(), 1, n,
+                           static_cast<int>(rows.phi_q().cols()));
+}
+
+}  // namespace
+
+MatD attention_weights_cuda(const Variant& v, const MatF& q, const MatF& k, double scale, Diagnostics* diag) {
+  const ExactRows rows(v, q, k, scale);
+  const std::vector<unsigned char> flags = degenerate_flags(rows);
+  const cuda::DeviceRows dr = device_rows(rows, q, k, scale, flags);
+  MatD w(rows.tokens(), rows.tokens());
+  cuda::download_rows(cuda::this_thread_context(), dr, w.data());
+  if (diag) {
+    diag->degenerate_rows.clear();
+    for (int i = 0; i < rows.tokens(); ++i) {
+      if (rows.degenerate(i)) diag->degenerate_rows.push_back(i);
+    }
+  }
+  return w;
+}
+
+HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k, double scale,
+                                   const ConfusionOptions& opt) {
+  const ExactRows rows(v, q, k, scale);
+  if (rows.tokens() < 2) return judge_candidates(rows, q_raw, opt, {});
+  const std::vector<unsigned char> flags = degenerate_flags(rows);
+  const std::vector<double> bound = candidate_row_bounds(rows, q, k, scale);
+  const cuda::DeviceRows dr = device_rows(rows, q, k, scale, flags);
+  const auto candidates =
+      cuda::confusion_candidates(cuda::this_thread_context(), dr, bound.data(), flags.data(), opt.eps);
+  return judge_candidates(rows, q_raw, opt, candidates.front());
+}
+
+std::vector<double> local_mass_cuda(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                    const TokenGrid& grid, int window, int* degenerate) {
+  if (window < 1 || window % 2 == 0) {
+    throw UsageError("--window must be a positive odd number, found " + std::to_string(window));
+  }
+  if (grid.tokens() != k.rows()) {
+    throw UsageError("locality: the grid has " + std::to_string(grid.tokens()) + " tokens but the head has " +
+                     std::to_string(k.rows()));
+  }
+  const ExactRows rows(v, q, k, scale);
+  const std::vector<unsigned char> flags = degenerate_flags(rows);
+  cuda::WindowLists lists;
+  lists.offset.push_back(0);
+  for (int i = 0; i < grid.tokens(); ++i) {
+    for (int j : grid.window(i, window)) lists.index.push_back(j);
+    lists.offset.push_back(static_cast<int>(lists.index.size()));
+  }
+  const cuda::DeviceRows dr = device_rows(rows, q, k, scale, flags);
+  std::vector<double> mass(static_cast<std::size_t>(rows.tokens()));
+  cuda::window_mass(cuda::this_thread_context(), dr, lists, flags.data(), mass.data());
+  if (degenerate) {
+    *degenerate = 0;
+    for (int i = grid.prefix; i < grid.tokens(); ++i) *degenerate += rows.degenerate(i) ? 1 : 0;
+  }
+  return mass;
+}
+
+#else
+
+namespace {
+
+[[noreturn]] void no_cuda() {
+  throw UsageError("--device cuda: this attnscope was built without CUDA (configure with -DATTNSCOPE_CUDA=AUTO or ON "
+                   "where a CUDA toolkit is installed)");
+}
+
+}  // namespace
+
+MatD attention_weights_cuda(const Variant&, const MatF&, const MatF&, double, Diagnostics*) { no_cuda(); }
+
+HeadConfusion count_confusion_cuda(const Variant&, const MatF&, const MatF&, const MatF&, double,
+                                   const ConfusionOptions&) {
+  no_cuda();
+}
+
+std::vector<double> local_mass_cuda(const Variant&, const MatF&, const MatF&, double, const TokenGrid&, int, int*) {
+  no_cuda();
+}
+
+#endif
+
+}  // namespace attnscope::analyses
