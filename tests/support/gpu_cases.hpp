@@ -7,6 +7,7 @@
 
 #include "attnscope/analyses/confusion.hpp"
 #include "attnscope/candidate_margin.hpp"
+#include "attnscope/error.hpp"
 #include "random_inputs.hpp"
 #include "variant_specs.hpp"
 

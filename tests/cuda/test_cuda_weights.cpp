@@ -1,0 +1,66 @@
+// Explicit weights on the GPU against the CPU's (attention.hpp), every family of the registry,
+// awkward sizes: the same numbers to rounding, the same degenerate rows.
+#include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/attention.hpp"
+#include "cuda_test.hpp"
+#include "gpu_cases.hpp"
+#include "random_inputs.hpp"
+#include "variant_specs.hpp"
+
+#include <memory>
+
+namespace attnscope::test {
+namespace {
+
+using CudaWeights = CudaTest;
+
+TEST_F(CudaWeights, MatchTheCpuForEveryFamilyAndAwkwardSize) {
+  std::uint64_t seed = 40;
+  for (const std::string& spec : all_variant_specs()) {
+    for (int n : kAwkwardN) {
+      for (int d : kAwkwardD) {
+        const Variant v = parse_variant(spec, Convention::Paper, ++seed);
+        const MatF q = normal_f(n, d, seed, input_mean(v)), k = normal_f(n, d, seed + 1, input_mean(v));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+        const std::string what = case_label("weights", v, n, d, seed);
+        Diagnostics cpu_diag, gpu_diag;
+        MatD cpu;
+        try {
+          cpu = attention_weights<double>(v, q.cast<double>(), k.cast<double>(), scale, nullptr, &cpu_diag);
+        } catch (const NumericalError&) {
+          continue;  // out of range for this family on the CPU already
+        }
+        const MatD gpu = analyses::attention_weights_cuda(v, q, k, scale, &gpu_diag);
+        ASSERT_EQ(gpu.rows(), n) << what;
+        ASSERT_EQ(gpu.cols(), n) << what;
+        EXPECT_EQ(gpu_diag.degenerate_rows, cpu_diag.degenerate_rows) << what;
+        Eigen::Index wi = 0, wj = 0;
+        const double worst = (gpu - cpu).cwiseAbs().maxCoeff(&wi, &wj);
+        const double size = 1.0 + cpu.cwiseAbs().maxCoeff();
+        EXPECT_LE(worst, 1e-10 * size) << what << " worst at (" << wi << ", " << wj << "): gpu " << gpu(wi, wj)
+                                       << " cpu " << cpu(wi, wj);
+      }
+    }
+  }
+}
+
+TEST_F(CudaWeights, RowsLieWithinTheFilterBoundsOfTheExactRows) {
+  for (const HeadCase& c : gpu_cases()) {
+    std::unique_ptr<analyses::ExactRows> rows;
+    try {
+      rows = std::make_unique<analyses::ExactRows>(c.variant, c.q, c.k, c.scale);
+    } catch (const NumericalError&) {
+      continue;
+    }
+    const std::vector<double> bound = analyses::candidate_row_bounds(*rows, c.q, c.k, c.scale);
+    const MatD gpu = analyses::attention_weights_cuda(c.variant, c.q, c.k, c.scale);
+    for (int i = 0; i < rows->tokens(); ++i) {
+      const double err = (gpu.row(i).transpose() - rows->row(i)).norm();
+      EXPECT_FALSE(err > bound[static_cast<std::size_t>(i)])
+          << c.label << " row " << i << " off by " << err << " > bound " << bound[static_cast<std::size_t>(i)];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnscope::test
