@@ -96,8 +96,10 @@ void products(Context& ctx, const double* x, const double* y, double* p, int bat
 }
 
 Context& this_thread_context() {
-  thread_local Context ctx;
-  return ctx;
+  // Never destroyed: a thread_local's destructor may run after the CUDA runtime has shut down at
+  // process exit, where cublasDestroy and cudaFree are undefined. The driver frees it all at exit.
+  thread_local Context* ctx = new Context;
+  return *ctx;
 }
 
 }  // namespace attnscope::cuda
