@@ -111,7 +111,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("mask", "--dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
-  const ResolvedDevice device = apply_device("mask", f.common, false);
+  const ResolvedDevice device = apply_device("mask", f.common, true);
   const std::vector<analyses::MaskSpec> masks = analyses::parse_mask_specs(f.masks);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
@@ -119,6 +119,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   const std::vector<Variant> variants = resolve_variants(f.common, schema);
   analyses::MaskCollector collector(variants, masks, sel, schema.attrs.grid, schema.attrs.scale,
                                     f.common.seed);
+  collector.set_device(device.used);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   ResultSet set(dir, "mask.json");

@@ -4,6 +4,7 @@
 // lib/cuda/. The margin helpers and the judging of candidates are plain host code.
 #include "attnscope/analyses/cuda_paths.hpp"
 
+#include "attnscope/analyses/masking.hpp"
 #include "attnscope/candidate_margin.hpp"
 #include "attnscope/error.hpp"
 #include "confusion_search.hpp"
@@ -118,20 +119,122 @@ cuda::DeviceRows device_rows(const ExactRows& rows, const MatF& q, const MatF& k
                            static_cast<int>(rows.phi_q().cols()));
 }
 
+/// Row forms of the kernel form, as attention.cpp's kernel_rows computes them: from S_i over all
+/// keys, or over the kept keys and their count under a mask.
+struct RowForms {
+  std::vector<double> a, b;
+  std::vector<unsigned char> degenerate;
+};
+
+RowForms row_forms(const Variant& v, const MatD& fq, const MatD& fk, const Mask* mask) {
+  const Eigen::Index n = fq.rows();
+  RowForms out;
+  out.a.assign(static_cast<std::size_t>(n), 0.0);
+  out.b.assign(static_cast<std::size_t>(n), 0.0);
+  out.degenerate.assign(static_cast<std::size_t>(n), 0);
+  const VecD key_sum = fk.colwise().sum().transpose();
+  const double key_sum_norm = key_sum.norm();
+  MatD kept_sums;
+  if (mask) kept_sums.noalias() = mask->cast<double>().matrix() * fk;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const auto qi = fq.row(i);
+    const RowForm rn = mask ? kernel_row_form(v, qi.dot(kept_sums.row(i)), static_cast<int>(mask->row(i).count()),
+                                              qi.norm() * kept_sums.row(i).norm())
+                            : kernel_row_form(v, qi.dot(key_sum.transpose()), static_cast<int>(fk.rows()),
+                                              qi.norm() * key_sum_norm);
+    const auto r = static_cast<std::size_t>(i);
+    out.degenerate[r] = rn.degenerate ? 1 : 0;
+    if (!rn.degenerate) out.a[r] = rn.a, out.b[r] = rn.b;
+  }
+  return out;
+}
+
+void check_head(const Variant& v, const MatD& q, const MatD& k, const Mask* mask) {
+  std::string why;
+  if (!v.supports(&why)) throw UsageError(why);
+  if (k.rows() < 1) throw UsageError(v.name() + ": no keys");
+  if (q.cols() != k.cols() || q.rows() != k.rows()) {
+    throw UsageError(v.name() + ": the GPU path takes q and k of one shape, found " + std::to_string(q.rows()) +
+                     " x " + std::to_string(q.cols()) + " and " + std::to_string(k.rows()) + " x " +
+                     std::to_string(k.cols()));
+  }
+  if (mask && (mask->rows() != q.rows() || mask->cols() != k.rows())) {
+    throw UsageError(v.name() + ": mask is " + std::to_string(mask->rows()) + " x " + std::to_string(mask->cols()) +
+                     ", expected " + std::to_string(q.rows()) + " x " + std::to_string(k.rows()));
+  }
+}
+
+/// The head's weights on the device (left in the thread's context); degenerate rows listed.
+cuda::DeviceRows device_weights(const Variant& v, const MatD& q, const MatD& k, double scale, const Mask* mask,
+                                std::vector<int>& degenerate) {
+  check_head(v, q, k, mask);
+  cuda::Context& ctx = cuda::this_thread_context();
+  const int n = static_cast<int>(q.rows());
+  std::vector<unsigned char> kept;
+  if (mask) {
+    kept.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) kept[static_cast<std::size_t>(i) * n + j] = (*mask)(i, j) ? 1 : 0;
+    }
+  }
+  degenerate.clear();
+  if (!v.has_linear_form()) {
+    for (int i = 0; mask && i < n; ++i) {
+      if (!mask->row(i).any()) degenerate.push_back(i);
+    }
+    return cuda::softmax_rows(ctx, q.data(), k.data(), mask ? kept.data() : nullptr, 1, n, static_cast<int>(q.cols()),
+                              scale);
+  }
+  const KernelFeatures f = kernel_features(v, q, k, scale);
+  const RowForms rf = row_forms(v, f.q, f.k, mask);
+  for (int i = 0; i < n; ++i) {
+    if (rf.degenerate[static_cast<std::size_t>(i)]) degenerate.push_back(i);
+  }
+  return cuda::kernel_rows(ctx, f.q.data(), f.k.data(), rf.a.data(), rf.b.data(), rf.degenerate.data(), 1, n,
+                           static_cast<int>(f.q.cols()), mask ? kept.data() : nullptr);
+}
+
+template <typename Derived>
+void require_finite(const Eigen::DenseBase<Derived>& x, const Variant& v, const char* what) {
+  if (!x.allFinite()) {
+    throw NumericalError(v.name() + ": " + what + " overflow double (inputs too large in magnitude)");
+  }
+}
+
 }  // namespace
 
-MatD attention_weights_cuda(const Variant& v, const MatF& q, const MatF& k, double scale, Diagnostics* diag) {
-  const ExactRows rows(v, q, k, scale);
+MatD attention_weights_cuda(const Variant& v, const MatD& q, const MatD& k, double scale, const Mask* mask,
+                            Diagnostics* diag) {
+  std::vector<int> degenerate;
+  const cuda::DeviceRows dr = device_weights(v, q, k, scale, mask, degenerate);
+  MatD w(q.rows(), k.rows());
+  cuda::download_rows(cuda::this_thread_context(), dr, w.data());
+  require_finite(w, v, "attention weights");
+  if (diag) diag->degenerate_rows = std::move(degenerate);
+  return w;
+}
+
+MaskCell mask_head_cuda(const Variant& v, const MatD& q, const MatD& k, const MatD& values, double scale,
+                        const Mask& mask) {
+  cuda::Context& ctx = cuda::this_thread_context();
+  const auto dv = static_cast<int>(values.cols());
+  Diagnostics plain, masked;
+  const cuda::DeviceRows dr = device_weights(v, q, k, scale, nullptr, plain.degenerate_rows);
+  MatD w(q.rows(), k.rows()), o(q.rows(), values.cols()), o_masked(q.rows(), values.cols());
+  cuda::download_rows(ctx, dr, w.data());
+  require_finite(w, v, "attention weights");
+  cuda::outputs(ctx, dr, values.data(), dv, o.data());
+  const cuda::DeviceRows dm = device_weights(v, q, k, scale, &mask, masked.degenerate_rows);
+  cuda::outputs(ctx, dm, values.data(), dv, o_masked.data());
+  require_finite(o_masked, v, "attention outputs");
+  return mask_statistics(w, o, o_masked, plain, masked, mask);
+}
+
+MatD confusion_rows_cuda(const ExactRows& rows, const MatF& q, const MatF& k, double scale) {
   const std::vector<unsigned char> flags = degenerate_flags(rows);
   const cuda::DeviceRows dr = device_rows(rows, q, k, scale, flags);
   MatD w(rows.tokens(), rows.tokens());
   cuda::download_rows(cuda::this_thread_context(), dr, w.data());
-  if (diag) {
-    diag->degenerate_rows.clear();
-    for (int i = 0; i < rows.tokens(); ++i) {
-      if (rows.degenerate(i)) diag->degenerate_rows.push_back(i);
-    }
-  }
   return w;
 }
 
@@ -185,7 +288,11 @@ namespace {
 
 }  // namespace
 
-MatD attention_weights_cuda(const Variant&, const MatF&, const MatF&, double, Diagnostics*) { no_cuda(); }
+MatD attention_weights_cuda(const Variant&, const MatD&, const MatD&, double, const Mask*, Diagnostics*) { no_cuda(); }
+
+MaskCell mask_head_cuda(const Variant&, const MatD&, const MatD&, const MatD&, double, const Mask&) { no_cuda(); }
+
+MatD confusion_rows_cuda(const ExactRows&, const MatF&, const MatF&, double) { no_cuda(); }
 
 HeadConfusion count_confusion_cuda(const Variant&, const MatF&, const MatF&, const MatF&, double,
                                    const ConfusionOptions&) {

@@ -71,6 +71,8 @@ struct Context {
   DeviceBuffer pairs, count;  // candidate pairs and their count
   DeviceBuffer windows;       // window offsets and indices (local mass)
   DeviceBuffer mass;          // batch x n
+  DeviceBuffer kept;          // masks, batch x n x n bytes
+  DeviceBuffer values;        // V and the outputs, batch x n x dv each
   PinnedBuffer staging_in, staging_out;
 
   Context();

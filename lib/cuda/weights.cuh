@@ -23,10 +23,22 @@ struct DeviceRows {
 /// the sum, the steps of softmax_exact_row (softmax.hpp).
 DeviceRows softmax_rows(Context& ctx, const float* q, const float* k, int batch, int n, int d, double scale);
 
+/// The same from double inputs (copied as they are), over the keys `kept` keeps (batch x n x n
+/// bytes, row i the keys query i keeps; null: all): softmax over the kept logits, zeros
+/// elsewhere; a row that keeps no key is all zeros (attention.hpp's Mask).
+DeviceRows softmax_rows(Context& ctx, const double* q, const double* k, const unsigned char* kept, int batch, int n,
+                        int d, double scale);
+
 /// Kernel-form rows from the features f_q, f_k (double, batch x n x r) and the row forms a, b
-/// (batch x n); rows with degenerate[row] != 0 are written as zeros (attention.hpp).
+/// (batch x n); rows with degenerate[row] != 0 are written as zeros (attention.hpp). With `kept`
+/// (batch x n x n bytes, or null) the keys a query does not keep get 0 (the row forms must then be
+/// the masked ones, from the kept sums).
 DeviceRows kernel_rows(Context& ctx, const double* fq, const double* fk, const double* a, const double* b,
-                       const unsigned char* degenerate, int batch, int n, int r);
+                       const unsigned char* degenerate, int batch, int n, int r, const unsigned char* kept = nullptr);
+
+/// Outputs O = W V of every head (V: batch x n x dv doubles), by DGEMM, copied to `out`
+/// (batch x n x dv).
+void outputs(Context& ctx, const DeviceRows& rows, const double* values, int dv, double* out);
 
 /// Copies the rows to host memory (batch x n x n doubles).
 void download_rows(Context& ctx, const DeviceRows& rows, double* out);

@@ -30,7 +30,8 @@ TEST_F(CudaWeights, MatchTheCpuForEveryFamilyAndAwkwardSize) {
         } catch (const NumericalError&) {
           continue;  // out of range for this family on the CPU already
         }
-        const MatD gpu = analyses::attention_weights_cuda(v, q, k, scale, &gpu_diag);
+        const MatD gpu = analyses::attention_weights_cuda(v, q.cast<double>(), k.cast<double>(), scale, nullptr,
+                                                          &gpu_diag);
         ASSERT_EQ(gpu.rows(), n) << what;
         ASSERT_EQ(gpu.cols(), n) << what;
         EXPECT_EQ(gpu_diag.degenerate_rows, cpu_diag.degenerate_rows) << what;
@@ -44,6 +45,30 @@ TEST_F(CudaWeights, MatchTheCpuForEveryFamilyAndAwkwardSize) {
   }
 }
 
+TEST_F(CudaWeights, MaskedWeightsMatchTheCpu) {
+  const TokenGrid grid{1, 7, 7};
+  const int n = grid.tokens(), d = 16;
+  std::uint64_t seed = 300;
+  for (const std::string& spec : all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, ++seed);
+    const MatD q = normal_f(n, d, seed, input_mean(v)).cast<double>(), k = normal_f(n, d, seed + 1, input_mean(v)).cast<double>();
+    for (const Mask& mask : {local_window_mask(grid, 3), random_outside_mask(grid, 9, seed), random_mask(n, n, 0.5, seed, 3)}) {
+      const std::string what = case_label("masked weights", v, n, d, seed);
+      Diagnostics cpu_diag, gpu_diag;
+      MatD cpu;
+      try {
+        cpu = attention_weights<double>(v, q, k, 0.25, &mask, &cpu_diag);
+      } catch (const NumericalError&) {
+        continue;
+      }
+      const MatD gpu = analyses::attention_weights_cuda(v, q, k, 0.25, &mask, &gpu_diag);
+      EXPECT_EQ(gpu_diag.degenerate_rows, cpu_diag.degenerate_rows) << what;
+      const double worst = (gpu - cpu).cwiseAbs().maxCoeff();
+      EXPECT_LE(worst, 1e-10 * (1.0 + cpu.cwiseAbs().maxCoeff())) << what;
+    }
+  }
+}
+
 TEST_F(CudaWeights, RowsLieWithinTheFilterBoundsOfTheExactRows) {
   for (const HeadCase& c : gpu_cases()) {
     std::unique_ptr<analyses::ExactRows> rows;
@@ -53,7 +78,7 @@ TEST_F(CudaWeights, RowsLieWithinTheFilterBoundsOfTheExactRows) {
       continue;
     }
     const std::vector<double> bound = analyses::candidate_row_bounds(*rows, c.q, c.k, c.scale);
-    const MatD gpu = analyses::attention_weights_cuda(c.variant, c.q, c.k, c.scale);
+    const MatD gpu = analyses::confusion_rows_cuda(*rows, c.q, c.k, c.scale);
     for (int i = 0; i < rows->tokens(); ++i) {
       const double err = (gpu.row(i).transpose() - rows->row(i)).norm();
       EXPECT_FALSE(err > bound[static_cast<std::size_t>(i)])

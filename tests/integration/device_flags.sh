@@ -1,8 +1,9 @@
 # --device auto|cpu|cuda on every analysis: a bad name is exit 2 naming the flag; the device used
 # is recorded in the run's parameters; --device cuda where it cannot be honoured (no device, a
 # build without CUDA, an analysis without a CUDA path) is exit 2 with one line saying why and
-# writes nothing. Where a CUDA device answers, confusion and locality on it must write the same
-# results as on the CPU, and auto says on stderr which device it uses.
+# writes nothing. Where a CUDA device answers, confusion, locality and mask on it must write the
+# same results as on the CPU (confusion's counts exactly), and auto says on stderr which device it
+# uses.
 expect_ok "$ATTNSCOPE" synth --out d.h5 --images 3 --layers 2 --heads 2 --plant-duplicates 1 --plant-collinear 1
 
 analyses=(
@@ -23,7 +24,26 @@ for c in recompute verify; do
   expect_ok "$ATTNSCOPE" "$c" --help
   expect_grep '--device auto\|cpu\|cuda \(=auto\)' "$WORK/out.txt"
 done
-with_cuda_path() { case "$1" in confusion|locality) return 0 ;; *) return 1 ;; esac; }
+with_cuda_path() { case "$1" in confusion|locality|mask) return 0 ;; *) return 1 ;; esac; }
+# same_csv A B: the same rows and text fields; numbers equal (confusion's counts are exact) or,
+# for locality's masses and mask's changes, within 1e-6.
+same_csv() {
+  "$PYTHON" - "$1" "$2" <<'PY'
+import csv, sys
+a, b = (list(csv.reader(open(p))) for p in sys.argv[1:3])
+assert len(a) == len(b) and a[0] == b[0], f"{sys.argv[1]}: rows or header differ"
+exact = "confusion" in sys.argv[1]
+for ra, rb in zip(a[1:], b[1:]):
+    for x, y in zip(ra, rb):
+        try:
+            fx, fy = float(x), float(y)
+        except ValueError:
+            assert x == y, f"{sys.argv[1]}: {x} != {y}"
+            continue
+        ok = fx == fy if exact else (abs(fx - fy) <= 1e-6 * max(1.0, abs(fx)) or (fx != fx and fy != fy))
+        assert ok, f"{sys.argv[1]}: {x} (cpu) vs {y} (cuda) in {ra}"
+PY
+}
 dump_of() { case "$1" in verify) ;; *) echo --dump d.h5 ;; esac; }
 
 expect_ok "$ATTNSCOPE" replay --help
@@ -53,7 +73,7 @@ for a in "${analyses[@]}"; do
     expect_ok "$ATTNSCOPE" "${cmd[@]}" --out "gpu_$name" --device cuda
     expect_grep '"device": "cuda:0 ' "gpu_$name/$name.json"
     for f in "cpu_$name"/*.csv; do
-      cmp "$f" "gpu_$name/$(basename "$f")" || { echo "FAIL: $name: $(basename "$f") differs between cpu and cuda"; exit 1; }
+      same_csv "$f" "gpu_$name/$(basename "$f")" || { echo "FAIL: $name: $(basename "$f") differs between cpu and cuda"; exit 1; }
     done
     expect_ok "$ATTNSCOPE" "${cmd[@]}" --out "auto_$name"
     [ "$(wc -l <"$WORK/err.txt")" -eq 1 ] || { echo "FAIL: $name auto: not one line on stderr"; cat "$WORK/err.txt"; exit 1; }

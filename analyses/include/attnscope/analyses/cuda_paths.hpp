@@ -19,14 +19,24 @@
 
 namespace attnscope::analyses {
 
-/// Explicit N x N weights of a head (no mask), every family: softmax's score form, the others'
-/// kernel form with the registry's features and row forms. `diag` receives the degenerate rows.
-MatD attention_weights_cuda(const Variant& v, const MatF& q, const MatF& k, double scale,
-                            Diagnostics* diag = nullptr);
+/// Explicit N x N weights of a head, every family, under a mask or not (attention.hpp's
+/// attention_weights): softmax's score form, the others' kernel form with the registry's features
+/// and row forms (computed on the host, as attention.cpp computes them). `diag` receives the
+/// degenerate rows.
+MatD attention_weights_cuda(const Variant& v, const MatD& q, const MatD& k, double scale,
+                            const Mask* mask = nullptr, Diagnostics* diag = nullptr);
+
+/// mask_head (masking.hpp) with the weights and both outputs computed on the GPU.
+struct MaskCell;
+MaskCell mask_head_cuda(const Variant& v, const MatD& q, const MatD& k, const MatD& values, double scale,
+                        const Mask& mask);
 
 /// count_confusion on the GPU; equal to it on every input.
 HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
                                    double scale, const ConfusionOptions& opt);
+
+/// The rows the GPU confusion count filters on (from ExactRows's inputs), downloaded: for tests.
+MatD confusion_rows_cuda(const ExactRows& rows, const MatF& q, const MatF& k, double scale);
 
 /// local_mass on the GPU.
 std::vector<double> local_mass_cuda(const Variant& v, const MatF& q, const MatF& k, double scale,
