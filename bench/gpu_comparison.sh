@@ -44,8 +44,13 @@ say() { echo "gpu_comparison: $*" >&2; }
 
 # --- Build and correctness first ---------------------------------------------------------------
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNSCOPE_CUDA=ON -DATTNSCOPE_BENCH=OFF \
-    >"$RES/configure.log" 2>&1 || { say "configure failed (see $RES/configure.log)"; tail -20 "$RES/configure.log"; exit 1; }
+  # With the benchmarks (bench_cuda_confusion: batches of images per launch) where Google Benchmark
+  # is installed, without them otherwise.
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNSCOPE_CUDA=ON -DATTNSCOPE_BENCH=ON \
+    >"$RES/configure.log" 2>&1 ||
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNSCOPE_CUDA=ON -DATTNSCOPE_BENCH=OFF \
+      >"$RES/configure.log" 2>&1 ||
+    { say "configure failed (see $RES/configure.log)"; tail -20 "$RES/configure.log"; exit 1; }
   cmake --build "$BUILD" -j "$CORES" >"$RES/build.log" 2>&1 ||
     { say "build failed (see $RES/build.log)"; tail -30 "$RES/build.log"; exit 1; }
 fi
@@ -99,6 +104,13 @@ for shape in deit hires; do
   run "${shape}_cpu_2" "$dump" "$n2" --device cpu --threads 2
   torch_run "${shape}_torch" "$dump" "$n" "$RES/${shape}_cpu_all/confusion_per_image.csv" >/dev/null || true
 done
+
+# --- Batches of images per launch (the kernels' API; the command sends one head at a time) -------
+if [ -x "$BUILD/bench/bench_cuda_confusion" ] && [ "$DRY" != 1 ]; then
+  "$BUILD/bench/bench_cuda_confusion" >"$RES/bench_cuda_confusion.txt" 2>&1 ||
+    say "bench_cuda_confusion failed (see $RES/bench_cuda_confusion.txt)"
+  cat "$RES/bench_cuda_confusion.txt"
+fi
 
 # --- Table ---------------------------------------------------------------------------------------
 "$PYTHON" - "$RES" "$CORES" "$DRY" <<'PY' | tee "$RES/table.md"

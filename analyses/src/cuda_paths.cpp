@@ -17,6 +17,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <map>
+#include <memory>
 
 namespace attnscope::analyses {
 
@@ -238,16 +241,108 @@ MatD confusion_rows_cuda(const ExactRows& rows, const MatF& q, const MatF& k, do
   return w;
 }
 
+namespace {
+
+/// The heads of one launch, all of one shape: each one's exact rows and bounds, and the device
+/// inputs concatenated head after head.
+std::vector<HeadConfusion> launch(const Variant& v, const std::vector<HeadInput>& heads,
+                                  const std::vector<std::size_t>& members, double scale, const ConfusionOptions& opt) {
+  const auto batch = static_cast<int>(members.size());
+  std::vector<std::unique_ptr<ExactRows>> rows(members.size());
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    const HeadInput& h = heads[members[m]];
+    rows[m] = std::make_unique<ExactRows>(v, *h.q, *h.k, scale);  // the CPU path's checks, in order
+  }
+  const int n = rows.front()->tokens();
+  std::vector<HeadConfusion> out(members.size());
+  if (n < 2) {
+    for (std::size_t m = 0; m < members.size(); ++m) out[m] = judge_candidates(*rows[m], *heads[members[m]].q_raw, opt, {});
+    return out;
+  }
+  const auto per_head = static_cast<std::size_t>(n);
+  std::vector<double> bound;
+  std::vector<unsigned char> flags;
+  bound.reserve(per_head * members.size());
+  flags.reserve(per_head * members.size());
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    const HeadInput& h = heads[members[m]];
+    const std::vector<double> b = candidate_row_bounds(*rows[m], *h.q, *h.k, scale);
+    const std::vector<unsigned char> f = degenerate_flags(*rows[m]);
+    bound.insert(bound.end(), b.begin(), b.end());
+    flags.insert(flags.end(), f.begin(), f.end());
+  }
+  cuda::Context& ctx = cuda::this_thread_context();
+  cuda::DeviceRows dr;
+  if (!v.has_linear_form()) {
+    const auto d = static_cast<std::size_t>(heads[members.front()].q->cols());
+    std::vector<float> q(per_head * d * members.size()), k(q.size());
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      const HeadInput& h = heads[members[m]];
+      std::copy_n(h.q->data(), per_head * d, q.data() + m * per_head * d);
+      std::copy_n(h.k->data(), per_head * d, k.data() + m * per_head * d);
+    }
+    dr = cuda::softmax_rows(ctx, q.data(), k.data(), batch, n, static_cast<int>(d), scale);
+  } else {
+    const auto r = static_cast<std::size_t>(rows.front()->phi_q().cols());
+    std::vector<double> fq(per_head * r * members.size()), fk(fq.size()), a(per_head * members.size()), b(a.size());
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      std::copy_n(rows[m]->phi_q().data(), per_head * r, fq.data() + m * per_head * r);
+      std::copy_n(rows[m]->phi_k().data(), per_head * r, fk.data() + m * per_head * r);
+      for (int i = 0; i < n; ++i) {
+        a[m * per_head + static_cast<std::size_t>(i)] = rows[m]->row_coefficient(i);
+        b[m * per_head + static_cast<std::size_t>(i)] = rows[m]->row_offset(i);
+      }
+    }
+    dr = cuda::kernel_rows(ctx, fq.data(), fk.data(), a.data(), b.data(), flags.data(), batch, n, static_cast<int>(r));
+  }
+  const auto candidates = cuda::confusion_candidates(ctx, dr, bound.data(), flags.data(), opt.eps);
+  // The judging is the CPU's exact arithmetic, head by head, on the OpenMP threads (each thread
+  // its own judge); the first error is rethrown after the loop.
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic)
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    try {
+      out[m] = judge_candidates(*rows[m], *heads[members[m]].q_raw, opt, candidates[m]);
+    } catch (...) {
+#pragma omp critical(attnscope_cuda_judge_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+}  // namespace
+
+std::vector<HeadConfusion> count_confusion_cuda_batch(const Variant& v, const std::vector<HeadInput>& heads,
+                                                      double scale, const ConfusionOptions& opt) {
+  // Heads grouped by shape (N, d), each group cut into launches that fit the device's memory:
+  // rows and Gram matrix, 2 N^2 doubles per head, within a quarter of the free memory.
+  std::map<std::pair<Eigen::Index, Eigen::Index>, std::vector<std::size_t>> groups;
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    if (!heads[h].q || !heads[h].k || !heads[h].q_raw) throw UsageError("count_confusion_cuda_batch: a head is missing");
+    groups[{heads[h].k->rows(), heads[h].k->cols()}].push_back(h);
+  }
+  std::vector<HeadConfusion> out(heads.size());
+  for (const auto& [shape, members] : groups) {
+    const std::int64_t n = shape.first;
+    const int per_launch = margin::heads_per_launch(static_cast<std::int64_t>(members.size()),
+                                                    2 * n * n * static_cast<std::int64_t>(sizeof(double)) + 1024,
+                                                    cuda::free_memory_bytes() / 4);
+    for (std::size_t first = 0; first < members.size(); first += static_cast<std::size_t>(per_launch)) {
+      const std::size_t last = std::min(members.size(), first + static_cast<std::size_t>(per_launch));
+      const std::vector<std::size_t> part(members.begin() + static_cast<std::ptrdiff_t>(first),
+                                          members.begin() + static_cast<std::ptrdiff_t>(last));
+      const std::vector<HeadConfusion> got = launch(v, heads, part, scale, opt);
+      for (std::size_t m = 0; m < part.size(); ++m) out[part[m]] = got[m];
+    }
+  }
+  return out;
+}
+
 HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k, double scale,
                                    const ConfusionOptions& opt) {
-  const ExactRows rows(v, q, k, scale);
-  if (rows.tokens() < 2) return judge_candidates(rows, q_raw, opt, {});
-  const std::vector<unsigned char> flags = degenerate_flags(rows);
-  const std::vector<double> bound = candidate_row_bounds(rows, q, k, scale);
-  const cuda::DeviceRows dr = device_rows(rows, q, k, scale, flags);
-  const auto candidates =
-      cuda::confusion_candidates(cuda::this_thread_context(), dr, bound.data(), flags.data(), opt.eps);
-  return judge_candidates(rows, q_raw, opt, candidates.front());
+  return count_confusion_cuda_batch(v, {HeadInput{&q, &q_raw, &k}}, scale, opt).front();
 }
 
 std::vector<double> local_mass_cuda(const Variant& v, const MatF& q, const MatF& k, double scale,
@@ -293,6 +388,11 @@ MatD attention_weights_cuda(const Variant&, const MatD&, const MatD&, double, co
 MaskCell mask_head_cuda(const Variant&, const MatD&, const MatD&, const MatD&, double, const Mask&) { no_cuda(); }
 
 MatD confusion_rows_cuda(const ExactRows&, const MatF&, const MatF&, double) { no_cuda(); }
+
+std::vector<HeadConfusion> count_confusion_cuda_batch(const Variant&, const std::vector<HeadInput>&, double,
+                                                      const ConfusionOptions&) {
+  no_cuda();
+}
 
 HeadConfusion count_confusion_cuda(const Variant&, const MatF&, const MatF&, const MatF&, double,
                                    const ConfusionOptions&) {

@@ -1,5 +1,7 @@
 #include "context.cuh"
 
+#include "weights.cuh"
+
 #include "attnscope/error.hpp"
 
 #include <cstring>
@@ -93,6 +95,13 @@ void products(Context& ctx, const double* x, const double* y, double* p, int bat
   check(cublasDgemmStridedBatched(ctx.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n, c, &alpha, y, c, stride_in, x, c,
                                   stride_in, &beta, p, n, stride_out, batch),
         "cublasDgemmStridedBatched (products)");
+}
+
+long long free_memory_bytes() {
+  this_thread_context();  // the device is selected
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return static_cast<long long>(free);
 }
 
 Context& this_thread_context() {

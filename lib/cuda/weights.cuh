@@ -11,6 +11,9 @@ struct Context;
 /// The calling thread's stream, cuBLAS handle and buffers (context.cuh), created on first use.
 Context& this_thread_context();
 
+/// Free device memory now (cudaMemGetInfo), for sizing launches.
+long long free_memory_bytes();
+
 /// Rows of a batch on the device.
 struct DeviceRows {
   const double* data = nullptr;  ///< batch x n x n, row-major

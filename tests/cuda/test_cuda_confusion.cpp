@@ -41,6 +41,32 @@ TEST_F(CudaConfusion, EqualsTheExactCountOnEveryCase) {
   EXPECT_GT(compared, 100);
 }
 
+TEST_F(CudaConfusion, BatchOfMixedShapesEqualsHeadByHead) {
+  // Every case of one variant family in one call: shapes grouped, each group one launch.
+  const std::vector<HeadCase> all = gpu_cases();
+  for (const char* spec : {"softmax", "linear:relu"}) {
+    const Variant v = parse_variant(spec);
+    // Planted heads of d = 7 (N = 50 and N = 3): one scale, two shapes.
+    std::vector<analyses::HeadInput> heads;
+    std::vector<const HeadCase*> used;
+    for (const HeadCase& c : all) {
+      if (c.variant.name() == v.name() && c.label.rfind("planted", 0) == 0 && c.q.cols() == 7) {
+        heads.push_back({&c.q, &c.q, &c.k});
+        used.push_back(&c);
+      }
+    }
+    ASSERT_GE(heads.size(), 2U) << spec;
+    analyses::ConfusionOptions opt;
+    const double scale = used.front()->scale;
+    const auto got = analyses::count_confusion_cuda_batch(v, heads, scale, opt);
+    ASSERT_EQ(got.size(), heads.size());
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      expect_equal(got[h], analyses::count_confusion_reference(v, used[h]->q, used[h]->q, used[h]->k, scale, opt),
+                   used[h]->label + " (in a batch of " + std::to_string(heads.size()) + ")");
+    }
+  }
+}
+
 TEST_F(CudaConfusion, ThresholdPairFollowsEpsToTheUlp) {
   for (const char* spec : {"softmax", "linear:relu", "inline", "mala", "cosformer", "efficient"}) {
     HeadCase c = planted_case(spec, 197, 64, 17);

@@ -35,6 +35,20 @@ MaskCell mask_head_cuda(const Variant& v, const MatD& q, const MatD& k, const Ma
 HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
                                    double scale, const ConfusionOptions& opt);
 
+/// One head of a batch: queries after the transform, raw queries, keys (N x d each).
+struct HeadInput {
+  const MatF* q = nullptr;
+  const MatF* q_raw = nullptr;
+  const MatF* k = nullptr;
+};
+
+/// count_confusion_cuda of many heads (of any images) with as few launches as fit in device
+/// memory: heads of one shape go to the GPU together (one copy, strided-batched products, one
+/// candidate kernel per launch), the exact judging of their candidates runs on the OpenMP threads.
+/// Results in the order of `heads`. count_confusion_cuda is this with one head.
+std::vector<HeadConfusion> count_confusion_cuda_batch(const Variant& v, const std::vector<HeadInput>& heads,
+                                                      double scale, const ConfusionOptions& opt);
+
 /// The rows the GPU confusion count filters on (from ExactRows's inputs), downloaded: for tests.
 MatD confusion_rows_cuda(const ExactRows& rows, const MatF& q, const MatF& k, double scale);
 
