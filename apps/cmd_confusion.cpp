@@ -99,7 +99,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   if (!parse_args("confusion", "--dump FILE [options]", desc, args, vm)) return 0;
   if (!(f.opt.eps >= 0.0) || !(f.opt.query_eps >= 0.0)) throw UsageError("--eps and --query-eps must be >= 0");
   const int threads = apply_threads(f.common.threads);
-  const ResolvedDevice device = apply_device("confusion", f.common, true);
+  const ResolvedDevice device =  // --reference is the CPU's plain double loops
+      apply_device(f.reference ? "confusion --reference" : "confusion", f.common, !f.reference);
   f.opt.device = device.used;
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();

@@ -75,7 +75,8 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     throw UsageError("--window must be a positive odd number, found " + std::to_string(f.window));
   }
   const int threads = apply_threads(f.common.threads);
-  const ResolvedDevice device = apply_device("locality", f.common, true);
+  const ResolvedDevice device =  // --reference is the CPU's plain double loops
+      apply_device(f.reference ? "locality --reference" : "locality", f.common, !f.reference);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);

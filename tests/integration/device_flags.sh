@@ -92,3 +92,13 @@ for a in "${analyses[@]}"; do
     expect_no_file nope
   fi
 done
+
+# --reference is the CPU's plain double loops: it has no CUDA path, whatever the machine.
+for name in confusion locality; do
+  expect_exit 2 "--device cuda: " "$ATTNSCOPE" "$name" --dump d.h5 --out nope --reference --device cuda
+  expect_grep "$name --reference has no CUDA path|built without CUDA" "$WORK/err.txt"
+  expect_ok "$ATTNSCOPE" "$name" --dump d.h5 --out "ref_$name" --reference --images 0
+  expect_empty "$WORK/err.txt"
+  expect_grep '"device": "cpu \(' "ref_$name/$name.json"
+done
+expect_no_file nope
