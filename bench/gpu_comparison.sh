@@ -12,7 +12,9 @@
 #
 # Usage: bench/gpu_comparison.sh
 #   env: BUILD=build-gpu IMAGES=1024 CPU2_IMAGES=256 HIRES_IMAGES=8 SKIP_BUILD=0 SKIP_TESTS=0
-#        PYTHON=python3 DATA=$BUILD/gpu-bench-data
+#        STOP_AFTER_TESTS=0 PYTHON=python3 DATA=$BUILD/gpu-bench-data
+# Where one command may run only minutes, split it in two calls (the build folder stays):
+#   STOP_AFTER_TESTS=1 bench/gpu_comparison.sh; SKIP_BUILD=1 SKIP_TESTS=1 bench/gpu_comparison.sh
 # Fails at once, saying why, where no CUDA device answers (it never waits for one).
 # DRY_RUN_CPU=1 runs the whole script on the CPU (the "GPU" runs with --device cpu, PyTorch on the
 # CPU) to test the script itself; its table is headed as a dry run and holds no GPU figure.
@@ -51,7 +53,14 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNSCOPE_CUDA=ON -DATTNSCOPE_BENCH=OFF \
       >"$RES/configure.log" 2>&1 ||
     { say "configure failed (see $RES/configure.log)"; tail -20 "$RES/configure.log"; exit 1; }
-  cmake --build "$BUILD" -j "$CORES" >"$RES/build.log" 2>&1 ||
+  # Only what this script runs: the command, the tests it runs and the GPU benchmark.
+  targets="attnscope test_candidate_margin test_device"
+  for t in tests/cuda/test_*.cpp; do targets="$targets $(basename "$t" .cpp)"; done
+  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q bench_cuda_confusion; then
+    targets="$targets bench_cuda_confusion"
+  fi
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD" -j "$CORES" --target $targets >"$RES/build.log" 2>&1 ||
     { say "build failed (see $RES/build.log)"; tail -30 "$RES/build.log"; exit 1; }
 fi
 [ -x "$A" ] || { say "no $A: build first (or unset SKIP_BUILD)"; exit 1; }
@@ -66,6 +75,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ] && [ "$DRY" != 1 ]; then
   grep -E "tests passed|tests failed|Skipped|Failed" "$RES/gpu_tests.log" | tail -20
   if [ "$tests" != passed ]; then say "GPU tests failed (see $RES/gpu_tests.log): no timing"; exit 1; fi
 fi
+if [ "${STOP_AFTER_TESTS:-0}" = 1 ]; then say "built and tested; STOP_AFTER_TESTS=1: no timing"; exit 0; fi
 
 # --- Dumps ---------------------------------------------------------------------------------------
 mkdir -p "$DATA"
