@@ -106,13 +106,14 @@ int run_census_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("census", "--dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
-  const ResolvedDevice device = apply_device("census", f.common, false);
+  const ResolvedDevice device = apply_device("census", f.common, true);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
   sel.need_v = false;  // the census looks at attention weights only
   const std::vector<Variant> variants = resolve_variants(f.common, schema);
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
+  collector.set_device(device.used);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   ResultSet set(dir, "census.json");

@@ -1,9 +1,9 @@
 # --device auto|cpu|cuda on every analysis: a bad name is exit 2 naming the flag; the device used
 # is recorded in the run's parameters; --device cuda where it cannot be honoured (no device, a
 # build without CUDA, an analysis without a CUDA path) is exit 2 with one line saying why and
-# writes nothing. Where a CUDA device answers, confusion, locality and mask on it must write the
-# same results as on the CPU (confusion's counts exactly), and auto says on stderr which device it
-# uses.
+# writes nothing. Where a CUDA device answers, confusion, locality, mask and census on it must
+# write the same results as on the CPU (confusion's counts exactly), and auto says on stderr which
+# device it uses.
 expect_ok "$ATTNSCOPE" synth --out d.h5 --images 3 --layers 2 --heads 2 --plant-duplicates 1 --plant-collinear 1
 
 analyses=(
@@ -24,9 +24,9 @@ for c in recompute verify; do
   expect_ok "$ATTNSCOPE" "$c" --help
   expect_grep '--device auto\|cpu\|cuda \(=auto\)' "$WORK/out.txt"
 done
-with_cuda_path() { case "$1" in confusion|locality|mask) return 0 ;; *) return 1 ;; esac; }
+with_cuda_path() { case "$1" in confusion|locality|mask|census) return 0 ;; *) return 1 ;; esac; }
 # same_csv A B: the same rows and text fields; numbers equal (confusion's counts are exact) or,
-# for locality's masses and mask's changes, within 1e-6.
+# for locality's masses, mask's changes and census's extremes, within 1e-6.
 same_csv() {
   "$PYTHON" - "$1" "$2" <<'PY'
 import csv, sys

@@ -59,12 +59,12 @@ TEST(DeviceSelection, AutoAndCudaFollowTheMachine) {
 }
 
 TEST(DeviceSelection, AnalysesWithoutACudaPathStayOnTheCpu) {
-  const ResolvedDevice a = resolve_device(Device::Auto, "census", false);
+  const ResolvedDevice a = resolve_device(Device::Auto, "maps", false);
   EXPECT_EQ(a.used, Device::Cpu);
   if (built_with_cuda()) {
-    EXPECT_EQ(a.description, "cpu (census has no CUDA path)");
+    EXPECT_EQ(a.description, "cpu (maps has no CUDA path)");
   }
-  EXPECT_THROW((void)resolve_device(Device::Cuda, "census", false), UsageError);
+  EXPECT_THROW((void)resolve_device(Device::Cuda, "maps", false), UsageError);
 }
 
 }  // namespace
