@@ -2,6 +2,8 @@
 
 #include "context.cuh"
 
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 namespace attnscope::cuda {
@@ -13,6 +15,11 @@ constexpr int kThreads = 256;
 __global__ void widen(const float* in, double* out, std::int64_t count) {
   const std::int64_t t = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < count) out[t] = double(in[t]);
+}
+
+__global__ void widen_half(const std::uint16_t* in, double* out, std::int64_t count) {
+  const std::int64_t t = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < count) out[t] = double(__half2float(__ushort_as_half(in[t])));
 }
 
 /// Block-wide reduction (max or sum) of one value per thread; every thread gets the result.
@@ -76,6 +83,23 @@ DeviceRows softmax_rows(Context& ctx, const float* q, const float* k, int batch,
   ctx.upload({{qf, q, std::size_t(in) * sizeof(float)}, {kf, k, std::size_t(in) * sizeof(float)}});
   if (in > 0) widen<<<blocks_for(2 * in), kThreads, 0, ctx.stream>>>(qf, qd, 2 * in);
   check(cudaGetLastError(), "widen");
+  products(ctx, qd, kd, w, batch, n, d, scale);
+  if (out > 0) softmax_in_place<<<unsigned(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, nullptr, n);
+  check(cudaGetLastError(), "softmax_in_place");
+  return {w, batch, n};
+}
+
+DeviceRows softmax_rows_half(Context& ctx, const std::uint16_t* q, const std::uint16_t* k, int batch, int n, int d,
+                             double scale) {
+  const std::int64_t in = std::int64_t(batch) * n * d, out = std::int64_t(batch) * n * n;
+  auto* qh = static_cast<std::uint16_t*>(ctx.q.reserve(std::size_t(2 * in) * sizeof(std::uint16_t)));
+  std::uint16_t* kh = qh + in;
+  double* qd = ctx.fq.as<double>(std::size_t(2 * in));
+  double* kd = qd + in;
+  double* w = ctx.rows.as<double>(std::size_t(out));
+  ctx.upload({{qh, q, std::size_t(in) * sizeof(std::uint16_t)}, {kh, k, std::size_t(in) * sizeof(std::uint16_t)}});
+  if (in > 0) widen_half<<<blocks_for(2 * in), kThreads, 0, ctx.stream>>>(qh, qd, 2 * in);
+  check(cudaGetLastError(), "widen_half");
   products(ctx, qd, kd, w, batch, n, d, scale);
   if (out > 0) softmax_in_place<<<unsigned(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, nullptr, n);
   check(cudaGetLastError(), "softmax_in_place");

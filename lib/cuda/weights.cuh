@@ -5,6 +5,8 @@
 // batch x n x n row-major, valid until the thread's next launch.
 #pragma once
 
+#include <cstdint>
+
 namespace attnscope::cuda {
 
 struct Context;
@@ -25,6 +27,12 @@ struct DeviceRows {
 /// device; logits s q_i.k_j by DGEMM, then per row the max subtracted, exp, and the division by
 /// the sum, the steps of softmax_exact_row (softmax.hpp).
 DeviceRows softmax_rows(Context& ctx, const float* q, const float* k, int batch, int n, int d, double scale);
+
+/// The same from float16 inputs (IEEE binary16 bits, as a float16 dump stores them): copied as
+/// float16, half the bytes of float, and widened on the device (exactly, as half.hpp does on the
+/// host), so the rows equal softmax_rows' on the widened values.
+DeviceRows softmax_rows_half(Context& ctx, const std::uint16_t* q, const std::uint16_t* k, int batch, int n, int d,
+                             double scale);
 
 /// The same from double inputs (copied as they are), over the keys `kept` keeps (batch x n x n
 /// bytes, row i the keys query i keeps; null: all): softmax over the kept logits, zeros

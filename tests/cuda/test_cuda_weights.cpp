@@ -2,10 +2,12 @@
 // awkward sizes: the same numbers to rounding, the same degenerate rows.
 #include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/attention.hpp"
+#include "attnscope/half.hpp"
 #include "cuda_test.hpp"
 #include "gpu_cases.hpp"
 #include "random_inputs.hpp"
 #include "variant_specs.hpp"
+#include "weights.cuh"
 
 #include <memory>
 
@@ -66,6 +68,34 @@ TEST_F(CudaWeights, MaskedWeightsMatchTheCpu) {
       const double worst = (gpu - cpu).cwiseAbs().maxCoeff();
       EXPECT_LE(worst, 1e-10 * (1.0 + cpu.cwiseAbs().maxCoeff())) << what;
     }
+  }
+}
+
+TEST_F(CudaWeights, Float16CopiedAsFloat16GivesTheRowsOfItsWidenedValues) {
+  // Half bits over the whole finite range that keeps logits moderate (|x| < 4, subnormals
+  // included): the rows from the half copy equal, bit for bit, those from the floats the host
+  // widens them to (half.hpp), since the same doubles reach the same products.
+  for (auto [n, d] : {std::pair{1, 1}, {197, 64}, {63, 7}}) {
+    std::vector<std::uint16_t> qh(static_cast<std::size_t>(n * d)), kh(qh.size());
+    std::uint64_t state = 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(n + d);
+    auto next = [&state] {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      const auto bits = static_cast<std::uint16_t>(state >> 48);
+      return static_cast<std::uint16_t>((bits & 0x83ffU) | (((bits >> 10) % 17U) << 10));  // exponent <= 16
+    };
+    for (auto& x : qh) x = next();
+    for (auto& x : kh) x = next();
+    MatF q(n, d), k(n, d);
+    for (int t = 0; t < n * d; ++t) {
+      q.data()[t] = half_to_float(qh[static_cast<std::size_t>(t)]);
+      k.data()[t] = half_to_float(kh[static_cast<std::size_t>(t)]);
+    }
+    cuda::Context& ctx = cuda::this_thread_context();
+    MatD from_half(n, n), from_float(n, n);
+    cuda::download_rows(ctx, cuda::softmax_rows_half(ctx, qh.data(), kh.data(), 1, n, d, 0.125), from_half.data());
+    cuda::download_rows(ctx, cuda::softmax_rows(ctx, q.data(), k.data(), 1, n, d, 0.125), from_float.data());
+    EXPECT_TRUE(from_half == from_float) << "N=" << n << " d=" << d << " max diff "
+                                         << (from_half - from_float).cwiseAbs().maxCoeff();
   }
 }
 
