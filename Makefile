@@ -4,7 +4,7 @@ BUILD    ?= build
 PYTHON   ?= /usr/bin/python3
 JOBS     ?= $(shell nproc)
 WERROR   ?= OFF
-CUDA     ?= OFF
+CUDA     ?= AUTO
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build dumps test test-cpp test-python demo figures data bench clean format

@@ -37,6 +37,7 @@ po::options_description census_options(CensusFlags& f) {
                   po::value(&f.sum_tol)->value_name("T")->default_value(f.sum_tol, "1e-6"),
                   "a row fails to sum to 1 when |sum - 1| > T");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
 }
@@ -160,6 +161,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("census", "--dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("census", f.common, true);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
@@ -177,6 +179,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
                    {"heads", sel.heads},
                    {"precision", "double"},
                    {"threads", threads}};
+  meta.params()["device"] = device.description;
   ImageRun run(f.control, "census", args, dir,
                run_fingerprint("census", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
@@ -187,7 +190,8 @@ int run_census_cmd(const std::vector<std::string>& args) {
                             [&](int image, std::vector<analyses::CensusCell>&& cells) {
                               run.record(image, to_record(cells));
                               progress.tick();
-                            });
+                            },
+                            device.used);
     progress.finish();
   });
 

@@ -37,6 +37,7 @@ po::options_description confusion_options(ConfusionFlags& f) {
       ("reference", po::bool_switch(&f.reference),
        "brute force over every pair in double (slow; for checks and benchmarks)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
@@ -133,6 +134,9 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   if (!parse_args("confusion", "--dump FILE [options]", desc, args, vm)) return 0;
   if (!(f.opt.eps >= 0.0) || !(f.opt.query_eps >= 0.0)) throw UsageError("--eps and --query-eps must be >= 0");
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device =  // --reference is the CPU's plain double loops
+      apply_device(f.reference ? "confusion --reference" : "confusion", f.common, !f.reference);
+  f.opt.device = device.used;
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
@@ -145,6 +149,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
   ImageRun run(f.control, "confusion", args, dir,
                run_fingerprint("confusion", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;

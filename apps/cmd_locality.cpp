@@ -32,6 +32,7 @@ po::options_description locality_options(LocalityFlags& f) {
        "odd window size: the k x k grid cells around each query, itself included")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
@@ -113,6 +114,8 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     throw UsageError("--window must be a positive odd number, found " + std::to_string(f.window));
   }
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device =  // --reference is the CPU's plain double loops
+      apply_device(f.reference ? "locality --reference" : "locality", f.common, !f.reference);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
@@ -125,6 +128,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
   ImageRun run(f.control, "locality", args, dir,
                run_fingerprint("locality", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
@@ -137,7 +141,8 @@ int run_locality_cmd(const std::vector<std::string>& args) {
                                 run.record(img.image, to_record(img));
                                 timer.tick();
                                 progress.tick();
-                              });
+                              },
+                              device.used);
     progress.finish();
   });
 

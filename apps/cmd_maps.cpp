@@ -30,6 +30,7 @@ po::options_description maps_options(MapsFlags& f) {
   d.add_options()("tokens", po::value(&f.tokens)->value_name("LIST")->required(),
                   "query tokens: indices (0 = first prefix token) or grid cells ROW:COL, e.g. 0,7:7");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
@@ -82,6 +83,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("maps", "--dump FILE --tokens LIST [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("maps", f.common, false);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const TokenGrid grid = schema.attrs.grid;
@@ -95,6 +97,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"variants", variant_names(variants)}, {"tokens", tokens}, {"images", sel.images},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"transform", sel.transform.name()},
                    {"threads", threads}, {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
   ImageRun run(f.control, "maps", args, dir, run_fingerprint("maps", f.common.dump, meta.params()),
                sel.images);
   run.compute([&] {

@@ -35,6 +35,7 @@ po::options_description mask_options(MaskFlags& f) {
                   "and random:N (N random keys outside its 3 x 3 window, the same draw for every "
                   "family)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
@@ -160,6 +161,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("mask", "--dump FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("mask", f.common, true);
   const std::vector<analyses::MaskSpec> masks = analyses::parse_mask_specs(f.masks);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
@@ -181,6 +183,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                    {"seed", f.common.seed},
                    {"precision", "double"},
                    {"threads", threads}};
+  meta.params()["device"] = device.description;
   ImageRun run(f.control, "mask", args, dir,
                run_fingerprint("mask", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
@@ -191,7 +194,8 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                           f.common.seed, [&](int image, std::vector<analyses::MaskCell>&& cells) {
                             run.record(image, to_record(cells));
                             progress.tick();
-                          });
+                          },
+                          device.used);
     progress.finish();
   });
 

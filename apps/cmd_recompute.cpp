@@ -83,10 +83,12 @@ int run_recompute(const std::vector<std::string>& args) {
       "largest allowed output error relative to the head's largest |out| (default: 5e-3 for "
       "float16 dumps, 1e-4 for float32); also the largest absolute error allowed on weights");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_run_control_options(d, f.control);
   po::variables_map vm;
   if (!parse_args("recompute", "--dump FILE [options]", d, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("recompute", f.common, false);
 
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
@@ -99,6 +101,7 @@ int run_recompute(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
                    {"images", sel.images.size()}};
+  meta.params()["device"] = device.description;
   ImageRun run(f.control, "recompute", args, dir,
                run_fingerprint("recompute", f.common.dump, meta.params()),
                sel.images);

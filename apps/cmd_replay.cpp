@@ -42,6 +42,7 @@ po::options_description replay_options(ReplayFlags& f) {
       "intervention", po::value(&f.interventions)->value_name("LIST")->default_value(f.interventions),
       "comma list: none, local:K, random:N, f1, f2, l2norm, family=SPEC");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
@@ -123,6 +124,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("replay", "--model FILE[,FILE...] --dump FILE | --image-set FILE [options]", desc, args, vm)) return 0;
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("replay", f.common, false);
   std::vector<VitModel> models;
   std::vector<std::string> model_paths;
   for (const std::string_view path : split_list(f.models)) {
@@ -160,6 +162,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"models", model_files}, {"images", source}};
   meta.params() = {{"models", names}, {"interventions", ivnames}, {"images", in.ids.size()},
                    {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads}};
+  meta.params()["device"] = device.description;
   std::vector<std::string> inputs{source};
   inputs.insert(inputs.end(), model_paths.begin(), model_paths.end());
   ImageRun run(f.control, "replay", args, dir, run_fingerprint("replay", inputs, meta.params()), in.ids);

@@ -63,6 +63,7 @@ po::options_description spikiness_options(SpikinessFlags& f) {
       "dist-samples", po::value(&f.dist_samples)->value_name("N")->default_value(f.dist_samples),
       "samples whose sorted weights go to spikiness_weights.csv");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   add_run_control_options(d, f.control);
   return d;
@@ -305,6 +306,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   opt.topk = f.topk;
   opt.space = analyses::parse_scale_space(f.space);
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("spikiness", f.common, false);
 
   std::unique_ptr<DumpReader> reader;
   SynthOptions so;
@@ -340,6 +342,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
                    {"dist_samples", f.dist_samples},
                    {"seed", f.common.seed},
                    {"threads", threads}};
+  meta.params()["device"] = device.description;
   if (f.synthetic) meta.params()["synth_images"] = so.images;
 
   nlohmann::json identity = meta.params();

@@ -36,6 +36,7 @@ po::options_description verify_options(VerifyFlags& f) {
       po::value(&f.opt.timing_repeats)->value_name("R")->default_value(f.opt.timing_repeats),
       "timed runs per size (the best is kept)");
   add_threads_option(d, f.common);
+  add_device_option(d, f.common);
   add_seed_option(d, f.common);
   return d;
 }
@@ -147,6 +148,7 @@ int run_verify_cmd(const std::vector<std::string>& args) {
   f.opt.timing_sizes.clear();
   for (int n = 64; n <= f.timing_max_n; n *= 2) f.opt.timing_sizes.push_back(n);
   const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("verify", f.common, false);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   ResultSet set(dir, "verify.json");
@@ -160,6 +162,7 @@ int run_verify_cmd(const std::vector<std::string>& args) {
                    {"timing_dim", f.opt.timing_dim},
                    {"timing_repeats", f.opt.timing_repeats},
                    {"threads", threads}};
+  meta.params()["device"] = device.description;
   std::vector<analyses::FormTiming> timings;
   f.opt.timings = &timings;
   const std::vector<analyses::CheckRow> rows = analyses::verify_all(f.opt);

@@ -123,6 +123,21 @@ void add_seed_option(po::options_description& d, CommonOptions& o) {
                   "random seed (results are reproducible for a given seed)");
 }
 
+void add_device_option(po::options_description& d, CommonOptions& o) {
+  d.add_options()("device", po::value(&o.device)->value_name("auto|cpu|cuda")->default_value(o.device),
+                  "where to compute: cuda (a GPU; an error where there is none), cpu, or auto (the GPU when "
+                  "one is present and the command has a CUDA path)");
+}
+
+ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, bool has_cuda_path) {
+  const Device requested = parse_device(o.device);
+  ResolvedDevice r = resolve_device(requested, command, has_cuda_path);
+  if (requested == Device::Auto && r.used == Device::Cuda) {
+    std::cerr << "attnscope " << command << ": using " << r.description << "\n";
+  }
+  return r;
+}
+
 namespace {
 
 // Boost keeps a bare word as an option with no name, and store() drops it: `--variant softmax

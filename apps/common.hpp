@@ -5,6 +5,7 @@
 
 #include "result_set.hpp"
 
+#include "attnscope/device.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/variant.hpp"
@@ -100,6 +101,7 @@ struct CommonOptions {
   VariantDefault variant_default = dumps_own_variant();
   int threads = 0;                  ///< --threads N (0: OpenMP default)
   std::uint64_t seed = 0;           ///< --seed N
+  std::string device = "auto";      ///< --device auto|cpu|cuda
 };
 /// --dump FILE [FILE...] (several values, or the flag repeated), required; with `alternative`
 /// (e.g. "--synthetic") optional, the help naming it.
@@ -111,6 +113,12 @@ void add_variant_option(po::options_description& d, CommonOptions& o,
                         const VariantDefault& dflt = dumps_own_variant());
 void add_threads_option(po::options_description& d, CommonOptions& o);
 void add_seed_option(po::options_description& d, CommonOptions& o);
+void add_device_option(po::options_description& d, CommonOptions& o);
+
+/// Resolves --device for `command` (device.hpp); `has_cuda_path`: whether the command has one.
+/// When auto picks a CUDA device it says so in one line on stderr ("attnscope <command>: using
+/// cuda:0 <name>"); the CPU is silent. UsageError when --device cuda cannot be honoured.
+ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, bool has_cuda_path);
 
 /// The variants a run computes, resolved the one way every command does: --variant (a comma
 /// list, parsed under the dump's convention with --seed) or, when it was left out, the command's

@@ -1,6 +1,7 @@
 // Weight census of InLine and MALA weights (census.hpp).
 #include "attnscope/analyses/census.hpp"
 
+#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
@@ -95,7 +96,8 @@ void CensusCollector::add_head(const HeadView& head) {
   for (std::size_t v = 0; v < variants_.size(); ++v) {
     Diagnostics diag;
     const MatD w = in_head(head.image, head.layer, head.head, [&] {
-      return attention_weights<double>(variants_[v], q, k, scale_, nullptr, &diag);
+      return device_ == Device::Cuda ? attention_weights_cuda(variants_[v], q, k, scale_, nullptr, &diag)
+                                     : attention_weights<double>(variants_[v], q, k, scale_, nullptr, &diag);
     });
     const CensusCell part = census_of(w, diag.degenerate_rows, tolerance_);
     const std::lock_guard lock(mutex_);
@@ -132,8 +134,10 @@ void CensusCollector::add(const std::vector<CensusCell>& part) {
 
 void census_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
                    double scale, double sum_tolerance,
-                   const std::function<void(int image, std::vector<CensusCell>&&)>& sink) {
+                   const std::function<void(int image, std::vector<CensusCell>&&)>& sink,
+                   Device device) {
   CensusCollector collector(variants, resolved, scale, sum_tolerance);
+  collector.set_device(device);
   Selection without_v = resolved;  // the census looks at attention weights only: V is not read
   without_v.need_v = false;
   for_each_head(

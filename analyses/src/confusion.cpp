@@ -1,6 +1,7 @@
 // Confusion counting: the exact pair judge, the per-head entry points and the streaming driver.
 #include "attnscope/analyses/confusion.hpp"
 
+#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/softmax.hpp"
@@ -94,6 +95,8 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   return search_softmax(q, k, scale, ws.judge, sw);
 }
 
+}  // namespace
+
 /// Pairs i < j of degenerate rows whose raw queries differ, decided as PairJudge::queries_differ
 /// decides them. The queries are sorted on their first raw coordinate x: the judge's sum of
 /// squares starts with fl((x_i - x_j)^2) and rounding never makes a sum of non-negative terms
@@ -127,12 +130,11 @@ std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, do
   return k * (k - 1) / 2 - same;
 }
 
-}  // namespace
-
 }  // namespace detail
 
 HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
                               double scale, const ConfusionOptions& opt) {
+  if (opt.device == Device::Cuda) return count_confusion_cuda(v, q, q_raw, k, scale, opt);
   if (!v.has_linear_form()) return detail::count_softmax(v, q, q_raw, k, scale, opt);
   const ExactRows rows(v, q, k, scale);
   detail::PairJudge& judge = detail::thread_workspace().judge;

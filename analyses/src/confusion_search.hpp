@@ -97,6 +97,11 @@ struct LowRank {
 };
 LowRank build_low_rank(const ExactRows& rows);
 
+/// Pairs i < j of degenerate rows whose raw queries differ, decided as PairJudge::queries_differ
+/// decides them (confusion.hpp's degenerate pairs).
+std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, double query_eps,
+                                    const PairJudge& judge);
+
 /// Softmax: float rows, pivot lower bounds with a float-error margin, exact re-check. Heads
 /// outside the float range (float_rows_fit) use the exact double rows instead, computed here
 /// into ws.wd (ws.double_rows is set before the judge is first asked). q is Nq x d, k is Nk x d:

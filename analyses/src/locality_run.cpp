@@ -3,6 +3,7 @@
 // of images.
 #include "attnscope/analyses/locality.hpp"
 
+#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 
@@ -56,7 +57,7 @@ void LocalityTotals::add(const LocalityImage& img) {
 
 void locality_images(DumpReader& reader, const Selection& resolved,
                      const std::vector<Variant>& variants, int window, bool reference,
-                     const std::function<void(LocalityImage&&)>& sink) {
+                     const std::function<void(LocalityImage&&)>& sink, Device device) {
   const DumpSchema& schema = reader.schema();
   const TokenGrid grid = schema.attrs.grid;
   const double scale = schema.attrs.scale;
@@ -75,8 +76,9 @@ void locality_images(DumpReader& reader, const Selection& resolved,
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       int dead = 0;
       const std::vector<double> mass = in_head(hv.image, hv.layer, hv.head, [&] {
-        return reference ? local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead)
-                         : local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        if (reference) return local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        if (device == Device::Cuda) return local_mass_cuda(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        return local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
       });
       LocalityHead& h = current.heads[vi][s];
       h.mass = RunningStats{};
@@ -99,12 +101,15 @@ void locality_images(DumpReader& reader, const Selection& resolved,
 
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
                             const std::vector<Variant>& variants, int window, bool reference,
-                            const std::function<void(int)>& on_image) {
+                            const std::function<void(int)>& on_image, Device device) {
   LocalityTotals totals(variants, resolved, reader.schema().attrs.grid, window);
-  locality_images(reader, resolved, variants, window, reference, [&](LocalityImage&& img) {
-    totals.add(img);
-    if (on_image) on_image(img.image);
-  });
+  locality_images(
+      reader, resolved, variants, window, reference,
+      [&](LocalityImage&& img) {
+        totals.add(img);
+        if (on_image) on_image(img.image);
+      },
+      device);
   return totals.result();
 }
 

@@ -1,6 +1,7 @@
 // Masking, the layer-local view (masking.hpp).
 #include "attnscope/analyses/masking.hpp"
 
+#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/seed.hpp"
@@ -73,20 +74,26 @@ MaskCell mask_head(const Variant& v, const MatD& q, const MatD& k, const MatD& v
   const MatD w = attention_weights<double>(v, q, k, scale, nullptr, &plain);
   const MatD o = w * values;
   const MatD o_masked = attention_outputs<double>(v, q, k, values, scale, &mask, &masked);
-  std::vector<char> skip(static_cast<std::size_t>(q.rows()), 0);
+  return mask_statistics(w, o, o_masked, plain, masked, mask);
+}
+
+MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
+                         const Diagnostics& masked, const Mask& mask) {
+  const Eigen::Index rows = w.rows(), keys = w.cols();
+  std::vector<char> skip(static_cast<std::size_t>(rows), 0);
   MaskCell c;
   for (int i : plain.degenerate_rows) skip[static_cast<std::size_t>(i)] = 1, ++c.degenerate_rows;
   for (int i : masked.degenerate_rows) {
     if (!skip[static_cast<std::size_t>(i)]) skip[static_cast<std::size_t>(i)] = 1, ++c.empty_rows;
   }
   double diff2 = 0.0, base2 = 0.0;
-  for (Eigen::Index i = 0; i < q.rows(); ++i) {
+  for (Eigen::Index i = 0; i < rows; ++i) {
     if (skip[static_cast<std::size_t>(i)]) continue;
     diff2 += (o_masked.row(i) - o.row(i)).squaredNorm();
     base2 += o.row(i).squaredNorm();
     if (mask.row(i).all()) continue;  // a prefix query: nothing removed, not a masked query
     double removed = 0.0;
-    for (Eigen::Index j = 0; j < k.rows(); ++j) removed += mask(i, j) ? 0.0 : w(i, j);
+    for (Eigen::Index j = 0; j < keys; ++j) removed += mask(i, j) ? 0.0 : w(i, j);
     c.removed_mass.add(removed);
   }
   if (base2 > 0.0) {
@@ -136,7 +143,8 @@ void MaskCollector::add_head(const HeadView& h) {
     const Mask mask = build_mask(masks_[m], grid_, mask_seed(seed_, h.image, h.layer, h.head));
     for (std::size_t v = 0; v < variants_.size(); ++v) {
       const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
-        return mask_head(variants_[v], q, k, values, scale_, mask);
+        return device_ == Device::Cuda ? mask_head_cuda(variants_[v], q, k, values, scale_, mask)
+                                       : mask_head(variants_[v], q, k, values, scale_, mask);
       });
       const std::size_t slot = ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
       const std::lock_guard lock(mutex_);
@@ -175,8 +183,10 @@ void MaskCollector::add(const std::vector<MaskCell>& part) {
 
 void mask_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
                  const std::vector<MaskSpec>& masks, const TokenGrid& grid, double scale,
-                 std::uint64_t seed, const std::function<void(int image, std::vector<MaskCell>&&)>& sink) {
+                 std::uint64_t seed, const std::function<void(int image, std::vector<MaskCell>&&)>& sink,
+                 Device device) {
   MaskCollector collector(variants, masks, resolved, grid, scale, seed);
+  collector.set_device(device);
   for_each_head(
       reader, resolved, [&](const HeadView& h) { collector.add_head(h); },
       [&](int image) { sink(image, collector.take()); });

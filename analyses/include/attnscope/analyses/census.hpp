@@ -8,6 +8,7 @@
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/device.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
@@ -57,6 +58,10 @@ class CensusCollector {
   CensusCollector(std::vector<Variant> variants, const Selection& resolved, double scale,
                   double sum_tolerance);
   void add_head(const HeadView& head);
+  /// Cuda: each head's weights are computed on the GPU (cuda_paths.hpp), in double like the
+  /// CPU's; a weight within rounding of 0 or a row sum within rounding of the tolerance can then
+  /// be counted differently.
+  void set_device(Device device) { device_ = device; }
   /// Cells ordered by variant, then layer, then head.
   [[nodiscard]] std::vector<CensusCell> cells() const;
   /// The cells, after which every count starts again from zero (labels kept): called after each
@@ -70,6 +75,8 @@ class CensusCollector {
  private:
   [[nodiscard]] std::size_t slot(std::size_t variant, int layer, int head) const;
 
+  Device device_ = Device::Cpu;
+
   std::vector<Variant> variants_;
   std::vector<int> layers_, heads_;
   double scale_;
@@ -82,6 +89,7 @@ class CensusCollector {
 /// census (cells ordered like CensusCollector::cells()) to `sink`, in the selection's order.
 void census_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
                    double scale, double sum_tolerance,
-                   const std::function<void(int image, std::vector<CensusCell>&&)>& sink);
+                   const std::function<void(int image, std::vector<CensusCell>&&)>& sink,
+                   Device device = Device::Cpu);
 
 }  // namespace attnscope::analyses

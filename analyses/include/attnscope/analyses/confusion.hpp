@@ -21,6 +21,7 @@
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/device.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -63,6 +64,8 @@ class ExactRows {
   [[nodiscard]] const MatD& phi_q() const { return phi_q_; }
   [[nodiscard]] const MatD& phi_k() const { return phi_k_; }
   [[nodiscard]] double row_coefficient(int i) const { return a_[static_cast<std::size_t>(i)]; }
+  /// b_i of row i's kernel form (0 for softmax and degenerate rows).
+  [[nodiscard]] double row_offset(int i) const { return b_[static_cast<std::size_t>(i)]; }
 
  private:
   [[noreturn]] void out_of_range(const std::string& what, double value) const;
@@ -82,6 +85,7 @@ double squared_distance(const double* a, const double* b, int n);
 struct ConfusionOptions {
   double eps = 1e-3;        ///< L2 radius on attention rows
   double query_eps = 1e-6;  ///< raw queries closer than this are the same query, not confusion
+  Device device = Device::Cpu;  ///< Cuda: the per-head counts run on the GPU (cuda_paths.hpp)
 };
 
 struct HeadConfusion {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/device.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -63,9 +64,10 @@ struct LocalityImage {
 
 /// Streams the selection of a dump, calling `sink` after each image, in the selection's order.
 /// An image's part depends on that image only, whoever computes it.
+/// With device Cuda each head's mass is computed on the GPU (cuda_paths.hpp; `reference` wins).
 void locality_images(DumpReader& reader, const Selection& resolved,
                      const std::vector<Variant>& variants, int window, bool reference,
-                     const std::function<void(LocalityImage&&)>& sink);
+                     const std::function<void(LocalityImage&&)>& sink, Device device = Device::Cpu);
 
 /// Folds images' parts into a LocalityResult: per slot, the images' statistics merged pairwise
 /// (RunningStats::merge) in the order they are add()ed. Floating-point merges do not commute
@@ -87,6 +89,6 @@ class LocalityTotals {
 /// on_image(image) runs after each image (progress).
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,
                             const std::vector<Variant>& variants, int window, bool reference = false,
-                            const std::function<void(int)>& on_image = {});
+                            const std::function<void(int)>& on_image = {}, Device device = Device::Cpu);
 
 }  // namespace attnscope::analyses

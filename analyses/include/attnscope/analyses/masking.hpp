@@ -16,6 +16,7 @@
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/analyses/locality.hpp"
 #include "attnscope/attention.hpp"
+#include "attnscope/device.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -68,6 +69,11 @@ struct MaskCell {
 [[nodiscard]] MaskCell mask_head(const Variant& v, const MatD& q, const MatD& k, const MatD& values,
                                  double scale, const Mask& mask);
 
+/// mask_head's statistics from the weights w (no mask), the outputs o = w V and o_masked (under
+/// the mask) and both runs' degenerate rows: shared by the CPU and GPU paths.
+[[nodiscard]] MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
+                                       const Diagnostics& masked, const Mask& mask);
+
 /// Collects cells over a dump, one per (variant, mask, layer, head), in that order.
 class MaskCollector {
  public:
@@ -83,8 +89,11 @@ class MaskCollector {
   /// add the images in the selection's order, and the result is the same to the last bit however
   /// the images were split between processes.
   void add(const std::vector<MaskCell>& part);
+  /// Cuda: each head's weights and outputs are computed on the GPU (cuda_paths.hpp).
+  void set_device(Device device) { device_ = device; }
 
  private:
+  Device device_ = Device::Cpu;
   std::vector<Variant> variants_;
   std::vector<MaskSpec> masks_;
   std::vector<int> layers_, heads_;
@@ -100,6 +109,7 @@ class MaskCollector {
 /// image's cells depend on that image only (random masks are drawn per image, mask_seed).
 void mask_images(DumpReader& reader, const Selection& resolved, const std::vector<Variant>& variants,
                  const std::vector<MaskSpec>& masks, const TokenGrid& grid, double scale,
-                 std::uint64_t seed, const std::function<void(int image, std::vector<MaskCell>&&)>& sink);
+                 std::uint64_t seed, const std::function<void(int image, std::vector<MaskCell>&&)>& sink,
+                 Device device = Device::Cpu);
 
 }  // namespace attnscope::analyses

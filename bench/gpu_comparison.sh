@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The GPU benchmark, in one run on a machine with a CUDA device: builds attnscope with CUDA
+# (ATTNSCOPE_CUDA=ON), runs the GPU tests (GPU against CPU, exact counts) before any timing, then
+# times softmax confusion side by side on the same dumps:
+#   attnscope --device cuda | attnscope --device cpu, all cores | attnscope --device cpu, 2 threads
+#   | bench/torch_gpu_confusion.py (PyTorch on the GPU: float32 softmax, torch.cdist, count)
+# on a DeiT-T-shaped dump (12 layers x 3 heads, 14 x 14 grid + CLS, head dim 64, IMAGES images)
+# and a 3,136-token one (56 x 56 grid, HIRES_IMAGES images). Every attnscope count is checked
+# against the CPU's; PyTorch's counts are compared with them (images whose count differs).
+# Prints the device (nvidia-smi), a markdown table and the raw results; everything goes under
+# $OUT when it is set (else $BUILD/gpu-bench).
+#
+# Usage: bench/gpu_comparison.sh
+#   env: BUILD=build-gpu IMAGES=1024 CPU2_IMAGES=256 HIRES_IMAGES=8 SKIP_BUILD=0 SKIP_TESTS=0
+#        STOP_AFTER_TESTS=0 PYTHON=python3 DATA=$BUILD/gpu-bench-data
+# Where one command may run only minutes, split it in two calls (the build folder stays):
+#   STOP_AFTER_TESTS=1 bench/gpu_comparison.sh; SKIP_BUILD=1 SKIP_TESTS=1 bench/gpu_comparison.sh
+# Fails at once, saying why, where no CUDA device answers (it never waits for one).
+# DRY_RUN_CPU=1 runs the whole script on the CPU (the "GPU" runs with --device cpu, PyTorch on the
+# CPU) to test the script itself; its table is headed as a dry run and holds no GPU figure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-gpu}
+PYTHON=${PYTHON:-python3}
+IMAGES=${IMAGES:-1024}
+CPU2_IMAGES=${CPU2_IMAGES:-256}
+HIRES_IMAGES=${HIRES_IMAGES:-8}
+DATA=${DATA:-$BUILD/gpu-bench-data}
+RES=${OUT:-$BUILD/gpu-bench}
+A=$BUILD/apps/attnscope
+CORES=$(nproc)
+DRY=${DRY_RUN_CPU:-0}
+GPU_DEVICE=$([ "$DRY" = 1 ] && echo cpu || echo cuda)
+mkdir -p "$RES"
+say() { echo "gpu_comparison: $*" >&2; }
+
+# --- The device ------------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%FT%TZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  cores: $CORES"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+  else
+    echo "nvidia-smi: not found"
+  fi
+} | tee "$RES/machine.txt"
+
+# --- Build and correctness first ---------------------------------------------------------------
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  # With the benchmarks (bench_cuda_confusion: batches of images per launch) where Google Benchmark
+  # is installed, without them otherwise.
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNSCOPE_CUDA=ON -DATTNSCOPE_BENCH=ON \
+    >"$RES/configure.log" 2>&1 ||
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNSCOPE_CUDA=ON -DATTNSCOPE_BENCH=OFF \
+      >"$RES/configure.log" 2>&1 ||
+    { say "configure failed (see $RES/configure.log)"; tail -20 "$RES/configure.log"; exit 1; }
+  # Only what this script runs: the command, the tests it runs and the GPU benchmark.
+  targets="attnscope test_candidate_margin test_device"
+  for t in tests/cuda/test_*.cpp; do targets="$targets $(basename "$t" .cpp)"; done
+  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q bench_cuda_confusion; then
+    targets="$targets bench_cuda_confusion"
+  fi
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD" -j "$CORES" --target $targets >"$RES/build.log" 2>&1 ||
+    { say "build failed (see $RES/build.log)"; tail -30 "$RES/build.log"; exit 1; }
+fi
+[ -x "$A" ] || { say "no $A: build first (or unset SKIP_BUILD)"; exit 1; }
+"$A" synth --out "$RES/probe.h5" --images 1 --layers 1 --heads 1 >/dev/null
+if [ "$DRY" != 1 ] && ! "$A" confusion --dump "$RES/probe.h5" --out "$RES/probe" --device cuda >/dev/null 2>"$RES/probe.err"; then
+  say "no usable CUDA device: $(cat "$RES/probe.err")"
+  exit 1
+fi
+if [ "${SKIP_TESTS:-0}" != 1 ] && [ "$DRY" != 1 ]; then
+  (cd "$BUILD" && ctest -R '^cuda\.|CandidateMargin|DeviceSelection|cli\.device_flags' --output-on-failure) \
+    >"$RES/gpu_tests.log" 2>&1 && tests=passed || tests=FAILED
+  grep -E "tests passed|tests failed|Skipped|Failed" "$RES/gpu_tests.log" | tail -20
+  if [ "$tests" != passed ]; then say "GPU tests failed (see $RES/gpu_tests.log): no timing"; exit 1; fi
+fi
+if [ "${STOP_AFTER_TESTS:-0}" = 1 ]; then say "built and tested; STOP_AFTER_TESTS=1: no timing"; exit 0; fi
+
+# --- Dumps ---------------------------------------------------------------------------------------
+mkdir -p "$DATA"
+deit="--layers 12 --heads 3 --grid-height 14 --grid-width 14 --prefix 1 --head-dim 64"
+deit="$deit --plant-duplicates 1 --plant-collinear 1 --plant-shifted 1 --plant-hyperplane"
+hires="--layers 2 --heads 3 --grid-height 56 --grid-width 56 --prefix 0 --head-dim 32 --plant-collinear 2"
+[ -f "$DATA/deit.h5" ] || "$A" synth --out "$DATA/deit.h5" --images "$IMAGES" --compression 0 --seed 1 $deit >/dev/null
+[ -f "$DATA/hires.h5" ] || "$A" synth --out "$DATA/hires.h5" --images "$HIRES_IMAGES" --compression 0 --seed 2 $hires >/dev/null
+cat "$DATA/deit.h5" "$DATA/hires.h5" >/dev/null  # page cache: every tool reads the same cached bytes
+
+# --- Runs ----------------------------------------------------------------------------------------
+export OMP_WAIT_POLICY=PASSIVE
+# run NAME DUMP IMAGES ARGS...: attnscope softmax confusion; wall seconds to NAME.wall
+run() {
+  local name=$1 dump=$2 n=$3; shift 3
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$A" confusion --dump "$dump" --out "$RES/$name" --variant softmax --images "0-$((n - 1))" "$@" \
+    >"$RES/$name.out" 2>"$RES/$name.err"
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >"$RES/$name.wall"
+}
+torch_run() {  # torch_run NAME DUMP IMAGES EXACT_CSV
+  if "$PYTHON" bench/torch_gpu_confusion.py --dump "$2" --images "$3" --exact "$4" --device "$GPU_DEVICE" >"$RES/$1.json" 2>"$RES/$1.err"; then
+    echo ok
+  else
+    say "PyTorch run $1 failed: $(tail -1 "$RES/$1.err")"
+  fi
+}
+for shape in deit hires; do
+  dump="$DATA/$shape.h5"
+  n=$([ $shape = deit ] && echo "$IMAGES" || echo "$HIRES_IMAGES")
+  n2=$([ $shape = deit ] && echo "$CPU2_IMAGES" || echo "$HIRES_IMAGES")
+  run "${shape}_gpu" "$dump" "$n" --device "$GPU_DEVICE"
+  run "${shape}_cpu_all" "$dump" "$n" --device cpu --threads "$CORES"
+  run "${shape}_cpu_2" "$dump" "$n2" --device cpu --threads 2
+  torch_run "${shape}_torch" "$dump" "$n" "$RES/${shape}_cpu_all/confusion_per_image.csv" >/dev/null || true
+done
+
+# --- Batches of images per launch (the kernels' API; the command sends one head at a time) -------
+if [ -x "$BUILD/bench/bench_cuda_confusion" ] && [ "$DRY" != 1 ]; then
+  "$BUILD/bench/bench_cuda_confusion" >"$RES/bench_cuda_confusion.txt" 2>&1 ||
+    say "bench_cuda_confusion failed (see $RES/bench_cuda_confusion.txt)"
+  cat "$RES/bench_cuda_confusion.txt"
+fi
+
+# --- Table ---------------------------------------------------------------------------------------
+"$PYTHON" - "$RES" "$CORES" "$DRY" <<'PY' | tee "$RES/table.md"
+import csv, json, os, sys
+res, cores, dry = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if dry:
+    print("DRY RUN ON THE CPU (DRY_RUN_CPU=1): a test of this script; no figure below is a GPU figure.\n")
+
+def counts(name):
+    return {int(r["image"]): int(r["count"]) for r in csv.DictReader(open(f"{res}/{name}/confusion_per_image.csv"))}
+
+print("| shape | tool | images | ms/image median / min / max | wall s | speed-up vs CPU 2 threads | counts |")
+print("|---|---|---|---|---|---|---|")
+for shape, label in (("deit", "DeiT-T (197 tokens)"), ("hires", "3,136 tokens")):
+    cpu = counts(f"{shape}_cpu_all")
+    base = json.load(open(f"{res}/{shape}_cpu_2/confusion.json"))["results"]["ms_per_image"]["median"]
+    gpu_tool = "attnscope --device cpu (dry run)" if dry else "attnscope --device cuda"
+    for tool, name in ((gpu_tool, "gpu"), (f"attnscope --device cpu, {cores} threads", "cpu_all"),
+                       ("attnscope --device cpu, 2 threads", "cpu_2")):
+        j = json.load(open(f"{res}/{shape}_{name}/confusion.json"))
+        m = j["results"]["ms_per_image"]
+        mine = counts(f"{shape}_{name}")
+        same = all(cpu[i] == c for i, c in mine.items())
+        wall = open(f"{res}/{shape}_{name}.wall").read().strip()
+        print(f"| {label} | {tool} ({j['parameters']['device']}) | {j['results']['images']} | "
+              f"{m['median']:.3f} / {m['min']:.3f} / {m['max']:.3f} | {float(wall):.1f} | {base / m['median']:.1f}x | "
+              f"{'= CPU exact' if same else 'DIFFER FROM CPU'} |")
+    tj = f"{res}/{shape}_torch.json"
+    if os.path.exists(tj) and os.path.getsize(tj) > 0:
+        t = json.load(open(tj))
+        m = t["ms_per_image"]
+        print(f"| {label} | PyTorch {'CPU (dry run)' if dry else 'GPU'} script ({t['device']}, float32, batch {t['batch']}) | {t['images']} | "
+              f"{m['median']:.3f} / {m['min']:.3f} / {m['max']:.3f} | - | {base / m['median']:.1f}x | "
+              f"{t['images_with_wrong_counts']} of {t['compared_images']} images wrong |")
+    else:
+        print(f"| {label} | PyTorch GPU script | - | not run (see {shape}_torch.err) | - | - | - |")
+PY
+say "results under $RES"

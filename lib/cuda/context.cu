@@ -1,0 +1,114 @@
+#include "context.cuh"
+
+#include "weights.cuh"
+
+#include "attnscope/error.hpp"
+
+#include <cstring>
+
+namespace attnscope::cuda {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw NumericalError(std::string("cuda: ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw NumericalError(std::string("cuda: ") + what + ": " + cublasGetStatusString(status));
+  }
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+void* DeviceBuffer::reserve(std::size_t bytes) {
+  if (bytes <= bytes_ && ptr_) return ptr_;
+  if (ptr_) check(cudaFree(ptr_), "cudaFree");
+  ptr_ = nullptr;
+  bytes_ = 0;
+  check(cudaMalloc(&ptr_, bytes > 0 ? bytes : 1), "cudaMalloc");
+  bytes_ = bytes;
+  return ptr_;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) cudaFreeHost(ptr_);
+}
+
+void* PinnedBuffer::reserve(std::size_t bytes) {
+  if (bytes <= bytes_ && ptr_) return ptr_;
+  if (ptr_) check(cudaFreeHost(ptr_), "cudaFreeHost");
+  ptr_ = nullptr;
+  bytes_ = 0;
+  check(cudaMallocHost(&ptr_, bytes > 0 ? bytes : 1), "cudaMallocHost");
+  bytes_ = bytes;
+  return ptr_;
+}
+
+Context::Context() {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cublasCreate(&blas), "cublasCreate");
+  check(cublasSetStream(blas, stream), "cublasSetStream");
+  // Plain IEEE double products (FP64 tensor cores are IEEE fused multiply-adds): the error bounds
+  // of candidate_margin.hpp assume nothing else.
+  check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+Context::~Context() {
+  if (blas) cublasDestroy(blas);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void Context::upload(std::initializer_list<Copy> copies) {
+  // The staging area may be reallocated and is rewritten below: no earlier copy may still read it.
+  synchronize();
+  std::size_t total = 0;
+  for (const Copy& c : copies) total += (c.bytes + 255) / 256 * 256;
+  char* stage = static_cast<char*>(staging_in.reserve(total));
+  for (const Copy& c : copies) {
+    if (c.bytes == 0) continue;
+    std::memcpy(stage, c.host, c.bytes);
+    check(cudaMemcpyAsync(c.device, stage, c.bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (upload)");
+    stage += (c.bytes + 255) / 256 * 256;
+  }
+}
+
+void Context::download(void* host, const void* device, std::size_t bytes) {
+  void* stage = staging_out.reserve(bytes);
+  check(cudaMemcpyAsync(stage, device, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (download)");
+  synchronize();
+  std::memcpy(host, stage, bytes);
+}
+
+void Context::synchronize() { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+
+/// Row-major P_b = X_b Y_b^T (n x n) for every head b of the batch, X and Y batch x n x c; alpha
+/// scales the products. Column-major cuBLAS sees row-major P^T = Y X^T with X^T, Y^T stored as
+/// c x n matrices.
+void products(Context& ctx, const double* x, const double* y, double* p, int batch, int n, int c, double alpha) {
+  const double beta = 0.0;
+  const long long stride_in = static_cast<long long>(n) * c, stride_out = static_cast<long long>(n) * n;
+  check(cublasDgemmStridedBatched(ctx.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n, c, &alpha, y, c, stride_in, x, c,
+                                  stride_in, &beta, p, n, stride_out, batch),
+        "cublasDgemmStridedBatched (products)");
+}
+
+long long free_memory_bytes() {
+  this_thread_context();  // the device is selected
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return static_cast<long long>(free);
+}
+
+Context& this_thread_context() {
+  // Never destroyed: a thread_local's destructor may run after the CUDA runtime has shut down at
+  // process exit, where cublasDestroy and cudaFree are undefined. The driver frees it all at exit.
+  thread_local Context* ctx = new Context;
+  return *ctx;
+}
+
+}  // namespace attnscope::cuda

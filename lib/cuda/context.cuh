@@ -1,0 +1,104 @@
+// The per-thread CUDA context of the GPU paths: one stream, one cuBLAS handle and grow-only device
+// and pinned host buffers per host thread, so that the OpenMP threads of an analysis each feed
+// the device on their own stream (one thread's copies overlap another's compute) and nothing is
+// allocated again once the largest head has been seen.
+//
+// Layout as everywhere (layout.hpp): matrices are row-major, heads of a batch follow one another.
+// Only CUDA code includes this header; the analyses call the host APIs of the kernel headers.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+
+namespace attnscope::cuda {
+
+/// Throws attnscope::NumericalError "cuda: <what>: <the runtime's message>" on failure.
+void check(cudaError_t err, const char* what);
+void check(cublasStatus_t status, const char* what);
+
+/// Device memory that only grows; contents are not kept across growth.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+  /// At least `bytes` bytes; returns the (possibly new) address.
+  void* reserve(std::size_t bytes);
+  template <typename T>
+  T* as(std::size_t count) {
+    return static_cast<T*>(reserve(count * sizeof(T)));
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// Page-locked host memory that only grows (the source and target of asynchronous copies).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer();
+  void* reserve(std::size_t bytes);
+  template <typename T>
+  T* as(std::size_t count) {
+    return static_cast<T*>(reserve(count * sizeof(T)));
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// The buffers the kernels of one thread share. Each is named for what it holds.
+struct Context {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  DeviceBuffer q, k;          // float inputs, batch x n x d
+  DeviceBuffer fq, fk;        // double features, batch x n x r
+  DeviceBuffer a, b;          // row forms, batch x n
+  DeviceBuffer rows;          // double attention rows, batch x n x n
+  DeviceBuffer gram;          // batch x n x n
+  DeviceBuffer bound;         // R_i, batch x n
+  DeviceBuffer flags;         // degenerate rows, batch x n bytes
+  DeviceBuffer pairs, count;  // candidate pairs and their count
+  DeviceBuffer windows;       // window offsets and indices (local mass)
+  DeviceBuffer mass;          // batch x n
+  DeviceBuffer kept;          // masks, batch x n x n bytes
+  DeviceBuffer values;        // V and the outputs, batch x n x dv each
+  PinnedBuffer staging_in, staging_out;
+
+  Context();
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  /// One host-to-device copy of an upload.
+  struct Copy {
+    void* device;
+    const void* host;
+    std::size_t bytes;
+  };
+  /// Copies every input of one launch through the pinned staging area, asynchronously on the
+  /// stream (after waiting for the stream's earlier copies out of that area).
+  void upload(std::initializer_list<Copy> copies);
+  /// Copies `bytes` from `device` to `host` through pinned memory and waits for the stream.
+  void download(void* host, const void* device, std::size_t bytes);
+  void synchronize();
+};
+
+/// Row-major P_b = alpha X_b Y_b^T (n x n) for every head b of a batch, X and Y batch x n x c
+/// (device memory), by one strided-batched DGEMM on the context's stream.
+void products(Context& ctx, const double* x, const double* y, double* p, int batch, int n, int c, double alpha);
+
+/// The calling thread's context (created on first use, on device 0).
+Context& this_thread_context();
+
+}  // namespace attnscope::cuda
