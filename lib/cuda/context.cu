@@ -20,33 +20,37 @@ void check(cublasStatus_t status, const char* what) {
   }
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
+namespace {
+
+cudaError_t allocate(Memory where, void** p, std::size_t bytes) {
+  return where == Memory::Device ? cudaMalloc(p, bytes) : cudaMallocHost(p, bytes);
 }
 
-void* DeviceBuffer::reserve(std::size_t bytes) {
+cudaError_t release(Memory where, void* p) {
+  return where == Memory::Device ? cudaFree(p) : cudaFreeHost(p);
+}
+
+}  // namespace
+
+template <Memory Where>
+GrowingBuffer<Where>::~GrowingBuffer() {
+  if (ptr_) release(Where, ptr_);
+}
+
+template <Memory Where>
+void* GrowingBuffer<Where>::reserve(std::size_t bytes) {
   if (bytes <= bytes_ && ptr_) return ptr_;
-  if (ptr_) check(cudaFree(ptr_), "cudaFree");
+  if (ptr_) check(release(Where, ptr_), "freeing a buffer");
   ptr_ = nullptr;
   bytes_ = 0;
-  check(cudaMalloc(&ptr_, bytes > 0 ? bytes : 1), "cudaMalloc");
+  check(allocate(Where, &ptr_, bytes > 0 ? bytes : 1),
+        Where == Memory::Device ? "cudaMalloc" : "cudaMallocHost");
   bytes_ = bytes;
   return ptr_;
 }
 
-PinnedBuffer::~PinnedBuffer() {
-  if (ptr_) cudaFreeHost(ptr_);
-}
-
-void* PinnedBuffer::reserve(std::size_t bytes) {
-  if (bytes <= bytes_ && ptr_) return ptr_;
-  if (ptr_) check(cudaFreeHost(ptr_), "cudaFreeHost");
-  ptr_ = nullptr;
-  bytes_ = 0;
-  check(cudaMallocHost(&ptr_, bytes > 0 ? bytes : 1), "cudaMallocHost");
-  bytes_ = bytes;
-  return ptr_;
-}
+template class GrowingBuffer<Memory::Device>;
+template class GrowingBuffer<Memory::Pinned>;
 
 Context::Context() {
   check(cudaSetDevice(0), "cudaSetDevice");

@@ -20,13 +20,18 @@ namespace attnscope::cuda {
 void check(cudaError_t err, const char* what);
 void check(cublasStatus_t status, const char* what);
 
-/// Device memory that only grows; contents are not kept across growth.
-class DeviceBuffer {
+/// Where a GrowingBuffer lives: device memory, or page-locked host memory (the source and target
+/// of asynchronous copies).
+enum class Memory { Device, Pinned };
+
+/// Memory that only grows; contents are not kept across growth.
+template <Memory Where>
+class GrowingBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer();
+  GrowingBuffer() = default;
+  GrowingBuffer(const GrowingBuffer&) = delete;
+  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
+  ~GrowingBuffer();
   /// At least `bytes` bytes; returns the (possibly new) address.
   void* reserve(std::size_t bytes);
   template <typename T>
@@ -38,24 +43,8 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
 };
-
-/// Page-locked host memory that only grows (the source and target of asynchronous copies).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer();
-  void* reserve(std::size_t bytes);
-  template <typename T>
-  T* as(std::size_t count) {
-    return static_cast<T*>(reserve(count * sizeof(T)));
-  }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
+using DeviceBuffer = GrowingBuffer<Memory::Device>;
+using PinnedBuffer = GrowingBuffer<Memory::Pinned>;
 
 /// The buffers the kernels of one thread share. Each is named for what it holds.
 struct Context {
