@@ -78,6 +78,7 @@ int run_recompute(const std::vector<std::string>& args) {
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/recompute");
   add_images_option(d, f.sel.images);
+  add_max_memory_option(d, f.sel);
   d.add_options()(
       "tol", po::value(&f.tol)->value_name("T"),
       "largest allowed output error relative to the head's largest |out| (default: 5e-3 for "
@@ -107,10 +108,13 @@ int run_recompute(const std::vector<std::string>& args) {
                sel.images);
   run.compute([&] {
     Progress progress("recompute", run.pending().size());
-    analyses::recompute_images(reader, variant, run.pending(), [&](analyses::RecomputeImage&& img) {
-      run.record(img.image, to_record(img));
-      progress.tick();
-    });
+    analyses::recompute_images(
+        reader, variant, run.pending(),
+        [&](analyses::RecomputeImage&& img) {
+          run.record(img.image, to_record(img));
+          progress.tick();
+        },
+        sel);
     progress.finish();
   });
 

@@ -33,6 +33,14 @@ inline void add_images_option(po::options_description& d, std::string& images,
   d.add_options()("images", po::value(&images)->value_name("LIST"), help.c_str());
 }
 
+/// --max-memory SIZE, declared here only (add_selection_options declares it too).
+inline void add_max_memory_option(po::options_description& d, SelectionFlags& f) {
+  const std::string help = "memory for streaming the dump: images read ahead and HDF5's chunk "
+                           "cache, e.g. 800M, 2G (default: " +
+                           analyses::byte_size_text(analyses::kDefaultMaxMemory) + ")";
+  d.add_options()("max-memory", po::value(&f.max_memory)->value_name("SIZE"), help.c_str());
+}
+
 /// --images, --layers, --heads and, with_transform, --transform. `default_images` as above.
 inline void add_selection_options(po::options_description& d, SelectionFlags& f, bool with_transform,
                                   const std::string& default_images = "") {
@@ -44,10 +52,7 @@ inline void add_selection_options(po::options_description& d, SelectionFlags& f,
     d.add_options()("transform", po::value(&f.transform)->value_name("T")->default_value(f.transform),
                     "query transform applied before every family: none, f1, f2, l2norm");
   }
-  const std::string help = "memory for streaming the dump: images read ahead and HDF5's chunk "
-                           "cache, e.g. 800M, 2G (default: " +
-                           analyses::byte_size_text(analyses::kDefaultMaxMemory) + ")";
-  d.add_options()("max-memory", po::value(&f.max_memory)->value_name("SIZE"), help.c_str());
+  add_max_memory_option(d, f);
 }
 
 /// The selection resolved against the dump (UsageError on a bad index; NothingToMeasure when the

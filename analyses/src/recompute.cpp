@@ -75,7 +75,8 @@ std::vector<RecomputeCell> recompute_cells(const DumpSchema& s) {
 }
 
 void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
-                      const std::function<void(RecomputeImage&&)>& sink) {
+                      const std::function<void(RecomputeImage&&)>& sink,
+                      const Selection& streaming) {
   const DumpSchema& s = reader.schema();
   const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
   bool any = false;
@@ -86,6 +87,8 @@ void recompute_images(DumpReader& reader, const Variant& variant, const std::vec
   }
   Selection sel;
   sel.images = images;
+  sel.max_memory = streaming.max_memory;
+  sel.stats = streaming.stats;
   sel = resolve(s, sel);
   sel.need_model_tensors = true;
   RecomputeImage current;

@@ -29,6 +29,13 @@ expect_ok "$ATTNSCOPE" recompute --dump with_out.h5 --out r1
 expect_grep "PASS" "$WORK/out.txt"
 expect_grep "^variant,layer,head,images,out_max_abs_error" r1/recompute.csv
 [ -f r1/recompute.json ] || { echo "FAIL: no recompute.json"; exit 1; }
+# --max-memory bounds recompute's loop too (V and the model's tensors included): too small is
+# refused naming what it needs; a budget for two images in flight gives the same results.
+expect_exit 2 "--max-memory 1.0 KiB is too small" "$ATTNSCOPE" recompute --dump with_out.h5 \
+  --out r-tiny --max-memory 1K
+expect_ok "$ATTNSCOPE" recompute --dump with_out.h5 --out r-small --max-memory 4M
+cmp r1/recompute.csv r-small/recompute.csv || { echo "FAIL: --max-memory changed the results"; exit 1; }
+expect_grep '"images_in_flight"' r-small/recompute.json
 
 "$PYTHON" - <<'PY'
 import h5py

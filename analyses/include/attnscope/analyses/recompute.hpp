@@ -3,6 +3,7 @@
 // This is how a user learns that attnscope computes exactly what their model computed.
 #pragma once
 
+#include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
@@ -51,9 +52,11 @@ struct RecomputeImage {
 };
 
 /// Streams the given images of a dump (empty = all), in order, calling `sink` after each image.
-/// Throws as recompute_dump does.
+/// Of `streaming`, only the loop's memory budget and statistics (max_memory, stats) are used:
+/// every layer and head is compared. Throws as recompute_dump does.
 void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
-                      const std::function<void(RecomputeImage&&)>& sink);
+                      const std::function<void(RecomputeImage&&)>& sink,
+                      const Selection& streaming = {});
 
 /// Empty cells, one per (layer, head) of the dump, layer-major (the order of RecomputeImage).
 [[nodiscard]] std::vector<RecomputeCell> recompute_cells(const DumpSchema& schema);
