@@ -321,6 +321,24 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
     std::cerr << "attnscope " << command << ": note: started over; the interrupted run's journal "
               << m.journal->path().string() << " was discarded (--resume continues one)\n";
   }
+  if (control.resume && m.recorded == 0 && mpi::root()) {
+    // Journals of this command written with another number of ranks or another shard are not
+    // this run's: say so rather than start over silently.
+    std::vector<std::string> others;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(out_dir / kPartialDir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(command + ".", 0) == 0 && e.path() != m.journal->path()) others.push_back(n);
+    }
+    if (!others.empty()) {
+      std::sort(others.begin(), others.end());
+      std::cerr << "attnscope " << command << ": note: --resume found no journal of this run's "
+                << "layout (" << name << ".journal) but " << others.front()
+                << (others.size() > 1 ? " and others" : "")
+                << ", written with another number of ranks or shards; starting from the first "
+                   "image (rerun with that layout to continue it)\n";
+    }
+  }
   share_ = m.rank_block.end - m.rank_block.begin;
   pending_.assign(selection.begin() + static_cast<std::ptrdiff_t>(m.rank_block.begin + m.recorded),
                   selection.begin() + static_cast<std::ptrdiff_t>(m.rank_block.end));

@@ -103,3 +103,19 @@ image_runs_mpirun -n 2 "$A" synth --out "$WORK/mpi-synth.h5" >"$WORK/out.txt" 2>
 [ "$rc" -ne 0 ] || { echo "FAIL: synth ran over 2 ranks"; exit 1; }
 expect_grep "synth: runs as one process, not over 2 MPI ranks" "$WORK/err.txt"
 expect_no_file "$WORK/mpi-synth.h5"
+
+# --- a journal of another layout (2 ranks) is not continued by a plain --resume, which says so.
+rc=0
+ATTNSCOPE_TEST_KILL_AT=record:2 image_runs_mpirun -n 2 "$A" confusion --dump "$WORK/d.h5" \
+  --threads 1 --out "$WORK/lay" >/dev/null 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: the killed MPI run exited 0"; exit 1; }
+[ -f "$WORK/lay/.attnscope-partial/confusion.rank-0-of-2.journal" ] ||
+  { echo "FAIL: no rank journal kept"; ls -la "$WORK/lay/.attnscope-partial"; exit 1; }
+expect_ok "$A" confusion --dump "$WORK/d.h5" --out "$WORK/lay" --resume
+expect_grep "no journal of this run's layout \(confusion.journal\) but confusion.rank-0-of-2.journal" \
+  "$WORK/err.txt"
+for f in confusion_per_image.csv confusion_per_head.csv confusion_histogram.csv; do
+  cmp "$WORK/plain/$f" "$WORK/lay/$f" || { echo "FAIL: $f differs after a fresh start"; exit 1; }
+done
+# The other layout's journals stay (it may still be continued with 2 ranks).
+[ -f "$WORK/lay/.attnscope-partial/confusion.rank-1-of-2.journal" ] || { echo "FAIL: removed"; exit 1; }
