@@ -270,24 +270,32 @@ int report(const std::string& command, const std::string& what, int code) {
 
 }  // namespace
 
+ExitStatus exit_status(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const CodedExit& x) {
+    return {x.code(), x.what()};
+  } catch (const UsageError& x) {
+    return {kExitUsage, x.what()};
+  } catch (const NothingToMeasure& x) {
+    return {kExitNothingToMeasure, x.what()};
+  } catch (const po::error& x) {
+    return {kExitUsage, x.what()};
+  } catch (const std::bad_alloc&) {
+    return {kExitInput, "out of memory"};
+  } catch (const std::exception& x) {
+    return {kExitInput, x.what()};
+  } catch (...) {
+    return {kExitInput, "unknown error"};
+  }
+}
+
 int run_guarded(const std::string& command, const std::function<int()>& body) {
   try {
     return body();
-  } catch (const CodedExit& e) {
-    if (std::string(e.what()).empty()) return e.code();
-    return report(command, e.what(), e.code());
-  } catch (const UsageError& e) {
-    return report(command, e.what(), kExitUsage);
-  } catch (const NothingToMeasure& e) {
-    return report(command, e.what(), kExitNothingToMeasure);
-  } catch (const po::error& e) {
-    return report(command, e.what(), kExitUsage);
-  } catch (const std::bad_alloc&) {
-    return report(command, "out of memory", kExitInput);
-  } catch (const std::exception& e) {
-    return report(command, e.what(), kExitInput);
   } catch (...) {
-    return report(command, "unknown error", kExitInput);
+    const ExitStatus s = exit_status(std::current_exception());
+    return s.message.empty() ? s.code : report(command, s.message, s.code);
   }
 }
 

@@ -139,6 +139,14 @@ bool parse_args(const std::string& command, const std::string& synopsis,
 /// OMP_NUM_THREADS is set to anything but a list of counts in [1, kMaxThreads].
 int apply_threads(int threads);
 
+/// The exit code and one-line message run_guarded gives an exception (an empty message: the
+/// CodedExit of a process whose run another process reports).
+struct ExitStatus {
+  int code = 0;
+  std::string message;
+};
+ExitStatus exit_status(std::exception_ptr e);
+
 /// Runs a subcommand body, turning attnscope::UsageError into exit 2, NothingToMeasure into exit
 /// 4, InputError/NumericalError and other std::exceptions into exit 1, each as one line
 /// "attnscope <command>: <what>" on stderr.

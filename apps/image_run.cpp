@@ -115,40 +115,21 @@ void kill_hook(const std::string& point, std::size_t count = 0) {
   if (want == here) ::raise(SIGKILL);
 }
 
-/// The exit code and message run_guarded would give the exception being handled.
-std::pair<int, std::string> classify(std::exception_ptr ep) {
-  try {
-    std::rethrow_exception(ep);
-  } catch (const CodedExit& e) {
-    return {e.code(), e.what()};
-  } catch (const UsageError& e) {
-    return {kExitUsage, e.what()};
-  } catch (const NothingToMeasure& e) {
-    return {kExitNothingToMeasure, e.what()};
-  } catch (const std::bad_alloc&) {
-    return {kExitInput, "out of memory"};
-  } catch (const std::exception& e) {
-    return {kExitInput, e.what()};
-  } catch (...) {
-    return {kExitInput, "unknown error"};
-  }
-}
-
 /// Under MPI with several ranks: shares the outcome of a step every rank took, and throws on
 /// every rank when one failed (rank 0 with that rank's message, the others silently). With one
 /// rank, rethrows the step's own exception. Before throwing, calls on_fail with the exit code.
 void settle(std::exception_ptr ep, const std::function<void(int code)>& on_fail = {}) {
   if (mpi::size() == 1) {
     if (!ep) return;
-    if (on_fail) on_fail(classify(ep).first);
+    if (on_fail) on_fail(exit_status(ep).code);
     std::rethrow_exception(ep);
   }
-  std::pair<int, std::string> mine{0, ""};
+  ExitStatus mine;
   if (ep) {
-    mine = classify(ep);
-    if (mine.second.empty()) mine.second = "failed";
+    mine = exit_status(ep);
+    if (mine.message.empty()) mine.message = "failed";
   }
-  const mpi::Outcome o = mpi::agree(mine.second, mine.first);
+  const mpi::Outcome o = mpi::agree(mine.message, mine.code);
   if (o.message.empty()) return;
   const int code = o.code == 0 ? kExitInput : o.code;
   if (on_fail) on_fail(code);
@@ -237,15 +218,12 @@ struct ImageRun::Impl {
     if (journal && (recorded == 0 || code == kExitNothingToMeasure)) journal->remove();
   }
 
-  void apply_journal(const fs::path& p, Block b, bool check_header, const ApplyFn& apply) {
+  /// Applies the records of journal `p`, which must be exactly those of block `b`, in order (its
+  /// header was checked when the run was set up).
+  void apply_journal(const fs::path& p, Block b, const ApplyFn& apply) {
     std::size_t pos = b.begin;
     read_journal(
-        p,
-        [&](const json& h) {
-          if (!check_header) return;
-          const std::string diff = header_difference(run, h.value("run", json()));
-          if (!diff.empty()) throw UsageError(p.string() + ": not a shard of this run (" + diff + ")");
-        },
+        p, [](const json&) {},
         [&](json&& rec) {
           if (pos >= b.end) throw Error(p.string() + ": more records than its block holds");
           apply(expect(rec, pos, p.string()), rec["record"]);
@@ -339,7 +317,6 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
                    "image (rerun with that layout to continue it)\n";
     }
   }
-  share_ = m.rank_block.end - m.rank_block.begin;
   pending_.assign(selection.begin() + static_cast<std::ptrdiff_t>(m.rank_block.begin + m.recorded),
                   selection.begin() + static_cast<std::ptrdiff_t>(m.rank_block.end));
 }
@@ -386,7 +363,7 @@ bool ImageRun::finish(const ApplyFn& apply, const std::function<void()>& publish
     const auto& in = *merge_input();
     for (std::size_t k = 0; k < in.journals.size(); ++k) {
       m.apply_journal(in.journals[k], block_of({0, m.selection.size()}, k, in.journals.size()),
-                      true, apply);
+                      apply);
     }
     publish();
     return true;
@@ -429,7 +406,7 @@ bool ImageRun::finish(const ApplyFn& apply, const std::function<void()>& publish
           }
         };
       }
-      m.apply_journal(m.journal->path(), m.rank_block, false, sink);
+      m.apply_journal(m.journal->path(), m.rank_block, sink);
     });
     for (int r = 1; r < mpi::size(); ++r) {
       const Block b = block_of(m.shard_block, static_cast<std::size_t>(r),

@@ -70,8 +70,6 @@ class ImageRun {
 
   /// The images this process computes, in order (its share less what a resumed journal holds).
   [[nodiscard]] const std::vector<int>& pending() const { return pending_; }
-  /// Records this process owes in all (its share of the selection).
-  [[nodiscard]] std::size_t share() const { return share_; }
 
   /// Runs fn (which computes pending() and calls record() for each image, in order), collectively
   /// under MPI: if any rank fails, every rank throws (rank 0 with the failing rank's message).
@@ -89,7 +87,6 @@ class ImageRun {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<int> pending_;
-  std::size_t share_ = 0;
 };
 
 }  // namespace attnscope::app
