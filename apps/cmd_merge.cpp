@@ -24,8 +24,8 @@ struct Shard {
 };
 
 /// Checks that every file a shard's manifest lists has its size and checksum (a shard set
-/// that a kill left incomplete is refused) and returns the manifest.
-json verified_manifest(const fs::path& manifest) {
+/// that a kill left incomplete is refused).
+void verify_manifest(const fs::path& manifest) {
   std::ifstream in(manifest);
   const json j = in ? json::parse(in, nullptr, false) : json();
   if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_array()) {
@@ -44,7 +44,6 @@ json verified_manifest(const fs::path& manifest) {
                        "a different file (changed after the shard was published)");
     }
   }
-  return j;
 }
 
 std::vector<Shard> find_shards(const std::vector<std::string>& dirs) {
@@ -70,11 +69,11 @@ std::vector<Shard> find_shards(const std::vector<std::string>& dirs) {
     }
     std::sort(manifests.begin(), manifests.end());
     for (const fs::path& m : manifests) {
-      verified_manifest(m);
+      verify_manifest(m);
       Shard s;
       s.journal = m;
       s.journal.replace_extension(".journal");
-      read_journal(s.journal, [&s](const json& h) { s.header = h; }, [](json&&) {});
+      s.header = read_journal_header(s.journal);
       s.index = s.header.at("shard").at(0).get<int>();
       s.count = s.header.at("shard").at(1).get<int>();
       shards.push_back(std::move(s));

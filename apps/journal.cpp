@@ -253,6 +253,38 @@ void read_journal(const fs::path& path, const std::function<void(const nlohmann:
   }
 }
 
+nlohmann::json read_journal_header(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open the journal", errno);
+  std::vector<char> buf;
+  std::vector<char> chunk(1 << 16);
+  nlohmann::json header;
+  bool found = false;
+  try {
+    while (!found) {
+      const ssize_t r = ::read(fd, chunk.data(), chunk.size());
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail(path, "cannot read the journal", errno);
+      if (r == 0) break;
+      buf.insert(buf.end(), chunk.data(), chunk.data() + r);
+      if (buf.size() < kMagicLen) continue;
+      if (std::memcmp(buf.data(), kMagic, kMagicLen) != 0) break;
+      parse_frames(buf.data() + kMagicLen, buf.size() - kMagicLen, path.string(), kMagicLen,
+                   [&](nlohmann::json&& j) {
+                     if (!found) header = std::move(j), found = true;
+                   });
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  if (!found) {
+    throw InputError(path.string(), "journal", "a journal of attnscope with its header", "none");
+  }
+  return header;
+}
+
 std::string header_difference(const nlohmann::json& mine, const nlohmann::json& theirs) {
   if (mine == theirs) return "";
   if (mine.is_object() && theirs.is_object()) {

@@ -67,6 +67,9 @@ void read_journal(const std::filesystem::path& path,
                   const std::function<void(const nlohmann::json& header)>& header,
                   const std::function<void(nlohmann::json&&)>& fn);
 
+/// The header of a journal, reading no further than its first frame.
+nlohmann::json read_journal_header(const std::filesystem::path& path);
+
 /// The first difference between two headers, as words ("parameters.eps: 0.001 here, 0.01 in
 /// the journal"); empty when equal.
 std::string header_difference(const nlohmann::json& mine, const nlohmann::json& theirs);

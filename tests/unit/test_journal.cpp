@@ -53,6 +53,9 @@ TEST_F(JournalTest, RecordsComeBackBitForBit) {
   json h;
   const std::vector<json> back = read_back(p, &h);
   EXPECT_EQ(h, header);
+  EXPECT_EQ(read_journal_header(p), header);
+  std::ofstream(path("not")) << "not a journal at all\n";
+  EXPECT_THROW((void)read_journal_header(path("not")), InputError);
   ASSERT_EQ(back.size(), 5u);
   for (const json& r : back) {
     const auto got = r["record"].get<std::vector<double>>();
