@@ -18,7 +18,14 @@
 // 4 delta^2, and symmetrically. We use band = 16 (E + 2 eps delta + delta^2) (a factor 4 of
 // safety on top): a pair further than band from eps^2 is decided by the low-rank distance, a pair
 // inside it by the exact judge.
+//
+// Floating-point model (portable_math.hpp; the build enforces it, portable::probe checks it): IEEE
+// double, round to nearest, no contraction (-ffp-contract=off: every product and sum rounds
+// once), no reassociation, no x87. The bounds above hold for any summation order, so they do not
+// depend on how the compiler vectorises; the exact judge's own arithmetic (ExactRows, plain loops
+// and portable::exp) is the same on every CPU, so the counts are too.
 #include "confusion_search.hpp"
+#include "attnscope/portable_math.hpp"
 
 #include "attnscope/error.hpp"
 
@@ -37,10 +44,14 @@ constexpr double kDoubleUnit = 1.1102230246251565e-16;  // 2^-53
 
 /// y_i = z_i U diag(lambda)^1/2, columns in ascending eigenvalue order (the last is the widest).
 MatD embed(const LowRank& lr) {
-  const MatD g = lr.m * lr.m.transpose();
+  MatD g(lr.m.rows(), lr.m.rows());
+  portable::product_nt(lr.m, lr.m, g);
   Eigen::SelfAdjointEigenSolver<MatD> es(g);
   const VecD root = es.eigenvalues().cwiseMax(0.0).cwiseSqrt();
-  return lr.z * (es.eigenvectors() * root.asDiagonal());
+  const MatD basis = es.eigenvectors() * root.asDiagonal();
+  MatD y(lr.z.rows(), basis.cols());
+  portable::product(lr.z, basis, y);
+  return y;
 }
 
 }  // namespace
@@ -114,3 +125,6 @@ HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
 }
 
 }  // namespace attnscope::analyses::detail
+
+/// The floating-point model this file's margins assume (portable_math.hpp), checked by the tests.
+double attnscope::portable::probe::confusion_lowrank(double a, double b, double c) { return a * b + c; }

@@ -27,7 +27,15 @@
 // whenever that holds with the rho terms doubled, then again only if the distance of the float
 // rows themselves (accumulated in double) is <= eps + 2 (rho_i + rho_j) + slack: no confused
 // pair is ever discarded, and few unconfused ones reach the exact judge.
+//
+// Floating-point model (portable_math.hpp; the build enforces it, portable::probe checks it): IEEE
+// binary32/binary64, round to nearest, no contraction of a * b + c except the explicit std::fma of
+// portable::gemm_nt (one rounding per step: within the dot-product bound above, which holds for any
+// order and for fused steps alike), no reassociation, no x87. exp_float errs by < 0.6 ulp (the
+// "few ulp" above). The exact judge's rows (softmax_exact_row: plain loops and portable::exp) are
+// the same bits on every CPU, so the counts are too.
 #include "confusion_search.hpp"
+#include "attnscope/portable_math.hpp"
 
 #include "attnscope/error.hpp"
 #include "attnscope/lane_sum.hpp"
@@ -266,3 +274,6 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
 }
 
 }  // namespace attnscope::analyses::detail
+
+/// The floating-point model this file's margins assume (portable_math.hpp), checked by the tests.
+double attnscope::portable::probe::confusion_softmax(double a, double b, double c) { return a * b + c; }

@@ -6,6 +6,7 @@
 
 #include "attnscope/analyses/masking.hpp"
 #include "attnscope/candidate_margin.hpp"
+#include "attnscope/portable_math.hpp"
 #include "attnscope/error.hpp"
 #include "confusion_search.hpp"
 
@@ -28,6 +29,14 @@ namespace {
 /// Norms computed in double err by a few units of 2^-53; this covers them with room to spare.
 constexpr double kNormSlack = 1.0 + 1e-12;
 
+/// |x|_2 without underflow or overflow of the squares (Eigen's stableNorm scales by the largest
+/// entry): features of 1e-300 would square to 0, and the row bound built on that norm would be 0,
+/// a bound that any rounding difference between the two sides exceeds.
+template <typename X>
+double robust_norm(const X& x) {
+  return x.stableNorm();
+}
+
 }  // namespace
 
 std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, const MatF& k, double scale) {
@@ -43,12 +52,12 @@ std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, c
     }
     return bound;
   }
-  const double fk_frobenius = rows.phi_k().norm() * kNormSlack;
+  const double fk_frobenius = robust_norm(rows.phi_k()) * kNormSlack;
   const auto r = static_cast<int>(rows.phi_q().cols());
   for (int i = 0; i < n; ++i) {
     if (rows.degenerate(i)) continue;
     bound[static_cast<std::size_t>(i)] =
-        margin::row_bound_kernel(rows.row_coefficient(i), rows.row_offset(i), rows.phi_q().row(i).norm() * kNormSlack,
+        margin::row_bound_kernel(rows.row_coefficient(i), rows.row_offset(i), robust_norm(rows.phi_q().row(i)) * kNormSlack,
                                  fk_frobenius, n, r);
   }
   return bound;
@@ -406,3 +415,6 @@ std::vector<double> local_mass_cuda(const Variant&, const MatF&, const MatF&, do
 #endif
 
 }  // namespace attnscope::analyses
+
+/// The floating-point model this file's margins assume (portable_math.hpp), checked by the tests.
+double attnscope::portable::probe::candidate_margin(double a, double b, double c) { return a * b + c; }

@@ -3,6 +3,7 @@
 #include "attnscope/attention.hpp"
 
 #include "attnscope/softmax.hpp"
+#include "attnscope/portable_math.hpp"
 #include "kernel_rows.hpp"
 #include "work_count.hpp"
 
@@ -155,11 +156,11 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
     auto b = block.topRows(rows);
     if (scores) {
       detail::count_product(rows, q.cols(), k.rows());
-      b.noalias() = q.middleRows(r0, rows) * k.transpose();
+      portable::product_nt(q.middleRows(r0, rows), k, b);
       softmax_rows(b, r0, scale, mask, degenerate);
     } else {
       detail::count_product(rows, f.q.cols(), f.k.rows());
-      b.noalias() = f.q.middleRows(r0, rows) * f.k.transpose();
+      portable::product_nt(f.q.middleRows(r0, rows), f.k, b);
       kernel_rows(v, f.q, f.k, key_sum, b, r0, mask, degenerate);
     }
     sink(r0, b);
@@ -174,17 +175,21 @@ class Scratch {
  public:
   enum Slot { kQ, kK, kV, kFeatQ, kFeatK, kOut, kKV, kKeySum, kValueSum, kSlots };
   Eigen::Map<MatD> get(Slot slot, Eigen::Index rows, Eigen::Index cols) {
-    std::vector<double>& b = buffers_[slot];
+    Buffer& b = buffers_[slot];
     const auto need = static_cast<std::size_t>(rows * cols);
     if (b.size() < need) {
-      b = std::vector<double>(need);
+      b = Buffer(need);
       ++detail::thread_counters().scratch_growths;
     }
     return {b.data(), rows, cols};
   }
 
  private:
-  std::array<std::vector<double>, kSlots> buffers_;
+  // Aligned like every Eigen matrix: where a buffer starts must never change a result (a reduction
+  // over an unaligned Map starts its vector lanes wherever the data becomes aligned, so the same
+  // sum would come out in a different order from a buffer that malloc placed differently).
+  using Buffer = std::vector<double, Eigen::aligned_allocator<double>>;
+  std::array<Buffer, kSlots> buffers_;
 };
 
 Scratch& thread_scratch() {
@@ -220,7 +225,7 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
   detail::key_features_into(v, k, scale, fk);
   Eigen::Map<MatD> kv = s.get(Scratch::kKV, r, values.cols());  // d' x dv
   detail::count_product(r, k.rows(), values.cols());
-  kv.noalias() = fk.transpose() * values;
+  portable::product(fk.transpose(), values, kv);
   Eigen::Map<MatD> key_sum = s.get(Scratch::kKeySum, 1, r);
   Eigen::Map<MatD> value_sum = s.get(Scratch::kValueSum, 1, values.cols());
   key_sum = fk.colwise().sum();
@@ -229,7 +234,7 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
   std::vector<int> degenerate;
   const auto finish = [&](auto o) {
     detail::count_product(q.rows(), r, values.cols());
-    o.noalias() = fq * kv;
+    portable::product(fq, kv, o);
     for (Eigen::Index i = 0; i < o.rows(); ++i) {
       const auto qi = fq.row(i);
       const RowForm rn = kernel_row_form(v, qi.dot(key_sum.row(0)), static_cast<int>(k.rows()),
@@ -279,7 +284,9 @@ Mat<T> outputs_impl(const Variant& v, ConstRef<double> q, ConstRef<double> k,
   Mat<T> out(q.rows(), values.cols());
   weight_blocks(v, q, k, scale, mask, diag, [&](Eigen::Index r0, const RowBlock& b) {
     detail::count_product(b.rows(), b.cols(), values.cols());
-    out.middleRows(r0, b.rows()) = (b * values).template cast<T>();
+    MatD block_out(b.rows(), values.cols());
+    portable::product(b, values, block_out);
+    out.middleRows(r0, b.rows()) = block_out.template cast<T>();
   });
   require_finite(out, v, "attention outputs");
   return out;
@@ -307,7 +314,8 @@ MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk, Diagnostic
                      " wide, key features " + std::to_string(fk.cols()));
   }
   const VecD key_sum = fk.colwise().sum().transpose();
-  MatD w = fq * fk.transpose();
+  MatD w(fq.rows(), fk.rows());
+  portable::product_nt(fq, fk, w);
   std::vector<int> degenerate;
   kernel_rows(v, fq, fk, key_sum, w, 0, nullptr, degenerate);
   require_finite(w, v, "attention weights");

@@ -2,6 +2,7 @@
 #include "attnscope/feature_map.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/portable_math.hpp"
 #include "feature_map_apply.hpp"
 #include "normal_draws.hpp"
 #include "work_count.hpp"
@@ -221,7 +222,6 @@ void focused(double power, ConstRef<T> x, Eigen::Ref<Mat<T>> y) {
     if (top == T(0)) continue;  // ReLU killed the row: phi is 0 (a NaN row falls through to the check)
     row /= top;
     const T r_norm = top * row.norm();
-    // Entry by entry: Eigen's packet pow trips GCC 12's -Wuninitialized in its AVX-512 headers.
     for (Eigen::Index t = 0; t < row.size(); ++t) row(t) = std::pow(row(t), static_cast<T>(power));
     row *= r_norm / row.norm();
   }
@@ -239,16 +239,16 @@ void apply_feature_map_into(const FeatureMap& map, ConstRef<T> x, double factor,
     case MapKind::Relu:
       y = x.cwiseMax(T(0));
       break;
-    // Written with max/min instead of select() so that Eigen vectorises them; both forms are
+    // Written with max/min instead of select() so that the compiler vectorises them; both forms are
     // exact (adding an exact 0, and exp(0) == 1).
     case MapKind::LeakyRelu:
       y = x.cwiseMax(T(0)) + T(map.slope) * x.cwiseMin(T(0));
       break;
     case MapKind::Elu1:  // ELU(x) + 1: x + 1 above zero, exp(x) at or below
-      y = x.cwiseMax(T(0)).array() + x.cwiseMin(T(0)).array().exp();
+      y = x.cwiseMax(T(0)).array() + x.cwiseMin(T(0)).array().unaryExpr(portable::Exp{});
       break;
     case MapKind::Exp:
-      y = x.array().exp();
+      y = x.array().unaryExpr(portable::Exp{});
       break;
     case MapKind::ReluAffine:
       relu_affine<T>(map, x, y);

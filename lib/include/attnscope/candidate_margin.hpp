@@ -21,6 +21,13 @@
 //  NaN or infinite inputs to the test make a pair a candidate (`!(d2 > threshold)`): the filter
 //  can only ever propose too much.
 //
+// Floating-point model: IEEE double, round to nearest, no reassociation of the bounds' own
+// arithmetic. The host compiles them without contraction (-ffp-contract=off, checked through
+// portable::probe::candidate_margin); nvcc contracts on the device, which only makes the rows and
+// the Gram matrix more accurate: the row and Gram bounds above hold for any order of summation and
+// for fused or unfused steps alike. Underflow is covered explicitly (kUnderflow below): the bounds
+// stay rigorous for subnormal features. The CPU's judge decides every count (portable_math.hpp).
+//
 // Everything here is plain arithmetic, compiled for the host (tests) and the device (kernels).
 #pragma once
 
@@ -66,14 +73,25 @@ ATTNSCOPE_HOST_DEVICE inline double row_bound_softmax(double logit_bound, int n,
   return 4.0 * rho;
 }
 
+/// Smallest positive subnormal double, 2^-1074: an upper bound of the absolute error of one
+/// operation whose result underflows (round to nearest errs by at most half of it).
+inline constexpr double kUnderflow = 4.9406564584124654e-324;
+
 /// R_i for a kernel-form row w_ij = a_i f_q(i).f_k(j) + b_i with the same double a_i, b_i, f_q,
 /// f_k on both sides (ExactRows's): an r-term dot product, a product and a sum err by at most
 /// gamma_{r+2} (|a_i| sum_t |f_q(i)_t f_k(j)_t| + |b_i|) per entry, in L2 over the N entries at
 /// most gamma_{r+2} (|a_i| |f_q(i)| |F_k|_F + sqrt(N) |b_i|); twice that for the two sides,
-/// doubled for safety.
+/// doubled for safety. Products that underflow (subnormal features: exp of a large negative
+/// number) err absolutely, by at most 2^-1074 each: (r + 1) of them per dot product, scaled by
+/// |a_i|, and one more for the product by a_i, per entry (none when a_i = 0: the row is b_i). The norms must not underflow either:
+/// take them scaled (cuda_paths.cpp), never as sqrt(sum x^2), whose squares of tiny features are 0.
 ATTNSCOPE_HOST_DEVICE inline double row_bound_kernel(double a, double b, double fq_norm, double fk_frobenius,
                                                      int n, int r) {
-  return 4.0 * gamma(r + 2.0) * (std::fabs(a) * fq_norm * fk_frobenius + std::sqrt(double(n)) * std::fabs(b));
+  const double rounding = gamma(r + 2.0) * (std::fabs(a) * fq_norm * fk_frobenius + std::sqrt(double(n)) * std::fabs(b));
+  // A zero coefficient makes a_i f_q.f_k exactly 0: nothing underflows.
+  const double per_entry = a == 0.0 ? 0.0 : std::fabs(a) * ((r + 1.0) * kUnderflow) + kUnderflow;
+  const double underflow = std::sqrt(double(n)) * per_entry * (1.0 + gamma(r + 2.0));
+  return 4.0 * (rounding + underflow);
 }
 
 /// The largest d^2_ij (from the Gram matrix) a pair may show and still be confused: see the

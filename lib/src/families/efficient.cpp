@@ -6,6 +6,7 @@
 // linear time as rho_q(Q) (rho_k(K)^T V).
 #include "attnscope/family.hpp"
 
+#include "attnscope/portable_math.hpp"
 #include "attnscope/variant.hpp"
 
 namespace attnscope {
@@ -15,7 +16,7 @@ namespace {
 void softmax_each_row(ConstRef<double> x, Eigen::Ref<MatD> out) {
   for (Eigen::Index i = 0; i < x.rows(); ++i) {
     const double top = x.row(i).maxCoeff();
-    out.row(i) = (x.row(i).array() - top).exp().matrix();
+    out.row(i) = (x.row(i).array() - top).unaryExpr(portable::Exp{}).matrix();
     out.row(i) /= out.row(i).sum();
   }
 }
@@ -38,7 +39,7 @@ class Efficient final : public KernelFamily {
                     Eigen::Ref<MatD> out) const override {
     for (Eigen::Index t = 0; t < k.cols(); ++t) {
       const double top = k.col(t).maxCoeff();
-      out.col(t) = (k.col(t).array() - top).exp().matrix();
+      out.col(t) = (k.col(t).array() - top).unaryExpr(portable::Exp{}).matrix();
       out.col(t) /= out.col(t).sum();
     }
   }

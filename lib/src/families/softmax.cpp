@@ -4,6 +4,7 @@
 #include "attnscope/softmax.hpp"
 
 #include "attnscope/lane_sum.hpp"
+#include "attnscope/portable_math.hpp"
 #include "attnscope/variant.hpp"
 
 #include <algorithm>
@@ -49,12 +50,7 @@ void softmax_rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask*
       degenerate.push_back(static_cast<int>(r0 + i));
       continue;
     }
-    if (mask) {
-      // Eigen's vectorised exp clamps its argument, so exp(-inf) is tiny, not 0: select again.
-      row = mask->row(r0 + i).select((row - top).exp(), 0.0);
-    } else {
-      row = (row - top).exp();
-    }
+    for (Eigen::Index t = 0; t < row.size(); ++t) row(t) = portable::exp(row(t) - top);  // exp(-inf) = 0
     row /= row.sum();
   }
 }
@@ -83,20 +79,21 @@ void softmax_exact_row(const double* qi, const double* k, int n, int d, double s
   double max_logit = -HUGE_VAL;
   for (int t = 0; t < n; ++t) max_logit = std::max(max_logit, out[t]);
   double sum = 0.0;
-  for (int t = 0; t < n; ++t) sum += (out[t] = std::exp(out[t] - max_logit));
+  for (int t = 0; t < n; ++t) sum += (out[t] = portable::exp(out[t] - max_logit));
   for (int t = 0; t < n; ++t) out[t] /= sum;
 }
 
 void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
   w.resize(q.rows(), k.rows());
-  w.noalias() = q * k.transpose();
-  w *= static_cast<float>(scale);
-  for (Eigen::Index i = 0; i < w.rows(); ++i) w.row(i).array() -= w.row(i).maxCoeff();
-  // One exp over the whole matrix: the vectorised exp leaves one short tail, not one per row.
-  w.array() = w.array().exp();
+  const Eigen::Index n = w.cols();
+  portable::gemm_nt(q.data(), q.cols(), k.data(), k.cols(), w.data(), n, q.rows(), n, q.cols());
+  const auto s = static_cast<float>(scale);
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    const float* row = w.row(i).data();
-    w.row(i) /= static_cast<float>(lane_sum(w.cols(), [row](Eigen::Index t) { return static_cast<double>(row[t]); }));
+    float* row = w.row(i).data();
+    const float top = portable::scale_and_max(row, n, s);
+    portable::exp_floats(row, n, top);
+    const auto total = static_cast<float>(lane_sum(n, [row](Eigen::Index t) { return static_cast<double>(row[t]); }));
+    for (Eigen::Index t = 0; t < n; ++t) row[t] /= total;
   }
 }
 

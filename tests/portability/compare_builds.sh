@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The same result files from every build and every CPU (docs/reliability.md, "Portability"): runs
+# the analyses that write results (confusion, locality, mask, census, recompute, replay) on the
+# committed models' dumps with each command given, then compares every result file byte for byte,
+# and the JSON records with the fields that are not results left out (times, paths, version,
+# build, reading statistics).
+#
+# Usage: tests/portability/compare_builds.sh WORK LABEL=COMMAND [LABEL=COMMAND ...]
+#   e.g. native=build/apps/attnscope v2=build-v2/apps/attnscope
+#        'v2-noFMA=env GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F build-v2/apps/attnscope'
+# (the last runs the portable build as a CPU without AVX2 or FMA would: glibc then picks its SSE2
+# builds of libm, as it does on such a CPU). The first command is the reference. Exit 1 on any
+# difference, naming the file and the two labels; 0 when every set is identical.
+# Env: IMAGES (default 0-11: the images each analysis reads), THREADS (default 2).
+set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: $0 WORK LABEL=COMMAND LABEL=COMMAND [...]" >&2; exit 2; }
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=$1; shift
+IMAGES=${IMAGES:-0-11}
+THREADS=${THREADS:-2}
+PYTHON=${PYTHON:-/usr/bin/python3}
+shopt -s nullglob
+dumps=("$REPO"/data/dumps/vit7-*.h5)
+[ ${#dumps[@]} -gt 0 ] || { echo "FAIL: no data/dumps/vit7-*.h5 (make dumps writes them)"; exit 1; }
+rm -rf "$WORK" && mkdir -p "$WORK"
+
+CODE4="softmax@code,linear:relu@code,inline:identity@code,mala:elu1@code"
+# run LABEL COMMAND: every analysis with that command, results under $WORK/LABEL/.
+run() {
+  local label=$1 cmd=$2 out=$WORK/$1 d name
+  local -a a
+  read -r -a a <<<"$cmd"
+  for d in "${dumps[@]}"; do
+    name=$(basename "$d" .h5)
+    local common=(--dump "$d" --images "$IMAGES" --threads "$THREADS")
+    "${a[@]}" confusion "${common[@]}" --out "$out/$name/confusion" --variant "$CODE4" >/dev/null
+    "${a[@]}" locality "${common[@]}" --out "$out/$name/locality" --variant "$CODE4" >/dev/null
+    "${a[@]}" mask "${common[@]}" --out "$out/$name/mask" --variant softmax@code,inline:identity@code \
+      --mask local:3,random:9 >/dev/null
+    "${a[@]}" census "${common[@]}" --out "$out/$name/census" >/dev/null
+    "${a[@]}" recompute "${common[@]}" --out "$out/$name/recompute" >/dev/null
+    "${a[@]}" replay --model "$REPO/data/models/$name.h5" --dump "$d" --images "$IMAGES" --threads "$THREADS" \
+      --intervention none,local:3,family=linear:relu --out "$out/$name/replay" >/dev/null
+  done
+}
+
+labels=()
+for spec in "$@"; do
+  label=${spec%%=*} cmd=${spec#*=}
+  [ -n "$label" ] && [ "$label" != "$spec" ] || { echo "bad LABEL=COMMAND: $spec" >&2; exit 2; }
+  echo "compare_builds: running the analyses with $label ($cmd)"
+  run "$label" "$cmd"
+  labels+=("$label")
+done
+
+ref=${labels[0]}
+status=0
+for label in "${labels[@]:1}"; do
+  # Every file but the JSON records: byte for byte.
+  if ! diff -r -q -x '*.json' -x '.attnscope-partial' "$WORK/$ref" "$WORK/$label" >"$WORK/diff-$label.txt"; then
+    echo "FAIL: result files of $ref and $label differ:"; cat "$WORK/diff-$label.txt"; status=1
+  fi
+  # The JSON records: equal once the fields that describe the run rather than its results are out.
+  if ! "$PYTHON" - "$WORK/$ref" "$WORK/$label" <<'PY'; then status=1; fi
+import json, os, sys
+a_root, b_root = sys.argv[1], sys.argv[2]
+# Fields that are not results: when, how long, where, which build, how the input was read.
+DROP = {"elapsed_s", "started", "finished", "timing", "ms_per_image", "io_wait_seconds", "io_wait_share",
+        "read_queue", "version", "build", "command_line", "argv", "out", "host", "threads_used",
+        "peak_rss", "files", "created", "cuda", "mpi"}
+def clean(x):
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items() if k not in DROP and not k.endswith("_seconds")
+                and not k.endswith("_s") and "path" not in k and "time" not in k}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    if isinstance(x, str):
+        return x.replace(a_root, "<root>").replace(b_root, "<root>")
+    return x
+bad = 0
+for d, _, files in os.walk(a_root):
+    for f in files:
+        if not f.endswith(".json"):
+            continue
+        pa = os.path.join(d, f)
+        pb = os.path.join(b_root, os.path.relpath(pa, a_root))
+        if not os.path.exists(pb):
+            print("FAIL: %s has no counterpart %s" % (pa, pb)); bad = 1; continue
+        if clean(json.load(open(pa))) != clean(json.load(open(pb))):
+            print("FAIL: the records %s and %s differ in a result field" % (pa, pb)); bad = 1
+sys.exit(bad)
+PY
+  [ $status -eq 0 ] && echo "compare_builds: $label gives the same result files as $ref"
+done
+n=$(find "$WORK/$ref" -type f ! -name '*.json' | wc -l)
+[ "$n" -gt 0 ] || { echo "FAIL: no result file was written"; exit 1; }
+[ $status -eq 0 ] && echo "compare_builds: ${#labels[@]} builds, $n result files each, identical"
+exit $status

@@ -1,0 +1,197 @@
+// portable_math.hpp: exp within its stated ulps of a long-double reference, products bit for bit
+// equal to a plain loop in the documented order on awkward sizes and magnitudes, and the build's
+// floating-point model (no contraction) in every source whose margins rely on it.
+#include "attnscope/layout.hpp"
+#include "attnscope/portable_math.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace attnscope {
+namespace {
+
+/// |got - want| in units of the last place of the double nearest want (long double reference).
+double ulps_double(double got, long double want) {
+  const auto w = static_cast<double>(want);
+  const double ulp = std::nextafter(std::fabs(w), HUGE_VAL) - std::fabs(w);
+  return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
+}
+
+double ulps_float(float got, long double want) {
+  const auto w = static_cast<float>(want);
+  const float ulp = std::nextafter(std::fabs(w), HUGE_VALF) - std::fabs(w);
+  return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
+}
+
+TEST(PortableMath, ExpIsWithinOneUlpEverywhere) {
+  std::mt19937_64 gen(7);
+  double worst = 0.0, worst_x = 0.0;
+  const auto check = [&](double x) {
+    const long double want = std::exp(static_cast<long double>(x));
+    if (!(want < static_cast<long double>(std::numeric_limits<double>::max()))) return;
+    if (want < static_cast<long double>(std::numeric_limits<double>::min())) return;  // subnormal: below
+    const double e = ulps_double(portable::exp(x), want);
+    if (e > worst) worst = e, worst_x = x;
+  };
+  for (const auto& [lo, hi] : {std::pair{-1e-8, 1e-8}, {-1.0, 1.0}, {-40.0, 40.0}, {-708.0, 709.7}}) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    for (int i = 0; i < 400000; ++i) check(u(gen));
+  }
+  for (int n = -1020; n <= 1023; ++n) {  // near the reduction's boundaries k ln2 +- ln2 / 2
+    const double c = n * 0.6931471805599453;
+    for (double off : {-0.3465735902799726, -1e-12, 0.0, 1e-12, 0.3465735902799726}) check(c + off);
+  }
+  EXPECT_LT(worst, 1.0) << "worst at x = " << worst_x;
+  EXPECT_GT(worst, 0.0) << "a reference that agrees everywhere checked nothing";
+}
+
+TEST(PortableMath, ExpEdgesAndSubnormals) {
+  EXPECT_EQ(portable::exp(0.0), 1.0);
+  EXPECT_EQ(portable::exp(-0.0), 1.0);
+  EXPECT_EQ(portable::exp(-HUGE_VAL), 0.0);
+  EXPECT_EQ(portable::exp(HUGE_VAL), HUGE_VAL);
+  EXPECT_EQ(portable::exp(710.0), HUGE_VAL);
+  EXPECT_EQ(portable::exp(-746.0), 0.0);
+  EXPECT_TRUE(std::isnan(portable::exp(std::nan(""))));
+  EXPECT_LT(ulps_double(portable::exp(709.78), std::exp(static_cast<long double>(709.78))), 1.0)
+      << "the largest finite results";
+  // Subnormal results: within one subnormal step (2^-1074) of the reference.
+  for (double x = -745.0; x < -708.5; x += 0.37) {
+    const long double want = std::exp(static_cast<long double>(x));
+    EXPECT_LE(std::fabs(static_cast<long double>(portable::exp(x)) - want), 0x1p-1074L) << "x = " << x;
+  }
+}
+
+TEST(PortableMath, FloatExpIsWithinItsBoundAndFlushesOnlyBelowTheRange) {
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<float> u(-87.0F, 88.0F);
+  double worst = 0.0;
+  float worst_x = 0.0F;
+  for (int i = 0; i < 1000000; ++i) {
+    const float x = u(gen);
+    const double e = ulps_float(portable::exp_float(x), std::exp(static_cast<long double>(x)));
+    if (e > worst) worst = e, worst_x = x;
+  }
+  EXPECT_LT(worst, 0.6) << "worst at x = " << worst_x;
+  EXPECT_EQ(portable::exp_float(0.0F), 1.0F);
+  EXPECT_EQ(portable::exp_float(-200.0F), 0.0F);
+  EXPECT_EQ(portable::exp_float(100.0F), HUGE_VALF);
+  // Subnormal floats come out within one subnormal step.
+  for (float x = -103.0F; x < -87.5F; x += 0.25F) {
+    const long double want = std::exp(static_cast<long double>(x));
+    EXPECT_LE(std::fabs(static_cast<long double>(portable::exp_float(x)) - want), 0x1p-149L) << "x = " << x;
+  }
+  // The array form is the scalar form.
+  std::vector<float> xs{-3.5F, 0.0F, 1e-7F, 20.0F, -90.0F};
+  std::vector<float> ys = xs;
+  portable::exp_floats(ys.data(), static_cast<Eigen::Index>(ys.size()));
+  for (std::size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(ys[i], portable::exp_float(xs[i]));
+}
+
+/// The documented order, one output at a time: c_ij = fma(a_it, b_jt, c) for t = 0, 1, ...
+template <typename T>
+std::vector<T> reference_nt(const std::vector<T>& a, const std::vector<T>& b, Eigen::Index m, Eigen::Index n,
+                            Eigen::Index k) {
+  std::vector<T> c(static_cast<std::size_t>(m * n));
+  for (Eigen::Index i = 0; i < m; ++i)
+    for (Eigen::Index j = 0; j < n; ++j) {
+      T s = T(0);
+      for (Eigen::Index t = 0; t < k; ++t) {
+        s = std::fma(a[static_cast<std::size_t>(i * k + t)], b[static_cast<std::size_t>(j * k + t)], s);
+      }
+      c[static_cast<std::size_t>(i * n + j)] = s;
+    }
+  return c;
+}
+
+template <typename T>
+void check_products(double magnitude) {
+  std::mt19937_64 gen(3);
+  std::normal_distribution<double> z(0.0, 1.0);
+  for (const Eigen::Index m : {1, 5, 6, 7, 13, 63, 197})
+    for (const Eigen::Index n : {1, 3, 17, 33, 197})
+      for (const Eigen::Index k : {1, 7, 64}) {
+        std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k));
+        for (T& x : a) x = static_cast<T>(z(gen) * magnitude);
+        for (T& x : b) x = static_cast<T>(z(gen) * magnitude);
+        const std::vector<T> want = reference_nt(a, b, m, n, k);
+        const std::string where = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                                  std::to_string(k) + " magnitude=" + std::to_string(magnitude);
+        std::vector<T> c(static_cast<std::size_t>(m * n), T(-1));
+        portable::gemm_nt(a.data(), k, b.data(), k, c.data(), n, m, n, k);
+        for (std::size_t i = 0; i < c.size(); ++i) {
+          ASSERT_EQ(c[i], want[i]) << "gemm_nt " << where << " entry " << i;
+        }
+        // gemm_nn of A and B^T (B^T stored k x n): the same numbers, the same order.
+        std::vector<T> bt(static_cast<std::size_t>(k * n));
+        for (Eigen::Index j = 0; j < n; ++j)
+          for (Eigen::Index t = 0; t < k; ++t) bt[static_cast<std::size_t>(t * n + j)] = b[static_cast<std::size_t>(j * k + t)];
+        std::fill(c.begin(), c.end(), T(-1));
+        portable::gemm_nn(a.data(), k, Eigen::Index{1}, bt.data(), n, c.data(), n, m, n, k);
+        for (std::size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], want[i]) << "gemm_nn " << where << " entry " << i;
+        // A given transposed (column strides): A^T stored k x m.
+        std::vector<T> at(static_cast<std::size_t>(k * m));
+        for (Eigen::Index i = 0; i < m; ++i)
+          for (Eigen::Index t = 0; t < k; ++t) at[static_cast<std::size_t>(t * m + i)] = a[static_cast<std::size_t>(i * k + t)];
+        std::fill(c.begin(), c.end(), T(-1));
+        portable::gemm_nn(at.data(), Eigen::Index{1}, m, bt.data(), n, c.data(), n, m, n, k);
+        for (std::size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], want[i]) << "gemm_nn (A^T) " << where;
+      }
+}
+
+TEST(PortableMath, ProductsAreTheDocumentedOrderBitForBit) {
+  check_products<float>(1.0);
+  check_products<double>(1.0);
+  check_products<float>(1e18);   // huge: products near float's range
+  check_products<double>(1e-160);  // tiny: products underflow into subnormals
+  check_products<double>(1e150);
+}
+
+TEST(PortableMath, EigenWrappersCheckLayouts) {
+  MatD a = MatD::Random(9, 4), b = MatD::Random(11, 4), c(9, 11);
+  portable::product_nt(a, b, c);
+  EXPECT_LT((c - a * b.transpose()).cwiseAbs().maxCoeff(), 1e-14);
+  MatD d(4, 11);
+  portable::product(a.transpose(), c, d);
+  EXPECT_LT((d - a.transpose() * c).cwiseAbs().maxCoeff(), 1e-13);
+  MatD wrong(3, 3);
+  EXPECT_THROW(portable::product_nt(a, b, wrong), std::logic_error);
+  EXPECT_THROW(portable::product(a, b, wrong), std::logic_error);
+}
+
+TEST(PortableMath, NoSourceContractsMultiplyAdd) {
+  // a b = 1 + 2^-26 + 2^-54: rounded, the 2^-54 is lost and a b + c = 0; fused, it is kept.
+  volatile double a = 1.0 + 0x1p-27, b = 1.0 + 0x1p-27, c = -(1.0 + 0x1p-26);
+  const double fused = std::fma(a, b, c);
+  ASSERT_EQ(fused, 0x1p-54) << "negative control: the fused result differs";
+  EXPECT_EQ(portable::probe::portable_math(a, b, c), 0.0) << "portable_math.cpp contracts a * b + c";
+  EXPECT_EQ(portable::probe::confusion_softmax(a, b, c), 0.0) << "confusion_softmax.cpp contracts a * b + c";
+  EXPECT_EQ(portable::probe::confusion_lowrank(a, b, c), 0.0) << "confusion_lowrank.cpp contracts a * b + c";
+  EXPECT_EQ(portable::probe::candidate_margin(a, b, c), 0.0) << "cuda_paths.cpp contracts a * b + c";
+  // This test's own file is compiled with the project's flags too.
+  EXPECT_EQ(a * b + c, 0.0);
+}
+
+TEST(PortableMath, EigenIsNeitherVectorisedNorThreaded) {
+#ifndef EIGEN_DONT_VECTORIZE
+  ADD_FAILURE() << "EIGEN_DONT_VECTORIZE is not set: Eigen's reductions depend on the vector width";
+#endif
+#ifndef EIGEN_DONT_PARALLELIZE
+  ADD_FAILURE() << "EIGEN_DONT_PARALLELIZE is not set: Eigen's blocking depends on the thread count";
+#endif
+  EXPECT_EQ(Eigen::internal::packet_traits<double>::Vectorizable, 0);
+  std::ptrdiff_t l1 = 0, l2 = 0, l3 = 0;
+  Eigen::internal::manage_caching_sizes(Eigen::GetAction, &l1, &l2, &l3);
+  EXPECT_EQ(l1, 32 * 1024) << "the blocking is fixed before main (fix_eigen_blocking)";
+  EXPECT_EQ(l2, 1024 * 1024);
+  EXPECT_EQ(l3, 8 * 1024 * 1024);
+}
+
+}  // namespace
+}  // namespace attnscope
