@@ -31,8 +31,9 @@
 // Floating-point model (portable_math.hpp; the build enforces it, portable::probe checks it): IEEE
 // binary32/binary64, round to nearest, no contraction of a * b + c except the explicit std::fma of
 // portable::gemm_nt (one rounding per step: within the dot-product bound above, which holds for any
-// order and for fused steps alike), no reassociation, no x87. exp_float errs by < 0.6 ulp (the
-// "few ulp" above). The exact judge's rows (softmax_exact_row: plain loops and portable::exp) are
+// order and for fused steps alike), no reassociation, no x87. exp_float errs by < 1 ulp (the
+// "few ulp" above) and flushes results below 2^-126 to 0 (off by < 1.2e-38: within the 1e-37
+// allowed above for entries that underflow). The exact judge's rows (softmax_exact_row: plain loops and portable::exp) are
 // the same bits on every CPU, so the counts are too.
 #include "confusion_search.hpp"
 #include "attnscope/portable_math.hpp"

@@ -36,9 +36,9 @@ namespace attnscope::portable {
 /// every CPU, unlike std::exp.
 double exp(double x);
 
-/// e^x of a float, computed in double and rounded once: within 0.6 ulp of float, the same bits on
-/// every CPU, and vectorisable (no branch; fma an instruction where the build has FMA). Arguments
-/// below -104 give 0, above 89 +inf.
+/// e^x of a float, in float with fused steps: within 1 ulp (0.92 measured), the same bits on every
+/// CPU, and vectorisable (no branch; fma an instruction where the build has FMA). Results below
+/// the smallest normal float (x < -87.34) are 0, an absolute error under 2^-126; above 88.72, +inf.
 float exp_float(float x);
 
 /// exp or exp_float by type, for Eigen's unaryExpr.
