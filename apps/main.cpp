@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   }
   if (name == "--version") {
     std::cout << "attnscope " << ATTNSCOPE_VERSION << "\n";
+    // The CPU the build targets: speed only, never results (docs/reliability.md, "Portability").
+    std::cout << "arch: " << (*ATTNSCOPE_ARCH ? ATTNSCOPE_ARCH : "x86-64 (compiler default)") << "\n";
     std::cout << "mpi: " << (mpi::built_with_mpi() ? "yes" : "no") << "\n";
 #ifdef ATTNSCOPE_HAVE_CUDA
     std::cout << "cuda: yes\n";

@@ -84,6 +84,13 @@ run rss64 "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/rss64" --variant sof
 run rss1024 "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/rss1024" --variant softmax --threads 2
 
 j=results
+# The machine and what each tool ran on: the ratios below hold for this CPU and these builds.
+echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; ISA:" \
+  "$(grep -o -w -E 'avx512f|avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "attnscope arch: $("$A" --version | sed -n 's/^arch: //p'); torch CPU capability:" \
+  "$("$PYTHON" -c 'import torch; print(torch.__version__, [l.split(":")[1].strip() for l in torch.__config__.show().splitlines() if "CPU capability" in l])' 2>/dev/null || echo unknown)" \
+  "${ATEN_CPU_CAPABILITY:+(ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
+echo
 echo "| case | tool | ms/image median / min / max | ratio vs PyTorch | peak RSS (MiB) |"
 echo "|---|---|---|---|---|"
 for pair in "conf:confusion softmax, DeiT-T" "loc:locality softmax, DeiT-T"; do

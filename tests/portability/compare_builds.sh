@@ -70,8 +70,12 @@ DROP = {"elapsed_s", "started", "finished", "timing", "ms_per_image", "io_wait_s
         "peak_rss", "files", "created", "cuda", "mpi"}
 def clean(x):
     if isinstance(x, dict):
-        return {k: clean(v) for k, v in x.items() if k not in DROP and not k.endswith("_seconds")
-                and not k.endswith("_s") and "path" not in k and "time" not in k}
+        out = {k: clean(v) for k, v in x.items() if k not in DROP and not k.endswith("_seconds")
+               and not k.endswith("_s") and "path" not in k and "time" not in k}
+        # "cpu (built without CUDA)" and "cpu (no CUDA device: ...)": the same device, other builds.
+        if isinstance(out.get("device"), str):
+            out["device"] = out["device"].split(" (")[0]
+        return out
     if isinstance(x, list):
         return [clean(v) for v in x]
     if isinstance(x, str):
