@@ -2,6 +2,7 @@
 #include "attnscope/analyses/propositions.hpp"
 
 #include "attnscope/attention.hpp"
+#include "attnscope/portable_math.hpp"
 #include "propositions_support.hpp"
 
 #include <Eigen/LU>
@@ -153,7 +154,7 @@ CheckRow check_prop2_relu_collinear(std::uint64_t seed, int trials, const CheckI
         return detail::first_usable(kMaxRedraws, [&](int) -> std::optional<double> {
           const MatD k = detail::draw_keys(draws, in, shape.n, shape.d);
           const VecD p = draws.vector(shape.d);
-          double c = std::exp(draws.uniform(-2.0, 2.0));
+          double c = portable::exp(draws.uniform(-2.0, 2.0));
           if (std::abs(c - 1.0) < 1e-2) c = 2.0;
           bool degenerate = false;
           const VecD q = in.partner ? in.partner(p, k) : VecD(c * p);
@@ -209,7 +210,7 @@ CheckRow check_prop2_relu_affine(std::uint64_t seed, int trials, const CheckInpu
           const VecD p = draws.vector(shape.d, spread);
           const VecD z = A * p + b;
           // ReLU(z') = c ReLU(z): scale the live coordinates by c, move the dead ones within z < 0.
-          const double c = std::exp(draws.uniform(-1.0, 1.0));
+          const double c = portable::exp(draws.uniform(-1.0, 1.0));
           VecD target = z;
           for (Eigen::Index i = 0; i < z.size(); ++i) {
             target[i] = z[i] > 0.0 ? c * z[i] : z[i] * draws.uniform(0.5, 2.0);
@@ -267,7 +268,7 @@ CheckRow check_lemma1(const std::string& map, std::uint64_t seed, int trials,
         const auto shape = detail::trial_shape(t);
         const MatD k = detail::draw_keys(draws, in, shape.n, shape.d);
         const VecD p = draws.vector(shape.d);
-        double alpha = std::exp(draws.uniform(-1.5, 1.5));
+        double alpha = portable::exp(draws.uniform(-1.5, 1.5));
         if (std::abs(alpha - 1.0) < 0.05) alpha = 0.5;
         const VecD phi_p = phi.apply<double>(MatD(p.transpose())).row(0).transpose();
         const VecD q = in.partner ? in.partner(p, k) : invert_elementwise(phi, alpha * phi_p);
@@ -322,7 +323,7 @@ CheckRow check_prop3_collinear(std::uint64_t seed, int trials, const CheckInputs
         const Variant v = inline_with(in, t);
         const std::optional<MatD> k = generic_keys(draws, shape, v, in);
         const VecD p = draws.vector(shape.d);
-        double c = std::exp(draws.uniform(-2.0, 2.0));
+        double c = portable::exp(draws.uniform(-2.0, 2.0));
         if (std::abs(c - 1.0) < 1e-2) c = 2.0;
         if (!k) return std::nullopt;
         std::vector<VecD> partners{c * p, -p};

@@ -2,6 +2,7 @@
 #include "propositions_support.hpp"
 
 #include "attnscope/attention.hpp"
+#include "attnscope/portable_math.hpp"
 
 #include <Eigen/QR>
 #include <Eigen/SVD>
@@ -17,12 +18,11 @@ double Draws::normal() {
     has_spare_ = false;
     return spare_;
   }
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  const double radius = std::sqrt(-2.0 * std::log(unit()));
-  const double angle = kTwoPi * unit();
-  spare_ = radius * std::sin(angle);
+  double a = 0.0;
+  while (!portable::polar_normal_pair(2.0 * unit() - 1.0, 2.0 * unit() - 1.0, a, spare_)) {
+  }
   has_spare_ = true;
-  return radius * std::cos(angle);
+  return a;
 }
 
 MatD Draws::matrix(Eigen::Index rows, Eigen::Index cols, double sigma) {

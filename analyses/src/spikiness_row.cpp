@@ -2,6 +2,7 @@
 #include "attnscope/analyses/spikiness.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/portable_math.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -28,10 +29,10 @@ RowStats row_stats(const VecD& w, int topk) {
     for (Eigen::Index j = 0; j < n; ++j) {
       if (w[j] <= 0.0) continue;
       const double p = w[j] / positive_sum;
-      if (p > 0.0) h -= p * std::log(p);
+      if (p > 0.0) h -= p * portable::log(p);
     }
     s.entropy = std::max(h, 0.0);
-    s.effective_keys = std::exp(s.entropy);
+    s.effective_keys = portable::exp(s.entropy);
   } else {
     s.entropy = s.effective_keys = std::numeric_limits<double>::quiet_NaN();
   }
@@ -102,7 +103,7 @@ std::vector<double> parse_scales(std::string_view spec) {
     for (int i = 0; i < count; ++i) {
       // Log-spaced, with both ends exact.
       const double t = count == 1 ? 0.0 : static_cast<double>(i) / (count - 1);
-      scales.push_back(i == 0 ? lo : i == count - 1 ? hi : lo * std::pow(hi / lo, t));
+      scales.push_back(i == 0 ? lo : i == count - 1 ? hi : lo * portable::exp(t * portable::log(hi / lo)));
     }
     return scales;
   }

@@ -2,6 +2,7 @@
 #include "attnscope/analyses/spikiness.hpp"
 
 #include "attnscope/attention.hpp"
+#include "attnscope/portable_math.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -124,8 +125,8 @@ std::optional<double> deviation(Law law, const LawInputs& in, double a, const Ve
       if (!(resolvable(ws[lo]) && resolvable(ws[hi]) && resolvable(in.w1[lo]) && resolvable(in.w1[hi]))) {
         return std::nullopt;  // underflow
       }
-      const double lnp = std::log(in.w1[hi]) - std::log(in.w1[lo]);
-      const double lnr = std::log(ws[hi]) - std::log(ws[lo]);
+      const double lnp = portable::log(in.w1[hi]) - portable::log(in.w1[lo]);
+      const double lnr = portable::log(ws[hi]) - portable::log(ws[lo]);
       const double norm = std::max(1.0, std::abs(a * lnp));
       // lnr and a lnp each difference two logits, off by at most a logit_error apiece: where that
       // is not far below the tolerance (logits near 1e77 carry errors far above 1), the point

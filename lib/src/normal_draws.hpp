@@ -1,6 +1,8 @@
 // Library-internal: portable pseudo-random draws (the standard distributions are not portable).
 #pragma once
 
+#include "attnscope/portable_math.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -8,8 +10,10 @@
 
 namespace attnscope::detail {
 
-/// Standard normal numbers from std::mt19937_64 through Box-Muller; both values of each pair are
-/// used, in order (cos first). Identical on every platform with an IEEE libm.
+/// Standard normal numbers from std::mt19937_64 through Marsaglia's polar method
+/// (portable::polar_normal_pair); both values of each pair are used, in order. The same numbers
+/// on every CPU: no libm function (glibc's log, sin and cos round differently with and without
+/// FMA), only portable::log and IEEE arithmetic.
 class NormalDraws {
  public:
   explicit NormalDraws(std::uint64_t seed) : gen_(seed) {}
@@ -18,17 +22,15 @@ class NormalDraws {
       has_spare_ = false;
       return spare_;
     }
-    constexpr double kTwoPi = 6.283185307179586476925286766559;
-    const double u1 = open_unit();
-    const double u2 = open_unit();
-    const double radius = std::sqrt(-2.0 * std::log(u1));
-    spare_ = radius * std::sin(kTwoPi * u2);
+    double a = 0.0;
+    while (!portable::polar_normal_pair(2.0 * open_unit() - 1.0, 2.0 * open_unit() - 1.0, a, spare_)) {
+    }
     has_spare_ = true;
-    return radius * std::cos(kTwoPi * u2);
+    return a;
   }
 
  private:
-  /// Uniform in (0, 1]: the top 53 bits plus one, so log() never sees 0.
+  /// Uniform in (0, 1]: the top 53 bits plus one.
   double open_unit() { return static_cast<double>((gen_() >> 11) + 1) * 0x1.0p-53; }
 
   std::mt19937_64 gen_;

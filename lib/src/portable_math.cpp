@@ -27,6 +27,16 @@ constexpr double kP5 = 4.13813679705723846039e-08;
 constexpr double kOverflow = 7.09782712893383973096e+02;    // ln(largest double)
 constexpr double kUnderflow = -7.45133219101941108420e+02;  // ln(2^-1075): below, exp rounds to 0
 
+// ln(1 + f) = f - f^2/2 + s (f^2/2 + R(s^2)), s = f / (2 + f): the minimax coefficients of R
+// (published constants; the approximation errs by < 2^-58.45 on |s| <= 0.1716).
+constexpr double kLg1 = 6.666666666666735130e-01;
+constexpr double kLg2 = 3.999999999940941908e-01;
+constexpr double kLg3 = 2.857142874366239149e-01;
+constexpr double kLg4 = 2.222219843214978396e-01;
+constexpr double kLg5 = 1.818357216161805012e-01;
+constexpr double kLg6 = 1.531383769920937332e-01;
+constexpr double kLg7 = 1.479819860511658591e-01;
+
 /// 2^e as a double for -1022 <= e <= 1023.
 double pow2(std::int64_t e) { return std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52); }
 
@@ -51,6 +61,41 @@ double exp(double x) {
   const auto e = static_cast<std::int64_t>(n);
   if (e >= -1021) return e <= 1023 ? y * pow2(e) : (y * 2.0) * pow2(e - 1);
   return (y * pow2(e + 1000)) * pow2(-1000);  // subnormal result: one more rounding
+}
+
+double log(double x) {
+  if (std::isnan(x) || x < 0.0) return std::numeric_limits<double>::quiet_NaN();
+  if (x == 0.0) return -std::numeric_limits<double>::infinity();
+  if (std::isinf(x)) return x;
+  std::int64_t k = 0;
+  if (x < std::numeric_limits<double>::min()) {  // subnormal: scale into the normal range
+    x *= 0x1p54;
+    k = -54;
+  }
+  const auto bits = std::bit_cast<std::uint64_t>(x);
+  k += static_cast<std::int64_t>(bits >> 52) - 1023;
+  double y = std::bit_cast<double>((bits & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL);  // [1, 2)
+  if (y > 1.4142135623730951) {
+    y *= 0.5;
+    ++k;
+  }
+  const double f = y - 1.0;
+  const double s = f / (2.0 + f);
+  const double z = s * s;
+  const double w = z * z;
+  const double r = z * (kLg1 + w * (kLg3 + w * (kLg5 + w * kLg7))) + w * (kLg2 + w * (kLg4 + w * kLg6));
+  const double hfsq = 0.5 * f * f;
+  const auto dk = static_cast<double>(k);
+  return dk * kLn2Hi - ((hfsq - (s * (hfsq + r) + dk * kLn2Lo)) - f);
+}
+
+bool polar_normal_pair(double u, double v, double& a, double& b) {
+  const double s = u * u + v * v;
+  if (!(s < 1.0) || s == 0.0) return false;
+  const double factor = std::sqrt(-2.0 * log(s) / s);
+  a = u * factor;
+  b = v * factor;
+  return true;
 }
 
 namespace {

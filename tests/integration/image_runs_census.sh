@@ -3,7 +3,8 @@
 # degenerate (no smallest weight: +inf travels through the records as it is).
 source "$(dirname "${BASH_SOURCE[0]}")/image_runs.bash"
 expect_ok "$ATTNSCOPE" synth --out "$WORK/d.h5" --images 9 --layers 2 --heads 2 --grid-height 5 \
-  --grid-width 5 --head-dim 8 --seed 3
+  --grid-width 5 --head-dim 8 --seed 7
+# Seed 7: no query of layer 1, head 1 is ReLU-killed by chance (the half run below counts on it).
 IMAGES=9 check_image_run all census --dump "$WORK/d.h5"
 # Some weights are negative (the counts are not all zero).
 awk -F, 'NR > 1 { n += $5 } END { if (n == 0) { print "FAIL: no negative weight counted"; exit 1 } }' \

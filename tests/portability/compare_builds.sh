@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The same result files from every build and every CPU (docs/reliability.md, "Portability"): runs
 # the analyses that write results (confusion, locality, mask, census, recompute, replay) on the
-# committed models' dumps with each command given, then compares every result file byte for byte,
+# committed models' dumps with each command given, plus spikiness, verify and a synthetic dump,
+# then compares every result file byte for byte,
 # and the JSON records with the fields that are not results left out (times, paths, version,
 # build, reading statistics).
 #
@@ -41,7 +42,22 @@ run() {
     "${a[@]}" recompute "${common[@]}" --out "$out/$name/recompute" >/dev/null
     "${a[@]}" replay --model "$REPO/data/models/$name.h5" --dump "$d" --images "$IMAGES" --threads "$THREADS" \
       --intervention none,local:3,family=linear:relu --out "$out/$name/replay" >/dev/null
+    "${a[@]}" spikiness "${common[@]}" --out "$out/$name/spikiness" \
+      --variant softmax@code,linear:relu@code,mala:elu1@code --scales 0.25:8:9 >/dev/null
   done
+  # The propositions' checks (their own random inputs) and a synthetic dump (normal draws). The
+  # dump file's bytes hold HDF5's own bookkeeping, so its datasets are compared: one SHA-256 each.
+  "${a[@]}" verify --out "$out/verify" >/dev/null
+  "${a[@]}" synth --out "$out/synth.h5" --images 3 --seed 5 --plant-duplicates 1 --plant-collinear 1 >/dev/null
+  "$PYTHON" - "$out/synth.h5" >"$out/synth-datasets.sha256" <<'PY'
+import hashlib, sys, h5py
+f = h5py.File(sys.argv[1], "r")
+def visit(name, obj):
+    if isinstance(obj, h5py.Dataset):
+        print(name, hashlib.sha256(obj[()].tobytes()).hexdigest())
+f.visititems(visit)
+PY
+  rm -f "$out/synth.h5"
 }
 
 labels=()
@@ -57,7 +73,9 @@ ref=${labels[0]}
 status=0
 for label in "${labels[@]:1}"; do
   # Every file but the JSON records: byte for byte.
-  if ! diff -r -q -x '*.json' -x '.attnscope-partial' "$WORK/$ref" "$WORK/$label" >"$WORK/diff-$label.txt"; then
+  # verify_timing.csv holds measured times, not results.
+  if ! diff -r -q -x '*.json' -x '.attnscope-partial' -x verify_timing.csv "$WORK/$ref" "$WORK/$label" \
+    >"$WORK/diff-$label.txt"; then
     echo "FAIL: result files of $ref and $label differ:"; cat "$WORK/diff-$label.txt"; status=1
   fi
   # The JSON records: equal once the fields that describe the run rather than its results are out.

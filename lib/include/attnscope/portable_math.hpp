@@ -36,6 +36,15 @@ namespace attnscope::portable {
 /// every CPU, unlike std::exp.
 double exp(double x);
 
+/// ln x in double, within 1 ulp (x = 2^k y with y in [sqrt(2)/2, sqrt(2)), then a rational
+/// approximation of ln y): -inf at 0, NaN below 0 and for NaN, +inf at +inf. Subnormal x too.
+double log(double x);
+
+/// Two independent standard normal numbers from two uniform numbers u, v in [-1, 1] (Marsaglia's
+/// polar method, only + * / sqrt and log above): false when (u, v) falls outside the unit disc or
+/// on its centre, and the caller draws again. The same numbers on every CPU.
+bool polar_normal_pair(double u, double v, double& a, double& b);
+
 /// e^x of a float, in float with fused steps: within 1 ulp (0.92 measured), the same bits on every
 /// CPU, and vectorisable (no branch; fma an instruction where the build has FMA). Results below
 /// the smallest normal float (x < -87.34) are 0, an absolute error under 2^-126; above 88.72, +inf.
