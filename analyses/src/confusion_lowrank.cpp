@@ -41,6 +41,24 @@ namespace {
 
 constexpr double kDoubleUnit = 1.1102230246251565e-16;  // 2^-53
 
+/// |m_i - m_j|^2 over rows of a row-major matrix: eight running sums in a fixed order, combined
+/// pairwise (the same on every CPU; the compiler keeps them in vector registers).
+inline double row_distance2(const MatD& m, int i, int j) {
+  const double *a = m.row(i).data(), *b = m.row(j).data();
+  const Eigen::Index n = m.cols();
+  double s[8] = {};
+  Eigen::Index t = 0;
+  for (; t + 8 <= n; t += 8)
+    for (int l = 0; l < 8; ++l) {
+      const double d = a[t + l] - b[t + l];
+      s[l] += d * d;
+    }
+  for (; t < n; ++t) {
+    const double d = a[t] - b[t];
+    s[0] += d * d;
+  }
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
 
 /// y_i = z_i U diag(lambda)^1/2, columns in ascending eigenvalue order (the last is the widest).
 MatD embed(const LowRank& lr) {
@@ -110,10 +128,10 @@ HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
     const int i = live[s];
     for (std::size_t t = s + 1; t < live.size() && y(live[t], last) - y(i, last) <= radius; ++t) {
       const int j = live[t];
-      const double d2 = (y.row(i) - y.row(j)).squaredNorm();
+      const double d2 = row_distance2(y, i, j);
       if (d2 > radius * radius) continue;
       const double delta = g * (a(i) + a(j) + (zn(i) + zn(j)) * (m_norm + k_norm));
-      const double bij = band(delta, (lr.z.row(i) - lr.z.row(j)).squaredNorm());
+      const double bij = band(delta, row_distance2(lr.z, i, j));
       if (d2 > eps2 + bij) continue;
       ++out.candidates;
       const int lo = std::min(i, j), hi = std::max(i, j);
