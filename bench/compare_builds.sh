@@ -8,7 +8,9 @@
 # older build writes (a newer build may add columns).
 #
 # Usage: BEFORE=/path/to/old/attnscope bench/compare_builds.sh
-#        (env: AFTER=build/apps/attnscope DATA=build/bench-data ROUNDS=5 CORES=0,1 IMAGES=256)
+#        (env: AFTER=build/apps/attnscope DATA=build/bench-data ROUNDS=5 CORES=0,1 IMAGES=256
+#         RESULT_TOL=0: counts always exactly; other numbers exactly, or within this relative
+#         tolerance for a change that moves them in their last digits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${BEFORE:?set BEFORE to the attnscope binary to compare against}"
@@ -50,9 +52,9 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-"$PYTHON" - "$OUT" "$ROUNDS" "${cases[@]}" <<'PY'
+"$PYTHON" - "$OUT" "$ROUNDS" "${RESULT_TOL:-0}" "${cases[@]}" <<'PY'
 import csv, json, statistics, sys
-out, rounds, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, rounds, tol, cases = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 print("| case | before: ms/image | after: ms/image | after / before | same results |")
 print("|---|---|---|---|---|")
 for c in cases:
@@ -68,14 +70,23 @@ for c in cases:
         rows = list(csv.DictReader(open(path)))
         columns = columns or list(rows[0].keys()) if rows else columns or []
         return [[r[c] for c in columns] for r in rows], columns
+    def close(a, b):
+        if a == b or tol == 0.0:
+            return a == b
+        try:
+            x, y = float(a), float(b)
+        except ValueError:
+            return False
+        return abs(x - y) <= tol * max(1.0, abs(x))
     def same_as_before(r, f):
         old, cols = table(f"{out}/{name}-before-{r}/{f}")
         new, _ = table(f"{out}/{name}-after-{r}/{f}", cols)
-        return old == new
+        return len(old) == len(new) and all(len(o) == len(n) and all(close(a, b) for a, b in zip(o, n))
+                                            for o, n in zip(old, new))
     same = all(same_as_before(r, f) for r in range(1, rounds + 1) for f in files)
     fmt = lambda m: "%.2f (%.2f-%.2f)" % m
     print(f"| {name} ({c.split('|')[3]}) | {fmt(med['before'])} | {fmt(med['after'])} | "
-          f"{med['after'][0] / med['before'][0]:.3f} | {'yes' if same else 'NO'} |")
+          f"{med['after'][0] / med['before'][0]:.3f} | {('yes' if tol == 0.0 else f'within {tol:g}') if same else 'NO'} |")
     if not same:
         sys.exit(f"{name}: the two builds' results differ")
 PY
