@@ -43,7 +43,8 @@ h5::Handle open_read_only(const std::string& path) {
     throw InputError(path, "", "an HDF5 file",
                      why.empty() ? "no HDF5 signature" : "an unreadable file (" + why + ")");
   }
-  const h5::Handle fapl = h5::small_metadata_cache_fapl();  // flat with many files open
+  // flat with many files open; global heap collections checked before HDF5 trusts them
+  const h5::Handle fapl = h5::checked_read_fapl();
   h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
   if (!f.valid()) {
     const std::vector<std::string> stack = h5::error_stack();
