@@ -90,20 +90,6 @@ std::string sha256_of_ints(const std::vector<int>& v) {
   return h.hex_digest();
 }
 
-std::string sha256_range(int fd, off_t at, std::size_t n, const std::string& file) {
-  std::vector<char> buf(n);
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, buf.data() + got, n - got, at + static_cast<off_t>(got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw Error(file + ": cannot read: " + std::strerror(r < 0 ? errno : EIO));
-    got += static_cast<std::size_t>(r);
-  }
-  Sha256 h;
-  h.update(buf.data(), n);
-  return h.hex_digest();
-}
-
 /// Test hook, for the CLI tests of interrupted runs: ATTNSCOPE_TEST_KILL_AT=record:N sends
 /// SIGKILL to the process right after its N-th record is journaled, finish after every record
 /// is in and before any result file is written. Unset (always, outside tests), it does nothing.
@@ -149,28 +135,13 @@ void add_run_control_options(po::options_description& d, RunControl& c) {
 }
 
 json dump_fingerprint(const std::vector<std::string>& files) {
+  // The whole file: a change anywhere (one image's q rescaled in place, a weights file edited in
+  // the middle) must be seen by --resume and merge. Cost: docs/benchmarks.md.
   json out = json::array();
-  constexpr std::size_t kEnd = 1u << 20;
   for (const std::string& f : files) {
-    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(f + ": cannot open: " + std::strerror(errno));
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(f + ": cannot stat: " + std::strerror(err));
-    }
-    const auto size = static_cast<std::size_t>(st.st_size);
-    const std::size_t n = std::min(size, kEnd);
-    try {
-      out.push_back({{"bytes", size},
-                     {"head_sha256", sha256_range(fd, 0, n, f)},
-                     {"tail_sha256", sha256_range(fd, static_cast<off_t>(size - n), n, f)}});
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    ::close(fd);
+    std::uintmax_t bytes = 0;
+    const std::string sum = sha256_file(f, &bytes);
+    out.push_back({{"bytes", bytes}, {"sha256", sum}});
   }
   return out;
 }
