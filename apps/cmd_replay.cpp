@@ -31,7 +31,7 @@ po::options_description replay_options(ReplayFlags& f) {
   d.add_options()("model", po::value(&f.models)->value_name("FILE[,FILE...]")->required(),
                   "model weights (HDF5, docs/model-weights.md); several, comma-separated, run on "
                   "the same images give one column each");
-  add_dump_option(d, f.common, "--image-set");
+  add_dump_option(d, f.common, "--image-set", false);
   d.add_options()("image-set", po::value(&f.image_set)->value_name("FILE"),
                   "instead of a dump: an HDF5 file with /images [n, C, H, W] and optional /labels");
   add_out_option(d, f.common, "results/replay");
@@ -131,6 +131,13 @@ int run_replay_cmd(const std::vector<std::string>& args) {
     if (path.empty()) throw UsageError("--model: an empty item in '" + f.models + "'");
     models.push_back(load_vit(std::string(path)));
     model_paths.emplace_back(path);
+    // Rows and columns are labelled by model name: two models of one name could not be told apart.
+    for (std::size_t k = 0; k + 1 < models.size(); ++k) {
+      if (models[k].model_name == models.back().model_name) {
+        throw UsageError("--model: '" + std::string(path) + "' is model '" + models.back().model_name +
+                         "', as '" + model_paths[k] + "' is: its rows could not be told apart; name each model once");
+      }
+    }
   }
   analyses::ReplayOptions opt;
   opt.seed = f.common.seed;
@@ -201,7 +208,14 @@ int run_replay_cmd(const std::vector<std::string>& args) {
           if (own[k] >= 0) {
             const VecD want = in.rows->logits(ids[i]).cast<double>();
             const auto got = logits[k][static_cast<std::size_t>(own[k])].row(r).cast<double>();
-            m["own"] = {(got.transpose() - want).cwiseAbs().maxCoeff(), want.cwiseAbs().maxCoeff()};
+            // Eigen's maxCoeff and std::max drop a NaN: a comparison that meets one is an error,
+            // never a difference of 0.
+            const VecD diff = (got.transpose() - want).cwiseAbs();
+            if (!diff.allFinite()) {
+              throw NumericalError("image " + std::to_string(ids[i]) + ": the logits of " + models[k].path +
+                                   " cannot be compared with the dump's (NaN or Inf)");
+            }
+            m["own"] = {diff.maxCoeff(), want.cwiseAbs().maxCoeff()};
           }
           per_model.push_back(std::move(m));
         }

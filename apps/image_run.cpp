@@ -217,7 +217,8 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
   m.selection = selection;
   m.run = {{"command", command}, {"fingerprint", std::move(fingerprint)},
            {"images", selection.size()}, {"images_sha256", sha256_of_ints(selection)}};
-  m.args = kept_args(args);
+  // What the parser understood, not what was typed (an abbreviated --ou would not be stripped).
+  m.args = kept_args(parsed_args().empty() ? args : parsed_args());
   if (!control.shard.empty()) {
     std::tie(m.shard, m.shards) = parse_shard(control.shard);
     m.shard_mode = true;

@@ -207,7 +207,9 @@ fs::path ResultSet::publish(nlohmann::json record) {
   {
     // The manifest is staged under its own name but is not a member of the set.
     ResultFile m(staging_ / manifest_, final_path(manifest_));
-    m.stream() << record.dump(2) << "\n";
+    // A path need not be UTF-8 on Linux, JSON text must be: bytes that are not UTF-8 are written
+    // as U+FFFD (the record names the file readably; the journal keeps the exact bytes).
+    m.stream() << record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     m.close();
   }
   PublishHook hook;
