@@ -357,9 +357,35 @@ ExitStatus exit_status(std::exception_ptr e) {
   }
 }
 
+namespace {
+
+/// Empty when everything written to standard output reached it; else why not. A summary lost
+/// to a full disk or a closed pipe is a failure, not a success with nothing said.
+std::string stdout_failure() {
+  errno = 0;
+  std::cout.flush();
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && std::cout.good() && std::ferror(stdout) == 0) return {};
+  int why = err;
+  if (why == 0) {
+    // The write failed earlier, inside the command, and errno has moved on since: the output is
+    // lost already, so one more byte asks the system for the reason (a full disk says ENOSPC).
+    std::clearerr(stdout);
+    errno = 0;
+    if (std::fputc('\n', stdout) == EOF || std::fflush(stdout) != 0) why = errno;
+  }
+  return std::string("standard output: cannot write: ") + (why != 0 ? std::strerror(why) : "write error");
+}
+
+}  // namespace
+
 int run_guarded(const std::string& command, const std::function<int()>& body) {
   try {
-    return body();
+    const int rc = body();
+    const std::string lost = stdout_failure();
+    if (lost.empty()) return rc;
+    return report(command, lost, rc == 0 ? kExitInput : rc);
   } catch (...) {
     const ExitStatus s = exit_status(std::current_exception());
     return s.message.empty() ? s.code : report(command, s.message, s.code);
