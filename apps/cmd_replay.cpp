@@ -10,6 +10,8 @@
 #include "attnscope/vit.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -237,15 +239,16 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   // parts are joined when the run publishes.
   std::unique_ptr<ResultSet> set;
   std::vector<std::filesystem::path> part_paths;
-  std::vector<std::unique_ptr<std::ofstream>> parts;
+  std::vector<std::unique_ptr<ResultFile>> parts;
   auto open_set = [&] {
     if (set) return;
     set = std::make_unique<ResultSet>(dir, "replay.json");
     for (std::size_t p = 0; p < rows.size(); ++p) {
-      part_paths.push_back(set->staging() / ("replay_logits.part-" + std::to_string(p)));
-      parts.push_back(std::make_unique<std::ofstream>(part_paths.back(), std::ios::binary));
-      if (!*parts.back()) throw Error(part_paths.back().string() + ": cannot create");
-      *parts.back() << std::setprecision(9);
+      // Errors name replay_logits.csv as published, with the reason (not the staging part).
+      const std::string name = "replay_logits.part-" + std::to_string(p);
+      part_paths.push_back(set->staging() / name);
+      parts.push_back(set->part_of("replay_logits.csv", name));
+      parts.back()->stream() << std::setprecision(9);
     }
   };
   auto apply = [&](int image, const nlohmann::json& rec) {
@@ -263,7 +266,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
         Row& row = rows[k * per + j];
         row.correct += label == predicted[j] ? 1 : 0;
         row.agree_count += predicted[j] == predicted[0] ? 1 : 0;
-        std::ofstream& out = *parts[k * per + j];
+        std::ostream& out = parts[k * per + j]->stream();
         out << row.model << "," << row.intervention << "," << image << "," << label << "," << predicted[j] << ",";
         const auto values = logits[j].get<std::vector<float>>();
         for (std::size_t c = 0; c < values.size(); ++c) out << (c ? " " : "") << values[c];
@@ -278,11 +281,12 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   auto publish = [&] {
     open_set();
     ResultFile logits_csv(*set, "replay_logits.csv");
+    const std::filesystem::path logits_path = set->final_path("replay_logits.csv");
     logits_csv.stream() << "model,intervention,image,label,predicted,logits\n";
     for (std::size_t p = 0; p < parts.size(); ++p) {
-      parts[p]->close();
-      if (!*parts[p]) throw Error(part_paths[p].string() + ": cannot write");
+      parts[p]->close();  // throws "<out>/replay_logits.csv: cannot write: <reason>"
       std::ifstream part(part_paths[p], std::ios::binary);
+      if (!part) throw Error(logits_path.string() + ": cannot read back its part: " + std::strerror(errno));
       if (part.peek() != std::ifstream::traits_type::eof()) logits_csv.stream() << part.rdbuf();
       part.close();
       std::filesystem::remove(part_paths[p]);

@@ -333,6 +333,12 @@ struct ResultFile::Buf : std::streambuf {
   int sync() override { return drain() ? 0 : -1; }
 };
 
+std::unique_ptr<ResultFile> ResultSet::part_of(const std::string& of, const std::string& part) {
+  if (!plain_name(part) || part == manifest_) throw Error("bad part file name '" + part + "'");
+  check_replaceable(final_path(of));
+  return std::unique_ptr<ResultFile>(new ResultFile(staging_ / part, final_path(of)));
+}
+
 ResultFile::ResultFile(ResultSet& set, const std::string& name)
     : ResultFile(set.stage(name), set.final_path(name)) {}
 
