@@ -7,6 +7,7 @@
 #include "attnscope/error.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -123,6 +124,35 @@ void settle(std::exception_ptr ep, const std::function<void(int code)>& on_fail 
 }
 
 }  // namespace
+
+/// A plain run and an `mpirun -n R` run of one command publish the same files: each locks only
+/// its own journals, so this checks (after taking its own lock, so that of two runs starting
+/// together at least one sees the other) that no journal of the command with another layout is
+/// locked by a live run. Shard runs publish files of their own and are not concerned.
+void refuse_other_layouts_running(const fs::path& partial, const std::string& command) {
+  const std::string mine = mpi::size() > 1 ? "-of-" + std::to_string(mpi::size()) + ".journal" : "";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(partial, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool plain = n == command + ".journal";
+    const bool ranks = n.rfind(command + ".rank-", 0) == 0 && n.size() > 8 &&
+                       n.compare(n.size() - 8, 8, ".journal") == 0;
+    if (!plain && !ranks) continue;
+    if (plain ? mine.empty() : (!mine.empty() && n.size() >= mine.size() &&
+                                n.compare(n.size() - mine.size(), mine.size(), mine) == 0)) {
+      continue;  // this run's own journal(s)
+    }
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const bool busy = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);  // releases the probe's lock at once
+    if (busy) {
+      throw UsageError(e.path().string() + ": another attnscope run (" +
+                       (plain ? std::string("one process") : "under mpirun") +
+                       ") is writing this results folder; both would publish the same files");
+    }
+  }
+}
 
 void add_run_control_options(po::options_description& d, RunControl& c) {
   d.add_options()
@@ -263,6 +293,7 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
           m.expect(rec, pos, "--resume");
           ++m.recorded;
         });
+    if (!m.shard_mode && mpi::root()) refuse_other_layouts_running(out_dir / kPartialDir, command);
   } catch (...) {
     ep = std::current_exception();
   }
