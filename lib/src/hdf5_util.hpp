@@ -90,6 +90,12 @@ Handle small_metadata_cache_fapl();
 /// (hdf5_checked_driver.cpp).
 Handle checked_read_fapl();
 
+/// Empty when the root attribute `name` of the file at `path`, a variable-length string, refers
+/// to its heap object soundly (or when the file's object headers are of a form this check does
+/// not read: newer superblocks, whose headers HDF5 checksums); else what is wrong with it. Reads
+/// the file itself, never through HDF5 (hdf5_vlen_check.cpp).
+std::string vlen_string_attribute_fault(const std::string& path, const std::string& name);
+
 /// The IEEE half type exactly as h5py builds numpy.float16 (so h5py reads it back as float16).
 Handle half_type();
 
