@@ -31,15 +31,23 @@ void verify_manifest(const fs::path& manifest) {
   if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_array()) {
     throw InputError(manifest.string(), "manifest", "the JSON record of a shard run", "unreadable");
   }
-  for (const json& f : j["files"]) {
-    const fs::path p = manifest.parent_path() / f.value("name", std::string());
+  for (std::size_t i = 0; i < j["files"].size(); ++i) {
+    const json& f = j["files"][i];
+    // Each entry checked for its types before it is read: json's own conversion errors name no file.
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+        !f["bytes"].is_number_unsigned() || !f.contains("sha256") || !f["sha256"].is_string()) {
+      throw InputError(manifest.string(), "files[" + std::to_string(i) + "]",
+                       "an object with a string 'name', an unsigned 'bytes' and a string 'sha256'",
+                       f.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 80));
+    }
+    const fs::path p = manifest.parent_path() / f["name"].get<std::string>();
     std::uintmax_t bytes = 0;
     std::error_code ec;
     if (!fs::is_regular_file(p, ec)) {
       throw InputError(p.string(), "shard file", "the file its manifest lists", "missing");
     }
     const std::string sum = sha256_file(p, &bytes);
-    if (bytes != f.value("bytes", std::uintmax_t{0}) || sum != f.value("sha256", std::string())) {
+    if (bytes != f["bytes"].get<std::uintmax_t>() || sum != f["sha256"].get<std::string>()) {
       throw InputError(p.string(), "shard file", "the size and SHA-256 its manifest lists",
                        "a different file (changed after the shard was published)");
     }
@@ -74,8 +82,14 @@ std::vector<Shard> find_shards(const std::vector<std::string>& dirs) {
       s.journal = m;
       s.journal.replace_extension(".journal");
       s.header = read_journal_header(s.journal);
-      s.index = s.header.at("shard").at(0).get<int>();
-      s.count = s.header.at("shard").at(1).get<int>();
+      const json* shard = s.header.is_object() && s.header.contains("shard") ? &s.header["shard"] : nullptr;
+      if (shard == nullptr || !shard->is_array() || shard->size() != 2 || !(*shard)[0].is_number_integer() ||
+          !(*shard)[1].is_number_integer() || !s.header.contains("run") || !s.header.contains("args") ||
+          !s.header["args"].is_array()) {
+        throw InputError(s.journal.string(), "header", "the header of a --shard I/N run", "another record");
+      }
+      s.index = (*shard)[0].get<int>();
+      s.count = (*shard)[1].get<int>();
       shards.push_back(std::move(s));
     }
   }

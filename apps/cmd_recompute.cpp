@@ -9,6 +9,7 @@
 
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 namespace attnscope::app {
 namespace {
@@ -88,6 +89,11 @@ int run_recompute(const std::vector<std::string>& args) {
   add_run_control_options(d, f.control);
   po::variables_map vm;
   if (!parse_args("recompute", "--dump FILE [options]", d, args, vm)) return 0;
+  if (vm.count("tol") != 0 && !(f.tol >= 0.0)) {  // given: never replaced by the default silently
+    std::ostringstream found;
+    found << f.tol;
+    throw UsageError("--tol: expected a tolerance >= 0, found " + found.str());
+  }
   const int threads = apply_threads(f.common.threads);
   const ResolvedDevice device = apply_device("recompute", f.common, false);
 

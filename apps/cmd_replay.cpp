@@ -10,6 +10,8 @@
 #include "attnscope/vit.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -31,7 +33,7 @@ po::options_description replay_options(ReplayFlags& f) {
   d.add_options()("model", po::value(&f.models)->value_name("FILE[,FILE...]")->required(),
                   "model weights (HDF5, docs/model-weights.md); several, comma-separated, run on "
                   "the same images give one column each");
-  add_dump_option(d, f.common, "--image-set");
+  add_dump_option(d, f.common, "--image-set", false);
   d.add_options()("image-set", po::value(&f.image_set)->value_name("FILE"),
                   "instead of a dump: an HDF5 file with /images [n, C, H, W] and optional /labels");
   add_out_option(d, f.common, "results/replay");
@@ -131,6 +133,13 @@ int run_replay_cmd(const std::vector<std::string>& args) {
     if (path.empty()) throw UsageError("--model: an empty item in '" + f.models + "'");
     models.push_back(load_vit(std::string(path)));
     model_paths.emplace_back(path);
+    // Rows and columns are labelled by model name: two models of one name could not be told apart.
+    for (std::size_t k = 0; k + 1 < models.size(); ++k) {
+      if (models[k].model_name == models.back().model_name) {
+        throw UsageError("--model: '" + std::string(path) + "' is model '" + models.back().model_name +
+                         "', as '" + model_paths[k] + "' is: its rows could not be told apart; name each model once");
+      }
+    }
   }
   analyses::ReplayOptions opt;
   opt.seed = f.common.seed;
@@ -201,7 +210,14 @@ int run_replay_cmd(const std::vector<std::string>& args) {
           if (own[k] >= 0) {
             const VecD want = in.rows->logits(ids[i]).cast<double>();
             const auto got = logits[k][static_cast<std::size_t>(own[k])].row(r).cast<double>();
-            m["own"] = {(got.transpose() - want).cwiseAbs().maxCoeff(), want.cwiseAbs().maxCoeff()};
+            // Eigen's maxCoeff and std::max drop a NaN: a comparison that meets one is an error,
+            // never a difference of 0.
+            const VecD diff = (got.transpose() - want).cwiseAbs();
+            if (!diff.allFinite()) {
+              throw NumericalError("image " + std::to_string(ids[i]) + ": the logits of " + models[k].path +
+                                   " cannot be compared with the dump's (NaN or Inf)");
+            }
+            m["own"] = {diff.maxCoeff(), want.cwiseAbs().maxCoeff()};
           }
           per_model.push_back(std::move(m));
         }
@@ -223,15 +239,16 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   // parts are joined when the run publishes.
   std::unique_ptr<ResultSet> set;
   std::vector<std::filesystem::path> part_paths;
-  std::vector<std::unique_ptr<std::ofstream>> parts;
+  std::vector<std::unique_ptr<ResultFile>> parts;
   auto open_set = [&] {
     if (set) return;
     set = std::make_unique<ResultSet>(dir, "replay.json");
     for (std::size_t p = 0; p < rows.size(); ++p) {
-      part_paths.push_back(set->staging() / ("replay_logits.part-" + std::to_string(p)));
-      parts.push_back(std::make_unique<std::ofstream>(part_paths.back(), std::ios::binary));
-      if (!*parts.back()) throw Error(part_paths.back().string() + ": cannot create");
-      *parts.back() << std::setprecision(9);
+      // Errors name replay_logits.csv as published, with the reason (not the staging part).
+      const std::string name = "replay_logits.part-" + std::to_string(p);
+      part_paths.push_back(set->staging() / name);
+      parts.push_back(set->part_of("replay_logits.csv", name));
+      parts.back()->stream() << std::setprecision(9);
     }
   };
   auto apply = [&](int image, const nlohmann::json& rec) {
@@ -249,7 +266,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
         Row& row = rows[k * per + j];
         row.correct += label == predicted[j] ? 1 : 0;
         row.agree_count += predicted[j] == predicted[0] ? 1 : 0;
-        std::ofstream& out = *parts[k * per + j];
+        std::ostream& out = parts[k * per + j]->stream();
         out << row.model << "," << row.intervention << "," << image << "," << label << "," << predicted[j] << ",";
         const auto values = logits[j].get<std::vector<float>>();
         for (std::size_t c = 0; c < values.size(); ++c) out << (c ? " " : "") << values[c];
@@ -264,11 +281,12 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   auto publish = [&] {
     open_set();
     ResultFile logits_csv(*set, "replay_logits.csv");
+    const std::filesystem::path logits_path = set->final_path("replay_logits.csv");
     logits_csv.stream() << "model,intervention,image,label,predicted,logits\n";
     for (std::size_t p = 0; p < parts.size(); ++p) {
-      parts[p]->close();
-      if (!*parts[p]) throw Error(part_paths[p].string() + ": cannot write");
+      parts[p]->close();  // throws "<out>/replay_logits.csv: cannot write: <reason>"
       std::ifstream part(part_paths[p], std::ios::binary);
+      if (!part) throw Error(logits_path.string() + ": cannot read back its part: " + std::strerror(errno));
       if (part.peek() != std::ifstream::traits_type::eof()) logits_csv.stream() << part.rdbuf();
       part.close();
       std::filesystem::remove(part_paths[p]);

@@ -179,7 +179,7 @@ int run_verify_cmd(const std::vector<std::string>& args) {
     std::cout << nlohmann::json{{"rows", to_json(rows)},
                                 {"failed", failed},
                                 {"timing_info", timing_info(timings)}}
-                     .dump(2)
+                     .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
   } else {
     print_table(rows);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,11 +53,13 @@ void validate(boost::any& v, const std::vector<std::string>& values, DumpFiles*,
   }
 }
 
-void add_dump_option(po::options_description& d, CommonOptions& o, const std::string& alternative) {
+void add_dump_option(po::options_description& d, CommonOptions& o, const std::string& alternative,
+                     bool several) {
   const std::string help =
-      "HDF5 dump to read (docs/dump-format.md); several files are read as one dump, their images "
-      "in the order given";
-  auto* value = po::value(&o.dump)->value_name("FILE...")->multitoken()->composing();
+      several ? "HDF5 dump to read (docs/dump-format.md); several files are read as one dump, their "
+                "images in the order given"
+              : "HDF5 dump to read (docs/dump-format.md), one file";
+  auto* value = po::value(&o.dump)->value_name(several ? "FILE..." : "FILE")->multitoken()->composing();
   if (alternative.empty()) {
     d.add_options()("dump", value->required(), help.c_str());
   } else {
@@ -174,7 +177,68 @@ void reject_empty_values(const po::variables_map& vm) {
   }
 }
 
+// No flag takes NaN or Inf: a tolerance of NaN passes nothing and fails nothing, an eps of Inf
+// confuses every pair, and a run record (JSON) cannot hold either (it would say null).
+void reject_non_finite(const po::variables_map& vm) {
+  for (const auto& [name, value] : vm) {
+    if (value.defaulted() || value.empty()) continue;
+    double v = 0.0;
+    if (value.value().type() == typeid(double)) {
+      v = value.as<double>();
+    } else if (value.value().type() == typeid(float)) {
+      v = value.as<float>();
+    } else {
+      continue;
+    }
+    if (!std::isfinite(v)) {
+      std::ostringstream found;
+      found << v;
+      throw UsageError("--" + name + ": expected a finite number, found " + found.str());
+    }
+  }
+}
+
+// Boost converts "-1" to an unsigned flag as 2^64 - 1 (lexical_cast wraps): a seed, a count or
+// a size given a negative value is refused instead.
+void reject_negative_unsigned(const po::parsed_options& parsed, const po::variables_map& vm) {
+  for (const po::option& o : parsed.options) {
+    if (o.string_key.empty() || vm.count(o.string_key) == 0) continue;
+    const std::type_info& t = vm[o.string_key].value().type();
+    if (t != typeid(unsigned) && t != typeid(unsigned long) && t != typeid(unsigned long long)) continue;
+    for (const std::string& v : o.value) {
+      const std::size_t at = v.find_first_not_of(" \t");
+      if (at != std::string::npos && v[at] == '-') {
+        throw UsageError("--" + o.string_key + ": expected a non-negative integer, found '" + v + "'");
+      }
+    }
+  }
+}
+
+/// The arguments as the parser understood them, each flag by its full name: `--key=value` per
+/// value (`--key` for a switch), in the order given. What a run records for merge to re-run, so
+/// that an abbreviation typed (`--ou`) is not recorded as typed.
+std::vector<std::string> canonical(const po::parsed_options& parsed) {
+  std::vector<std::string> out;
+  for (const po::option& o : parsed.options) {
+    if (o.string_key.empty() || o.string_key == "help") continue;
+    if (o.position_key >= 0) {  // a positional argument
+      out.insert(out.end(), o.value.begin(), o.value.end());
+      continue;
+    }
+    if (o.value.empty()) out.push_back("--" + o.string_key);
+    for (const std::string& v : o.value) out.push_back("--" + o.string_key + "=" + v);
+  }
+  return out;
+}
+
+std::vector<std::string>& parsed_args_store() {
+  static std::vector<std::string> args;
+  return args;
+}
+
 }  // namespace
+
+const std::vector<std::string>& parsed_args() { return parsed_args_store(); }
 
 bool parse_args(const std::string& command, const std::string& synopsis,
                 const po::options_description& desc, const std::vector<std::string>& args,
@@ -192,6 +256,9 @@ bool parse_args(const std::string& command, const std::string& synopsis,
       return false;
     }
     reject_empty_values(vm);
+    reject_negative_unsigned(parsed, vm);
+    reject_non_finite(vm);
+    parsed_args_store() = canonical(parsed);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(std::string(e.what()) + " (see attnscope " + command + " --help)");
@@ -290,9 +357,35 @@ ExitStatus exit_status(std::exception_ptr e) {
   }
 }
 
+namespace {
+
+/// Empty when everything written to standard output reached it; else why not. A summary lost
+/// to a full disk or a closed pipe is a failure, not a success with nothing said.
+std::string stdout_failure() {
+  errno = 0;
+  std::cout.flush();
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && std::cout.good() && std::ferror(stdout) == 0) return {};
+  int why = err;
+  if (why == 0) {
+    // The write failed earlier, inside the command, and errno has moved on since: the output is
+    // lost already, so one more byte asks the system for the reason (a full disk says ENOSPC).
+    std::clearerr(stdout);
+    errno = 0;
+    if (std::fputc('\n', stdout) == EOF || std::fflush(stdout) != 0) why = errno;
+  }
+  return std::string("standard output: cannot write: ") + (why != 0 ? std::strerror(why) : "write error");
+}
+
+}  // namespace
+
 int run_guarded(const std::string& command, const std::function<int()>& body) {
   try {
-    return body();
+    const int rc = body();
+    const std::string lost = stdout_failure();
+    if (lost.empty()) return rc;
+    return report(command, lost, rc == 0 ? kExitInput : rc);
   } catch (...) {
     const ExitStatus s = exit_status(std::current_exception());
     return s.message.empty() ? s.code : report(command, s.message, s.code);

@@ -104,9 +104,10 @@ struct CommonOptions {
   std::string device = "auto";      ///< --device auto|cpu|cuda
 };
 /// --dump FILE [FILE...] (several values, or the flag repeated), required; with `alternative`
-/// (e.g. "--synthetic") optional, the help naming it.
+/// (e.g. "--synthetic") optional, the help naming it. A command that reads one file only
+/// (`several` false: replay) says so in its help; it refuses a second file when it runs.
 void add_dump_option(po::options_description& d, CommonOptions& o,
-                     const std::string& alternative = "");
+                     const std::string& alternative = "", bool several = true);
 void add_out_option(po::options_description& d, CommonOptions& o, const std::string& default_dir);
 /// --variant SPEC[,SPEC...]; `dflt` (kept in o.variant_default) is what leaving it out means.
 void add_variant_option(po::options_description& d, CommonOptions& o,
@@ -126,6 +127,10 @@ ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, 
 /// registry cannot parse is an InputError naming its attribute; a variant this build cannot
 /// compute is a UsageError saying why.
 std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema);
+
+/// The arguments of the last parse_args, canonical: every flag by its full name as
+/// `--name=value` (an abbreviation such as `--ou` becomes `--out=...`), positional values as given.
+const std::vector<std::string>& parsed_args();
 
 /// Parses args against `desc` (and positional names, if any). Prints help and returns false on
 /// --help (the caller returns 0). Throws UsageError on unknown or malformed flags, on a

@@ -7,6 +7,7 @@
 #include "attnscope/error.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -90,20 +91,6 @@ std::string sha256_of_ints(const std::vector<int>& v) {
   return h.hex_digest();
 }
 
-std::string sha256_range(int fd, off_t at, std::size_t n, const std::string& file) {
-  std::vector<char> buf(n);
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, buf.data() + got, n - got, at + static_cast<off_t>(got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw Error(file + ": cannot read: " + std::strerror(r < 0 ? errno : EIO));
-    got += static_cast<std::size_t>(r);
-  }
-  Sha256 h;
-  h.update(buf.data(), n);
-  return h.hex_digest();
-}
-
 /// Test hook, for the CLI tests of interrupted runs: ATTNSCOPE_TEST_KILL_AT=record:N sends
 /// SIGKILL to the process right after its N-th record is journaled, finish after every record
 /// is in and before any result file is written. Unset (always, outside tests), it does nothing.
@@ -138,6 +125,35 @@ void settle(std::exception_ptr ep, const std::function<void(int code)>& on_fail 
 
 }  // namespace
 
+/// A plain run and an `mpirun -n R` run of one command publish the same files: each locks only
+/// its own journals, so this checks (after taking its own lock, so that of two runs starting
+/// together at least one sees the other) that no journal of the command with another layout is
+/// locked by a live run. Shard runs publish files of their own and are not concerned.
+void refuse_other_layouts_running(const fs::path& partial, const std::string& command) {
+  const std::string mine = mpi::size() > 1 ? "-of-" + std::to_string(mpi::size()) + ".journal" : "";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(partial, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool plain = n == command + ".journal";
+    const bool ranks = n.rfind(command + ".rank-", 0) == 0 && n.size() > 8 &&
+                       n.compare(n.size() - 8, 8, ".journal") == 0;
+    if (!plain && !ranks) continue;
+    if (plain ? mine.empty() : (!mine.empty() && n.size() >= mine.size() &&
+                                n.compare(n.size() - mine.size(), mine.size(), mine) == 0)) {
+      continue;  // this run's own journal(s)
+    }
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const bool busy = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);  // releases the probe's lock at once
+    if (busy) {
+      throw UsageError(e.path().string() + ": another attnscope run (" +
+                       (plain ? std::string("one process") : "under mpirun") +
+                       ") is writing this results folder; both would publish the same files");
+    }
+  }
+}
+
 void add_run_control_options(po::options_description& d, RunControl& c) {
   d.add_options()
       ("resume", po::bool_switch(&c.resume),
@@ -149,28 +165,13 @@ void add_run_control_options(po::options_description& d, RunControl& c) {
 }
 
 json dump_fingerprint(const std::vector<std::string>& files) {
+  // The whole file: a change anywhere (one image's q rescaled in place, a weights file edited in
+  // the middle) must be seen by --resume and merge. Cost: docs/benchmarks.md.
   json out = json::array();
-  constexpr std::size_t kEnd = 1u << 20;
   for (const std::string& f : files) {
-    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(f + ": cannot open: " + std::strerror(errno));
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(f + ": cannot stat: " + std::strerror(err));
-    }
-    const auto size = static_cast<std::size_t>(st.st_size);
-    const std::size_t n = std::min(size, kEnd);
-    try {
-      out.push_back({{"bytes", size},
-                     {"head_sha256", sha256_range(fd, 0, n, f)},
-                     {"tail_sha256", sha256_range(fd, static_cast<off_t>(size - n), n, f)}});
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    ::close(fd);
+    std::uintmax_t bytes = 0;
+    const std::string sum = sha256_file(f, &bytes);
+    out.push_back({{"bytes", bytes}, {"sha256", sum}});
   }
   return out;
 }
@@ -246,7 +247,8 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
   m.selection = selection;
   m.run = {{"command", command}, {"fingerprint", std::move(fingerprint)},
            {"images", selection.size()}, {"images_sha256", sha256_of_ints(selection)}};
-  m.args = kept_args(args);
+  // What the parser understood, not what was typed (an abbreviated --ou would not be stripped).
+  m.args = kept_args(parsed_args().empty() ? args : parsed_args());
   if (!control.shard.empty()) {
     std::tie(m.shard, m.shards) = parse_shard(control.shard);
     m.shard_mode = true;
@@ -291,6 +293,7 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
           m.expect(rec, pos, "--resume");
           ++m.recorded;
         });
+    if (!m.shard_mode && mpi::root()) refuse_other_layouts_running(out_dir / kPartialDir, command);
   } catch (...) {
     ep = std::current_exception();
   }

@@ -37,9 +37,9 @@ struct RunControl {
 };
 void add_run_control_options(po::options_description& d, RunControl& c);
 
-/// What identifies the inputs of a run for --resume and merge: each dump file's size and the
-/// SHA-256 of its first and last MiB (so a moved or copied dump still matches, a rewritten one
-/// does not).
+/// What identifies the inputs of a run for --resume and merge: each input file's size and the
+/// SHA-256 of all its bytes (so a moved or copied file still matches, one changed anywhere does
+/// not).
 nlohmann::json dump_fingerprint(const std::vector<std::string>& files);
 
 /// The fingerprint of a run: its command, attnscope's version, the dumps, and the parameters

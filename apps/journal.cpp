@@ -297,7 +297,8 @@ std::string header_difference(const nlohmann::json& mine, const nlohmann::json& 
       if (!mine.contains(key)) return key + ": only in the journal";
     }
   }
-  std::string a = mine.dump(), b = theirs.dump();
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;  // paths need not be UTF-8
+  std::string a = mine.dump(-1, ' ', false, kReplace), b = theirs.dump(-1, ' ', false, kReplace);
   if (a.size() > 60) a = a.substr(0, 57) + "...";
   if (b.size() > 60) b = b.substr(0, 57) + "...";
   return ": " + a + " here, " + b + " in the journal";

@@ -43,20 +43,24 @@ int main(int argc, char** argv) {
   }
   const std::string name = argv[1];
   if (name == "--help" || name == "-h" || name == "help") {
-    print_usage(std::cout);
-    return 0;
+    return run_guarded("help", [] {  // run_guarded: output that cannot be written is an error
+      print_usage(std::cout);
+      return 0;
+    });
   }
   if (name == "--version") {
-    std::cout << "attnscope " << ATTNSCOPE_VERSION << "\n";
-    // The CPU the build targets: speed only, never results (docs/reliability.md, "Portability").
-    std::cout << "arch: " << (*ATTNSCOPE_ARCH ? ATTNSCOPE_ARCH : "x86-64 (compiler default)") << "\n";
-    std::cout << "mpi: " << (mpi::built_with_mpi() ? "yes" : "no") << "\n";
+    return run_guarded("--version", [] {
+      std::cout << "attnscope " << ATTNSCOPE_VERSION << "\n";
+      // The CPU the build targets: speed only, never results (docs/reliability.md, "Portability").
+      std::cout << "arch: " << (*ATTNSCOPE_ARCH ? ATTNSCOPE_ARCH : "x86-64 (compiler default)") << "\n";
+      std::cout << "mpi: " << (mpi::built_with_mpi() ? "yes" : "no") << "\n";
 #ifdef ATTNSCOPE_HAVE_CUDA
-    std::cout << "cuda: yes\n";
+      std::cout << "cuda: yes\n";
 #else
-    std::cout << "cuda: no\n";
+      std::cout << "cuda: no\n";
 #endif
-    return 0;
+      return 0;
+    });
   }
   auto it = command_table().find(name);
   if (it == command_table().end()) {

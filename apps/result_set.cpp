@@ -160,10 +160,32 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 
 }  // namespace
 
+namespace {
+
+/// A published name may replace only a regular file (or nothing): never a device, a FIFO, a
+/// socket, a folder or a symbolic link (run as root, `synth --out /dev/null` replaced the
+/// system's /dev/null with a dump).
+void check_replaceable(const fs::path& p) {
+  struct stat st{};
+  if (::lstat(p.c_str(), &st) != 0) return;  // nothing there (or nothing we may see): a new file
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISCHR(st.st_mode)    ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISDIR(st.st_mode)  ? "a folder"
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                                            : "a special file";
+  throw InputError(p.string(), "", "a regular file or nothing (attnscope replaces only regular files)", kind);
+}
+
+}  // namespace
+
 ResultSet::ResultSet(fs::path dir, std::string manifest)
     : dir_(std::move(dir)), manifest_(std::move(manifest)) {
   if (!plain_name(manifest_)) throw Error("bad manifest name '" + manifest_ + "'");
   if (dir_.empty()) dir_ = ".";
+  check_replaceable(final_path(manifest_));
   remove_stale_staging(dir_);
   std::random_device rd;
   std::ostringstream name;
@@ -186,6 +208,7 @@ ResultSet::~ResultSet() {
 
 fs::path ResultSet::stage(const std::string& name) {
   if (!plain_name(name) || name == manifest_) throw Error("bad result file name '" + name + "'");
+  check_replaceable(final_path(name));
   if (std::find(names_.begin(), names_.end(), name) == names_.end()) names_.push_back(name);
   return staging_ / name;
 }
@@ -207,7 +230,9 @@ fs::path ResultSet::publish(nlohmann::json record) {
   {
     // The manifest is staged under its own name but is not a member of the set.
     ResultFile m(staging_ / manifest_, final_path(manifest_));
-    m.stream() << record.dump(2) << "\n";
+    // A path need not be UTF-8 on Linux, JSON text must be: bytes that are not UTF-8 are written
+    // as U+FFFD (the record names the file readably; the journal keeps the exact bytes).
+    m.stream() << record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     m.close();
   }
   PublishHook hook;
@@ -217,6 +242,13 @@ fs::path ResultSet::publish(nlohmann::json record) {
   const FolderLock lock(dir_);
   const fs::path manifest = final_path(manifest_);
   const std::vector<std::string> old = listed_names(manifest);
+  // Checked again under the lock, before anything visible changes: what replaces or removes a
+  // name must find a regular file there (or nothing).
+  check_replaceable(manifest);
+  for (const std::string& name : names_) check_replaceable(final_path(name));
+  for (const std::string& name : old) {
+    if (plain_name(name) && name != manifest_) check_replaceable(final_path(name));
+  }
   if (::unlink(manifest.c_str()) != 0 && errno != ENOENT) fail(manifest, "cannot remove", errno);
   fsync_dir(dir_);
   hook.step();  // 1: the old set is withdrawn
@@ -300,6 +332,12 @@ struct ResultFile::Buf : std::streambuf {
   }
   int sync() override { return drain() ? 0 : -1; }
 };
+
+std::unique_ptr<ResultFile> ResultSet::part_of(const std::string& of, const std::string& part) {
+  if (!plain_name(part) || part == manifest_) throw Error("bad part file name '" + part + "'");
+  check_replaceable(final_path(of));
+  return std::unique_ptr<ResultFile>(new ResultFile(staging_ / part, final_path(of)));
+}
 
 ResultFile::ResultFile(ResultSet& set, const std::string& name)
     : ResultFile(set.stage(name), set.final_path(name)) {}

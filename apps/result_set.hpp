@@ -24,6 +24,8 @@
 
 namespace attnscope::app {
 
+class ResultFile;
+
 class ResultSet {
  public:
   /// A set to be published into `dir` (which must exist) under the manifest `manifest` (a plain
@@ -47,6 +49,11 @@ class ResultSet {
   /// manifest's path. Throws attnscope::Error (naming the file) when a file cannot be read back
   /// or a step fails.
   std::filesystem::path publish(nlohmann::json record);
+
+  /// A scratch file in the staging folder that is not a member of the set (a part to be joined
+  /// into the result file `of` before publishing); its write errors name `of`'s final path and
+  /// the reason, never the staging folder.
+  std::unique_ptr<ResultFile> part_of(const std::string& of, const std::string& part);
 
   /// Call inside a catch block: rethrows the exception being handled with the staging folder's
   /// path replaced by the results folder's in its message, so errors name the files the user

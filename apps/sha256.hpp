@@ -12,13 +12,18 @@ namespace attnscope::app {
 
 class Sha256 {
  public:
-  Sha256();
+  /// `allow_hardware` false: the portable code only (tests compare the two paths).
+  explicit Sha256(bool allow_hardware = true);
+  /// Whether this CPU has the SHA extensions (SHA-NI) that update() uses when allowed.
+  static bool hardware_available();
   void update(const void* data, std::size_t n);
   /// The digest as 64 lowercase hex digits; the object is spent afterwards.
   std::string hex_digest();
 
  private:
   void block(const unsigned char* p);
+  void blocks(const unsigned char* p, std::size_t count);  ///< count 64-byte blocks
+  bool hardware_ = false;
   std::array<std::uint32_t, 8> h_;
   std::array<unsigned char, 64> buf_{};
   std::size_t used_ = 0;

@@ -5,7 +5,8 @@
 set(ATTNSCOPE_HDF5_SOURCES
     ${PROJECT_SOURCE_DIR}/lib/src/dump_attributes.cpp ${PROJECT_SOURCE_DIR}/lib/src/dump_reader.cpp
     ${PROJECT_SOURCE_DIR}/lib/src/dump_writer.cpp ${PROJECT_SOURCE_DIR}/lib/src/hdf5_util.cpp
-    ${PROJECT_SOURCE_DIR}/lib/src/dump_variant.cpp ${PROJECT_SOURCE_DIR}/lib/src/hdf5_writer.cpp)
+    ${PROJECT_SOURCE_DIR}/lib/src/dump_variant.cpp ${PROJECT_SOURCE_DIR}/lib/src/hdf5_writer.cpp
+    ${PROJECT_SOURCE_DIR}/lib/src/hdf5_checked_driver.cpp ${PROJECT_SOURCE_DIR}/lib/src/hdf5_vlen_check.cpp)
 get_target_property(_eigen_inc Eigen3::Eigen INTERFACE_INCLUDE_DIRECTORIES)
 set(_api_flags -std=c++20 -fsyntax-only -Wall -Werror -DATTNSCOPE_VERSION="0"
     -I${PROJECT_SOURCE_DIR}/lib/include -I${PROJECT_SOURCE_DIR}/lib/src

@@ -8,6 +8,7 @@
 #include "attnscope/text.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 namespace attnscope::analyses {
@@ -156,9 +157,22 @@ VecD forward(const VitModel& m, const Weights& w, const float* image, int image_
     MatD hidden = affine(layer_norm(x, b.n2w, b.n2b, m.layer_norm_eps), b.fc1T, b.fc1b);
     hidden = hidden.unaryExpr([](double t) { return gelu(t); });
     x += affine(hidden, b.fc2T, b.fc2b);
+    if (!x.allFinite()) {
+      throw NumericalError("image " + std::to_string(image_id) + ", block " + std::to_string(l) + " of " + m.path +
+                           ": expected finite activations, found NaN or Inf (weights too large for "
+                           "this forward pass?)");
+    }
   }
   const MatD cls = layer_norm(x.topRows(1), w.nw, w.nb, m.layer_norm_eps);
-  return affine(cls, w.headT, w.headb).transpose();
+  VecD logits = affine(cls, w.headT, w.headb).transpose();
+  // The logits are published as float: beyond float's range they would become Inf, and a NaN
+  // would be predicted as class 0.
+  const double float_max = std::numeric_limits<float>::max();
+  if (!logits.allFinite() || logits.cwiseAbs().maxCoeff() > float_max) {
+    throw NumericalError("image " + std::to_string(image_id) + ", the head of " + m.path +
+                         ": expected finite logits within float's range, found NaN, Inf or |logit| > 3.4e38");
+  }
+  return logits;
 }
 
 }  // namespace
@@ -183,8 +197,18 @@ std::vector<Intervention> parse_interventions(std::string_view list, const VitMo
     } else {
       throw UsageError("--intervention '" + item + "': expected none, local:K, random:N, f1, f2, l2norm or family=SPEC");
     }
+    // Compared by what they run, not how they are spelled: local:03 is local:3, family=mala is
+    // family=mala:elu1, family=softmax@code is family=softmax on a model of the code convention.
+    const auto canonical = [](const Intervention& x) {
+      if (x.mask) return x.mask->name();
+      if (x.family) return "family=" + x.family->name();
+      return x.name;
+    };
     for (const Intervention& o : out) {
-      if (o.name == iv.name) throw UsageError("--intervention '" + item + "' is named twice");
+      if (canonical(o) == canonical(iv)) {
+        throw UsageError("--intervention '" + item + "' is named twice: it repeats '" + o.name + "' (both are " +
+                         canonical(iv) + ")");
+      }
     }
     out.push_back(std::move(iv));
   }

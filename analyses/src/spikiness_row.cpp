@@ -5,6 +5,7 @@
 #include "attnscope/portable_math.hpp"
 
 #include <algorithm>
+#include <sstream>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -104,6 +105,16 @@ std::vector<double> parse_scales(std::string_view spec) {
       // Log-spaced, with both ends exact.
       const double t = count == 1 ? 0.0 : static_cast<double>(i) / (count - 1);
       scales.push_back(i == 0 ? lo : i == count - 1 ? hi : lo * portable::exp(t * portable::log(hi / lo)));
+    }
+    // A range must give distinct factors, as a list must (1:1:5 would be factor 1 five times).
+    for (std::size_t i = 1; i < scales.size(); ++i) {
+      if (std::find(scales.begin(), scales.begin() + static_cast<std::ptrdiff_t>(i), scales[i]) !=
+          scales.begin() + static_cast<std::ptrdiff_t>(i)) {
+        std::ostringstream factor;
+        factor << scales[i];
+        throw UsageError("--scales '" + std::string(spec) + "': the range gives factor " + factor.str() +
+                         " more than once (LO and HI must differ, or COUNT be 1)");
+      }
     }
     return scales;
   }

@@ -134,9 +134,17 @@ std::optional<double> deviation(Law law, const LawInputs& in, double a, const Ve
       if (!(4.0 * (1.0 + a) * in.logit_error <= kLawTolerance / 16.0 * norm)) return std::nullopt;
       return std::abs(lnr - a * lnp) / norm;
     }
-    case Law::LinearInvariant:
+    case Law::LinearInvariant: {
       if (near_pole(ws, lo) || near_pole(in.w1, lo)) return std::nullopt;
-      return std::abs((ws[hi] / ws[lo]) / (in.w1[hi] / in.w1[lo]) - 1.0);
+      const double r1 = in.w1[hi] / in.w1[lo], ra = ws[hi] / ws[lo];
+      // The higher key's weight at zero (relu cut it off; --keys bottom,top): r is 0 at every
+      // scale where the law holds, and r(a) / r(1) would be 0 / 0. Compared absolutely there, as
+      // softmax_power is near 0: a ratio that leaves 0 still fails.
+      if (near_pole(ws, hi) || near_pole(in.w1, hi)) {
+        return std::abs(ra - r1) / std::max({1.0, std::abs(r1), std::abs(ra)});
+      }
+      return std::abs(ra / r1 - 1.0);
+    }
     case Law::InlineAffine: {
       const double n = static_cast<double>(ws.size());
       const VecD predicted = (a * (in.w1.array() - 1.0 / n) + 1.0 / n).matrix();

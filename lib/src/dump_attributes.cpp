@@ -83,6 +83,9 @@ std::string root_string(hid_t root, const char* name, const std::string& file) {
   h5::Handle mt = h5::type(H5Tcopy(ft.get()));
   std::string value;
   if (H5Tis_variable_str(ft.get()) > 0) {
+    // HDF5 1.10 follows the stored heap reference without checking it: check it first.
+    const std::string fault = h5::vlen_string_attribute_fault(file, name);
+    if (!fault.empty()) throw InputError(file, attr_name(name), "a readable string", "a damaged attribute: " + fault);
     char* p = nullptr;
     if (H5Aread(a.get(), mt.get(), &p) < 0) {
       throw InputError(file, attr_name(name), "a readable string", h5::last_error());

@@ -43,7 +43,8 @@ h5::Handle open_read_only(const std::string& path) {
     throw InputError(path, "", "an HDF5 file",
                      why.empty() ? "no HDF5 signature" : "an unreadable file (" + why + ")");
   }
-  const h5::Handle fapl = h5::small_metadata_cache_fapl();  // flat with many files open
+  // flat with many files open; global heap collections checked before HDF5 trusts them
+  const h5::Handle fapl = h5::checked_read_fapl();
   h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
   if (!f.valid()) {
     const std::vector<std::string> stack = h5::error_stack();
@@ -683,7 +684,17 @@ DumpReader::DumpReader(const std::vector<std::string>& paths) : impl_(std::make_
   h5::quiet_hdf5();
   if (paths.empty()) throw UsageError("no dump file given");
   Impl& m = *impl_;
-  for (const std::string& p : paths) {
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const std::string& p = paths[i];
+    // The same file twice (also through another name: a link, ./s.h5) would count its images
+    // twice in every total.
+    for (std::size_t k = 0; k < i; ++k) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(paths[k], p, ec) && !ec) {
+        throw UsageError("--dump: " + p + " is given twice" + (paths[k] == p ? "" : " (also as " + paths[k] + ")") +
+                         ": its images would be counted twice");
+      }
+    }
     m.files.push_back(std::make_unique<FileReader>(p, m.scratch));
     if (m.files.size() > 1) {
       check_compatible(*m.files.front(), *m.files.back());

@@ -84,6 +84,18 @@ bool exists(hid_t loc, const std::string& path);
 /// and a run opens many files (shards) or writes one of any size.
 Handle small_metadata_cache_fapl();
 
+/// small_metadata_cache_fapl() with attnscope's read-only driver: HDF5's POSIX driver, plus a check
+/// of every global heap collection (where variable-length strings live) before the library decodes
+/// it, so that a damaged one is a read error, never a crash or an endless loop
+/// (hdf5_checked_driver.cpp).
+Handle checked_read_fapl();
+
+/// Empty when the root attribute `name` of the file at `path`, a variable-length string, refers
+/// to its heap object soundly (or when the file's object headers are of a form this check does
+/// not read: newer superblocks, whose headers HDF5 checksums); else what is wrong with it. Reads
+/// the file itself, never through HDF5 (hdf5_vlen_check.cpp).
+std::string vlen_string_attribute_fault(const std::string& path, const std::string& name);
+
 /// The IEEE half type exactly as h5py builds numpy.float16 (so h5py reads it back as float16).
 Handle half_type();
 

@@ -5,7 +5,11 @@
 #include "dump_internal.hpp"
 #include "hdf5_util.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <iomanip>
+#include <sstream>
 #include <string>
 
 namespace attnscope {
@@ -24,7 +28,8 @@ std::string shape_text(const std::vector<hsize_t>& dims) {
 /// The dataset at `path` ("/a/b", from the root) as floats, checked to have exactly `shape` and
 /// finite values; opened and read as the dump reader opens and reads its datasets.
 std::vector<float> read_tensor(hid_t root, const std::string& file, const std::string& path,
-                               const std::vector<hsize_t>& shape) {
+                               const std::vector<hsize_t>& shape, std::size_t dtype_bytes = 0,
+                               const std::string& dtype_name = "") {
   if (!h5::exists(root, path.substr(1))) {
     throw InputError(file, path, "a dataset of shape " + shape_text(shape), "none");
   }
@@ -32,6 +37,10 @@ std::vector<float> read_tensor(hid_t root, const std::string& file, const std::s
   const h5::Handle t = h5::type(H5Dget_type(ds.get()));
   if (H5Tget_class(t.get()) != H5T_FLOAT) {
     throw InputError(file, path, "float32 or float16", h5::describe_type(t.get()));
+  }
+  if (dtype_bytes != 0 && H5Tget_size(t.get()) != dtype_bytes) {
+    throw InputError(file, path, dtype_name + " as attribute 'weights_dtype' says",
+                     h5::describe_type(t.get()));
   }
   const std::vector<hsize_t> dims = h5::dims(ds.get());
   if (dims != shape) throw InputError(file, path, "shape " + shape_text(shape), shape_text(dims));
@@ -51,19 +60,79 @@ std::vector<float> read_tensor(hid_t root, const std::string& file, const std::s
   return out;
 }
 
-MatF matrix(hid_t root, const std::string& file, const std::string& path, int rows, int cols) {
-  const std::vector<float> v = read_tensor(root, file, path, {static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)});
-  return Eigen::Map<const MatF>(v.data(), rows, cols);
-}
-
-VecF vector(hid_t root, const std::string& file, const std::string& path, int n) {
-  const std::vector<float> v = read_tensor(root, file, path, {static_cast<hsize_t>(n)});
-  return Eigen::Map<const VecF>(v.data(), n);
-}
-
 [[noreturn]] void bad_attr(const std::string& file, const char* name, const std::string& expected,
                            const std::string& found) {
   throw InputError(file, std::string("attribute '") + name + "'", expected, found);
+}
+
+/// The Python loader (weights_io.load_weights) rebuilds the model from `config_json` alone: every
+/// entry it holds must say what the attribute of the same meaning says, or this C++ forward pass
+/// and the Python one would run different networks.
+void check_config_json(hid_t root, const VitModel& m, const std::string& family, const std::string& fmap) {
+  if (H5Aexists(root, "config_json") <= 0) return;  // not written by older exporters
+  const std::string text = root_string(root, "config_json", m.path);
+  nlohmann::json cfg;
+  try {
+    cfg = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    bad_attr(m.path, "config_json", "a JSON object (the Python ViTConfig)", "text that is not JSON");
+  }
+  if (!cfg.is_object()) bad_attr(m.path, "config_json", "a JSON object (the Python ViTConfig)", cfg.type_name());
+  const auto disagree = [&](const std::string& key, const std::string& attr, const std::string& mine,
+                            const std::string& theirs) {
+    throw InputError(m.path, "attribute 'config_json'",
+                     "\"" + key + "\" to agree with attribute '" + attr + "' (" + mine + ")", theirs);
+  };
+  const auto text_of = [](const nlohmann::json& v) { return v.dump(); };
+  const std::pair<const char*, int> ints[] = {
+      {"image_size", m.image_size}, {"patch_size", m.patch_size}, {"in_chans", m.in_chans},
+      {"num_classes", m.num_classes}, {"embed_dim", m.embed_dim}, {"depth", m.depth},
+      {"num_heads", m.num_heads}};
+  for (const auto& [key, value] : ints) {
+    if (!cfg.contains(key)) continue;
+    const nlohmann::json& v = cfg[key];
+    if (!v.is_number_integer() || v.get<long long>() != value) disagree(key, key, std::to_string(value), text_of(v));
+  }
+  if (cfg.contains("family")) {
+    const nlohmann::json& v = cfg["family"];
+    if (!v.is_string() || v.get<std::string>() != family) disagree("family", "attention_family", family, text_of(v));
+  }
+  if (cfg.contains("feature_map") && !cfg["feature_map"].is_null()) {
+    const nlohmann::json& v = cfg["feature_map"];
+    if (!v.is_string() || v.get<std::string>() != fmap) disagree("feature_map", "feature_map", fmap, text_of(v));
+  }
+  if (cfg.contains("mlp_ratio")) {
+    const nlohmann::json& v = cfg["mlp_ratio"];
+    if (!v.is_number() || static_cast<long long>(m.embed_dim * v.get<double>()) != m.mlp_hidden) {
+      disagree("mlp_ratio", "mlp_hidden", std::to_string(m.mlp_hidden) + " = embed_dim x mlp_ratio", text_of(v));
+    }
+  }
+  if (cfg.contains("local_residual")) {
+    const nlohmann::json& v = cfg["local_residual"];
+    if (!v.is_boolean() || v.get<bool>() != m.local_residual) {
+      disagree("local_residual", "local_residual", m.local_residual ? "1" : "0", text_of(v));
+    }
+  }
+}
+
+/// The blocks stored under /blocks must be exactly /blocks/0 .. /blocks/depth-1.
+void check_blocks(hid_t root, const VitModel& m) {
+  if (!h5::exists(root, "blocks")) return;  // reported as the missing tensors of block 0
+  const h5::Handle g = h5::group(H5Gopen2(root, "blocks", H5P_DEFAULT));
+  H5G_info_t info{};
+  if (!g.valid() || H5Gget_info(g.get(), &info) < 0) {
+    throw InputError(m.path, "/blocks", "a readable group", h5::last_error());
+  }
+  const std::string want = std::to_string(m.depth) + " blocks (/blocks/0 to /blocks/" + std::to_string(m.depth - 1) +
+                           ") as attribute 'depth' says";
+  if (info.nlinks != static_cast<hsize_t>(m.depth)) {
+    throw InputError(m.path, "/blocks", want, std::to_string(info.nlinks) + " entries");
+  }
+  for (int l = 0; l < m.depth; ++l) {
+    if (!h5::exists(root, "blocks/" + std::to_string(l))) {
+      throw InputError(m.path, "/blocks", want, "no /blocks/" + std::to_string(l));
+    }
+  }
 }
 
 }  // namespace
@@ -197,6 +266,11 @@ VitModel load_vit(const std::string& path) {
   m.scale = root_double(r, "scale", path);
   if (!(std::isfinite(m.scale) && m.scale > 0.0)) bad_attr(path, "scale", "a positive finite float", std::to_string(m.scale));
   m.layer_norm_eps = root_double(r, "layer_norm_eps", path);
+  if (!(std::isfinite(m.layer_norm_eps) && m.layer_norm_eps > 0.0)) {
+    std::ostringstream found;
+    found << m.layer_norm_eps;
+    bad_attr(path, "layer_norm_eps", "a positive finite float", found.str());
+  }
   const auto positive = [&](const char* name) {
     const int v = root_int(r, name, path);
     if (v < 1) bad_attr(path, name, "an integer >= 1", std::to_string(v));
@@ -221,48 +295,86 @@ VitModel load_vit(const std::string& path) {
   if (m.num_heads * m.head_dim != m.embed_dim) {
     bad_attr(path, "head_dim", "embed_dim / num_heads", std::to_string(m.head_dim));
   }
+  // The Python model computes with head_dim^-0.5 whatever the file says: a file whose scale is
+  // another number contradicts its own head_dim.
+  const double want_scale = 1.0 / std::sqrt(static_cast<double>(m.head_dim));
+  if (std::abs(m.scale - want_scale) > 1e-6 * want_scale) {
+    std::ostringstream os;
+    os << std::setprecision(9) << "head_dim^-0.5 = " << want_scale << " (attribute 'head_dim' is "
+       << m.head_dim << "; the model computes with it)";
+    std::ostringstream found;
+    found << std::setprecision(9) << m.scale;
+    bad_attr(path, "scale", os.str(), found.str());
+  }
+  if (H5Aexists(r, "num_tokens") > 0) {
+    const int tokens = root_int(r, "num_tokens", path);
+    if (tokens != m.grid.tokens()) {
+      bad_attr(path, "num_tokens",
+               "prefix_tokens + grid_height x grid_width = " + std::to_string(m.grid.tokens()), std::to_string(tokens));
+    }
+  }
+  std::size_t dtype_bytes = 0;
+  std::string dtype = "float32";
+  if (H5Aexists(r, "weights_dtype") > 0) {
+    dtype = root_string(r, "weights_dtype", path);
+    if (dtype != "float32" && dtype != "float16") bad_attr(path, "weights_dtype", "float32 or float16", "'" + dtype + "'");
+  }
+  dtype_bytes = dtype == "float16" ? 2 : 4;
+  check_config_json(r, m, family, fmap);
+  check_blocks(r, m);
+  const auto tensor = [&](const std::string& name, const std::vector<hsize_t>& shape) {
+    return read_tensor(r, path, name, shape, dtype_bytes, dtype);
+  };
+  const auto matrix = [&](const std::string& name, int rows, int cols) -> MatF {
+    const std::vector<float> v = tensor(name, {static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)});
+    return Eigen::Map<const MatF>(v.data(), rows, cols);
+  };
+  const auto vector = [&](const std::string& name, int n) -> VecF {
+    const std::vector<float> v = tensor(name, {static_cast<hsize_t>(n)});
+    return Eigen::Map<const VecF>(v.data(), n);
+  };
   const int d = m.embed_dim, n = m.grid.tokens(), p = m.patch_size, c = m.in_chans;
   const auto pp = static_cast<hsize_t>(p);
-  const std::vector<float> patch = read_tensor(r, path, "/patch_embed/proj/weight",
+  const std::vector<float> patch = tensor("/patch_embed/proj/weight",
                                                {static_cast<hsize_t>(d), static_cast<hsize_t>(c), pp, pp});
   m.patch_w = Eigen::Map<const MatF>(patch.data(), d, c * p * p);
-  m.patch_b = vector(r, path, "/patch_embed/proj/bias", d);
-  const std::vector<float> cls = read_tensor(r, path, "/cls_token", {1, 1, static_cast<hsize_t>(d)});
+  m.patch_b = vector("/patch_embed/proj/bias", d);
+  const std::vector<float> cls = tensor("/cls_token", {1, 1, static_cast<hsize_t>(d)});
   m.cls_token = Eigen::Map<const VecF>(cls.data(), d);
-  const std::vector<float> pos = read_tensor(r, path, "/pos_embed", {1, static_cast<hsize_t>(n), static_cast<hsize_t>(d)});
+  const std::vector<float> pos = tensor("/pos_embed", {1, static_cast<hsize_t>(n), static_cast<hsize_t>(d)});
   m.pos_embed = Eigen::Map<const MatF>(pos.data(), n, d);
   for (int l = 0; l < m.depth; ++l) {
     const std::string b = "/blocks/" + std::to_string(l) + "/";
     VitBlock k;
-    k.norm1_w = vector(r, path, b + "norm1/weight", d);
-    k.norm1_b = vector(r, path, b + "norm1/bias", d);
-    k.qkv_w = matrix(r, path, b + "attn/qkv/weight", 3 * d, d);
-    k.qkv_b = vector(r, path, b + "attn/qkv/bias", 3 * d);
-    k.proj_w = matrix(r, path, b + "attn/proj/weight", d, d);
-    k.proj_b = vector(r, path, b + "attn/proj/bias", d);
-    k.norm2_w = vector(r, path, b + "norm2/weight", d);
-    k.norm2_b = vector(r, path, b + "norm2/bias", d);
-    k.fc1_w = matrix(r, path, b + "mlp/fc1/weight", m.mlp_hidden, d);
-    k.fc1_b = vector(r, path, b + "mlp/fc1/bias", m.mlp_hidden);
-    k.fc2_w = matrix(r, path, b + "mlp/fc2/weight", d, m.mlp_hidden);
-    k.fc2_b = vector(r, path, b + "mlp/fc2/bias", d);
+    k.norm1_w = vector(b + "norm1/weight", d);
+    k.norm1_b = vector(b + "norm1/bias", d);
+    k.qkv_w = matrix(b + "attn/qkv/weight", 3 * d, d);
+    k.qkv_b = vector(b + "attn/qkv/bias", 3 * d);
+    k.proj_w = matrix(b + "attn/proj/weight", d, d);
+    k.proj_b = vector(b + "attn/proj/bias", d);
+    k.norm2_w = vector(b + "norm2/weight", d);
+    k.norm2_b = vector(b + "norm2/bias", d);
+    k.fc1_w = matrix(b + "mlp/fc1/weight", m.mlp_hidden, d);
+    k.fc1_b = vector(b + "mlp/fc1/bias", m.mlp_hidden);
+    k.fc2_w = matrix(b + "mlp/fc2/weight", d, m.mlp_hidden);
+    k.fc2_b = vector(b + "mlp/fc2/bias", d);
     if (m.local_residual) {
       const auto in = static_cast<hsize_t>(d / m.num_heads);
-      const std::vector<float> c1 = read_tensor(r, path, b + "attn/local_residual/conv1/weight",
+      const std::vector<float> c1 = tensor(b + "attn/local_residual/conv1/weight",
                                                 {static_cast<hsize_t>(d), in, 1});
-      const std::vector<float> c2 = read_tensor(r, path, b + "attn/local_residual/conv2/weight",
+      const std::vector<float> c2 = tensor(b + "attn/local_residual/conv2/weight",
                                                 {static_cast<hsize_t>(9 * d), in, 1});
       k.lr_conv1_w = Eigen::Map<const MatF>(c1.data(), d, d / m.num_heads);
       k.lr_conv2_w = Eigen::Map<const MatF>(c2.data(), 9 * d, d / m.num_heads);
-      k.lr_conv1_b = vector(r, path, b + "attn/local_residual/conv1/bias", d);
-      k.lr_conv2_b = vector(r, path, b + "attn/local_residual/conv2/bias", 9 * d);
+      k.lr_conv1_b = vector(b + "attn/local_residual/conv1/bias", d);
+      k.lr_conv2_b = vector(b + "attn/local_residual/conv2/bias", 9 * d);
     }
     m.blocks.push_back(std::move(k));
   }
-  m.norm_w = vector(r, path, "/norm/weight", d);
-  m.norm_b = vector(r, path, "/norm/bias", d);
-  m.head_w = matrix(r, path, "/head/weight", m.num_classes, d);
-  m.head_b = vector(r, path, "/head/bias", m.num_classes);
+  m.norm_w = vector("/norm/weight", d);
+  m.norm_b = vector("/norm/bias", d);
+  m.head_w = matrix("/head/weight", m.num_classes, d);
+  m.head_b = vector("/head/bias", m.num_classes);
   return m;
 }
 

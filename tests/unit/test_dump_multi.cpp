@@ -8,6 +8,8 @@
 #include "random_inputs.hpp"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
 #include <hdf5.h>
 
 #include <cmath>
@@ -272,8 +274,18 @@ TEST_F(DumpMulti, ShardsOutOfOrderAreRefused) {
   EXPECT_EQ(DumpReader(std::vector<std::string>{a, b}).schema().num_images, 5);
   expect_input_error([&] { DumpReader r(std::vector<std::string>{b, a}); },
                      {a, b, "shard_first_image", "at least 5", "found 0"});
-  expect_input_error([&] { DumpReader r(std::vector<std::string>{a, a}); },
-                     {a, "at least 2", "found 0"});
+  // A copy of a shard given after it: refused by its shard_first_image.
+  const std::string copy = path("s0-copy.h5");
+  std::filesystem::copy_file(a, copy);
+  expect_input_error([&] { DumpReader r(std::vector<std::string>{a, copy}); },
+                     {copy, "at least 2", "found 0"});
+  // The same file twice is refused before it is read, whatever it holds (issue 21, fault 5).
+  try {
+    DumpReader r(std::vector<std::string>{a, a});
+    ADD_FAILURE() << "the same file twice was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(a + " is given twice"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -107,7 +107,8 @@ using Law = MagnitudeLaw;
 
 /// Largest deviation from one law over many queries and scales. Deviations (all relative):
 ///   softmax_power     |ln r(a) - a ln r(1)| / max(1, |a ln r(1)|)
-///   linear_invariant  |r(a) / r(1) - 1|
+///   linear_invariant  |r(a) / r(1) - 1|; where the higher key's weight is within kPoleGuard of
+///                     0 (r = 0 where the law holds): |r(a) - r(1)| / max(1, |r(1)|, |r(a)|)
 ///   inline_affine     max_j |w_j(a) - 1/N - a (w_j(1) - 1/N)| / max(max_j |w_j(a)|, 1/N)
 ///   mala_ratio        |r(a) - p_m(a)| / max(1, |p_m(a)|), p_m from eq. 12 with beta, gamma at a =
 ///   1 mala_beta_gamma   max(|beta(a) - (beta+a-1)/a| / |beta(a)|, |gamma(a) - a gamma| /
