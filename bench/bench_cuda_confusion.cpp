@@ -72,7 +72,7 @@ void BM_ConfusionGpuBatch(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * state.range(0));
   state.SetLabel(resolve_device(Device::Auto, "confusion").description);
 }
-BENCHMARK(BM_ConfusionGpuBatch)->Arg(1)->Arg(8)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ConfusionGpuBatch)->Arg(1)->Arg(8)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ConfusionCpuOneThread(benchmark::State& state) {
   const Images data = deit_images(static_cast<int>(state.range(0)));

@@ -12,7 +12,9 @@
 #
 # Usage: bench/gpu_comparison.sh
 #   env: BUILD=build-gpu IMAGES=1024 CPU2_IMAGES=256 HIRES_IMAGES=8 SKIP_BUILD=0 SKIP_TESTS=0
-#        STOP_AFTER_TESTS=0 PYTHON=python3 DATA=$BUILD/gpu-bench-data
+#        STOP_AFTER_TESTS=0 PYTHON=python3 DATA=$BUILD/gpu-bench-data OTHER_IMAGES=64 (locality, mask)
+#        MODELS=dir of weight files (dumps of MODEL_IMAGES=1024 test images, float16; FMNIST=data root)
+#        NCU=1 (Nsight Compute's SpeedOfLight over one launch of 32 DeiT-T images)
 # Where one command may run only minutes, split it in two calls (the build folder stays):
 #   STOP_AFTER_TESTS=1 bench/gpu_comparison.sh; SKIP_BUILD=1 SKIP_TESTS=1 bench/gpu_comparison.sh
 # Fails at once, saying why, where no CUDA device answers (it never waits for one).
@@ -25,6 +27,8 @@ PYTHON=${PYTHON:-python3}
 IMAGES=${IMAGES:-1024}
 CPU2_IMAGES=${CPU2_IMAGES:-256}
 HIRES_IMAGES=${HIRES_IMAGES:-8}
+OTHER_IMAGES=${OTHER_IMAGES:-64}
+MODEL_IMAGES=${MODEL_IMAGES:-1024}
 DATA=${DATA:-$BUILD/gpu-bench-data}
 RES=${OUT:-$BUILD/gpu-bench}
 A=$BUILD/apps/attnscope
@@ -91,9 +95,13 @@ export OMP_WAIT_POLICY=PASSIVE
 # run NAME DUMP IMAGES ARGS...: attnscope softmax confusion; wall seconds to NAME.wall
 run() {
   local name=$1 dump=$2 n=$3; shift 3
-  local t0 t1
+  local t0 t1 variant=(--variant softmax) rest=()
+  for x in "$@"; do  # --variant-from-dump: the dump's own family (a model's dump)
+    if [ "$x" = --variant-from-dump ]; then variant=(); else rest+=("$x"); fi
+  done
+  set -- "${rest[@]}"
   t0=$(date +%s.%N)
-  "$A" confusion --dump "$dump" --out "$RES/$name" --variant softmax --images "0-$((n - 1))" "$@" \
+  "$A" confusion --dump "$dump" --out "$RES/$name" "${variant[@]}" --images "0-$((n - 1))" "$@" \
     >"$RES/$name.out" 2>"$RES/$name.err"
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >"$RES/$name.wall"
@@ -115,7 +123,65 @@ for shape in deit hires; do
   torch_run "${shape}_torch" "$dump" "$n" "$RES/${shape}_cpu_all/confusion_per_image.csv" >/dev/null || true
 done
 
-# --- Batches of images per launch (the kernels' API; the command sends one head at a time) -------
+# --- Locality and masking: the per-head GPU paths (one head per launch, a stream per thread) -----
+# other NAME COMMAND DEVICE THREADS IMAGES: wall seconds to NAME.wall
+other() {
+  local name=$1 cmd=$2 dev=$3 thr=$4 n=$5 t0 t1
+  t0=$(date +%s.%N)
+  "$A" "$cmd" --dump "$DATA/deit.h5" --out "$RES/$name" --images "0-$((n - 1))" --device "$dev" --threads "$thr" \
+    >"$RES/$name.out" 2>"$RES/$name.err" || say "$name failed: $(tail -1 "$RES/$name.err")"
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >"$RES/$name.wall"
+}
+for cmd in locality mask; do
+  other "${cmd}_gpu" "$cmd" "$GPU_DEVICE" "$CORES" "$OTHER_IMAGES"
+  other "${cmd}_cpu_all" "$cmd" cpu "$CORES" "$OTHER_IMAGES"
+  other "${cmd}_cpu_2" "$cmd" cpu 2 "$OTHER_IMAGES"
+done
+
+# --- The committed 197-token models' dumps (MODELS: a folder of weight files; FMNIST: the data) ---
+if [ -n "${MODELS:-}" ]; then
+  for w in "$MODELS"/*.h5; do
+    m=$(basename "$w" .h5)
+    [ -f "$DATA/$m.h5" ] || "$PYTHON" python/make_dumps.py --models "$w" --out "$DATA" --images "$MODEL_IMAGES" \
+      --dtype float16 --compression 0 --threads "$CORES" ${FMNIST:+--data-root "$FMNIST"} >"$RES/make_$m.log" 2>&1 ||
+      { say "dump of $m failed: $(tail -1 "$RES/make_$m.log")"; continue; }
+    run "model_${m}_gpu" "$DATA/$m.h5" "$MODEL_IMAGES" --device "$GPU_DEVICE" --variant-from-dump
+    run "model_${m}_cpu_all" "$DATA/$m.h5" "$MODEL_IMAGES" --device cpu --threads "$CORES" --variant-from-dump
+    run "model_${m}_cpu_2" "$DATA/$m.h5" "$CPU2_IMAGES" --device cpu --threads 2 --variant-from-dump
+  done
+fi
+
+# --- How far from the device's limits: Nsight Compute on one launch of 32 DeiT-T images ---------
+if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null && [ "$DRY" != 1 ]; then
+  ncu --clock-control none --section SpeedOfLight --csv --page details \
+    "$A" confusion --dump "$DATA/deit.h5" --out "$RES/ncu_run" --variant softmax --images 0-31 --device cuda \
+    >"$RES/ncu.csv" 2>"$RES/ncu.err" || say "ncu failed: $(tail -1 "$RES/ncu.err")"
+  "$PYTHON" - "$RES/ncu.csv" <<'PY' | tee "$RES/ncu_summary.md"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+ix = {h: i for i, h in enumerate(head)}
+per = collections.defaultdict(lambda: collections.defaultdict(list))
+for r in rows:
+    name = r[ix["Kernel Name"]][:60]
+    per[name][r[ix["Metric Name"]]].append((r[ix["Metric Value"]], r[ix["Metric Unit"]]))
+print("| kernel | launches | total duration | mean DRAM throughput % | mean compute (SM) throughput % |")
+print("|---|---|---|---|---|")
+def num(x):
+    return float(x.replace(",", ""))
+for name, m in sorted(per.items()):
+    d = m.get("Duration", [])
+    unit = d[0][1] if d else ""
+    tot = sum(num(v) for v, _ in d)
+    dram = [num(v) for v, _ in m.get("DRAM Throughput", [])]
+    sm = [num(v) for v, _ in m.get("Compute (SM) Throughput", [])]
+    avg = lambda xs: f"{sum(xs) / len(xs):.1f}" if xs else "-"
+    print(f"| {name} | {len(d)} | {tot:.1f} {unit} | {avg(dram)} | {avg(sm)} |")
+PY
+fi
+
+# --- Batches of images per launch (count_confusion_cuda_batch, inputs in host memory) -------------
 if [ -x "$BUILD/bench/bench_cuda_confusion" ] && [ "$DRY" != 1 ]; then
   "$BUILD/bench/bench_cuda_confusion" >"$RES/bench_cuda_confusion.txt" 2>&1 ||
     say "bench_cuda_confusion failed (see $RES/bench_cuda_confusion.txt)"
@@ -132,30 +198,70 @@ if dry:
 def counts(name):
     return {int(r["image"]): int(r["count"]) for r in csv.DictReader(open(f"{res}/{name}/confusion_per_image.csv"))}
 
-print("| shape | tool | images | ms/image median / min / max | wall s | speed-up vs CPU 2 threads | counts |")
-print("|---|---|---|---|---|---|---|")
-for shape, label in (("deit", "DeiT-T (197 tokens)"), ("hires", "3,136 tokens")):
-    cpu = counts(f"{shape}_cpu_all")
-    base = json.load(open(f"{res}/{shape}_cpu_2/confusion.json"))["results"]["ms_per_image"]["median"]
+print("ms/image: attnscope's streaming loop (results.loop_s / images: reading, copies, GPU and judging) and")
+print("its whole run (elapsed_s / images: start-up, device set-up and the input fingerprint too); the")
+print("per-image median / min / max is the time between finished images (the GPU finishes a batch of")
+print("images at once: its median is no per-image cost); PyTorch: per batch (h5py read included) / batch size.\n")
+print("| shape | tool | images | ms/image (loop) | ms/image (whole run) | per image median / min / max | speed-up vs CPU 2 threads (loop) | counts |")
+print("|---|---|---|---|---|---|---|---|")
+
+def images_of(j):
+    if "images" in j["results"]:
+        return j["results"]["images"]
+    return int(j["parameters"]["images"])  # the number of images selected
+
+def whole(j):
+    return 1e3 * j["elapsed_s"] / images_of(j)
+
+def loop(j):
+    """ms per image of the streaming loop alone (results.loop_s; older builds: io_wait / share)."""
+    r = j["results"]
+    s = r.get("loop_s") or (r["io_wait_seconds"] / r["io_wait_share"] if r.get("io_wait_share") else 0.0)
+    return 1e3 * s / images_of(j)
+
+shapes = [("deit", "DeiT-T (197 tokens)"), ("hires", "3,136 tokens")]
+shapes += sorted((n[len("model_"):-len("_gpu")], "model " + n[len("model_"):-len("_gpu")])
+                 for n in os.listdir(res) if n.startswith("model_") and n.endswith("_gpu") and os.path.isdir(f"{res}/{n}"))
+for shape, label in shapes:
+    key = shape if shape in ("deit", "hires") else f"model_{shape}"
+    if not os.path.exists(f"{res}/{key}_cpu_2/confusion.json"):
+        continue
+    cpu = counts(f"{key}_cpu_all")
+    base = loop(json.load(open(f"{res}/{key}_cpu_2/confusion.json")))
     gpu_tool = "attnscope --device cpu (dry run)" if dry else "attnscope --device cuda"
     for tool, name in ((gpu_tool, "gpu"), (f"attnscope --device cpu, {cores} threads", "cpu_all"),
                        ("attnscope --device cpu, 2 threads", "cpu_2")):
-        j = json.load(open(f"{res}/{shape}_{name}/confusion.json"))
+        j = json.load(open(f"{res}/{key}_{name}/confusion.json"))
         m = j["results"]["ms_per_image"]
-        mine = counts(f"{shape}_{name}")
+        mine = counts(f"{key}_{name}")
         same = all(cpu[i] == c for i, c in mine.items())
-        wall = open(f"{res}/{shape}_{name}.wall").read().strip()
-        print(f"| {label} | {tool} ({j['parameters']['device']}) | {j['results']['images']} | "
-              f"{m['median']:.3f} / {m['min']:.3f} / {m['max']:.3f} | {float(wall):.1f} | {base / m['median']:.1f}x | "
+        print(f"| {label} | {tool} ({j['parameters']['device']}) | {j['results']['images']} | {loop(j):.3f} | "
+              f"{whole(j):.3f} | {m['median']:.3f} / {m['min']:.3f} / {m['max']:.3f} | {base / loop(j):.1f}x | "
               f"{'= CPU exact' if same else 'DIFFER FROM CPU'} |")
-    tj = f"{res}/{shape}_torch.json"
+    tj = f"{res}/{key}_torch.json"
     if os.path.exists(tj) and os.path.getsize(tj) > 0:
         t = json.load(open(tj))
         m = t["ms_per_image"]
         print(f"| {label} | PyTorch {'CPU (dry run)' if dry else 'GPU'} script ({t['device']}, float32, batch {t['batch']}) | {t['images']} | "
-              f"{m['median']:.3f} / {m['min']:.3f} / {m['max']:.3f} | - | {base / m['median']:.1f}x | "
+              f"{m['median']:.3f} (median batch) | - | {m['median']:.3f} / {m['min']:.3f} / {m['max']:.3f} | {base / m['median']:.1f}x | "
               f"{t['images_with_wrong_counts']} of {t['compared_images']} images wrong |")
-    else:
-        print(f"| {label} | PyTorch GPU script | - | not run (see {shape}_torch.err) | - | - | - |")
+    elif shape in ("deit", "hires"):
+        print(f"| {label} | PyTorch GPU script | - | not run (see {shape}_torch.err) | - | - | - | - |")
+
+print("\n| analysis (DeiT-T dump) | tool | images | ms/image (loop) | ms/image (whole run) | speed-up vs CPU 2 threads (loop) |")
+print("|---|---|---|---|---|---|")
+for cmd in ("locality", "mask"):
+    if not os.path.exists(f"{res}/{cmd}_cpu_2/{cmd}.json"):
+        continue
+    base = loop(json.load(open(f"{res}/{cmd}_cpu_2/{cmd}.json")))
+    for tool, name in (("--device cuda" if not dry else "--device cpu (dry run)", "gpu"),
+                       (f"--device cpu, {cores} threads", "cpu_all"), ("--device cpu, 2 threads", "cpu_2")):
+        p = f"{res}/{cmd}_{name}/{cmd}.json"
+        if not os.path.exists(p):
+            print(f"| {cmd} | attnscope {tool} | - | failed (see {cmd}_{name}.err) | - | - |")
+            continue
+        j = json.load(open(p))
+        print(f"| {cmd} | attnscope {tool} ({j['parameters']['device']}) | {images_of(j)} | {loop(j):.3f} | "
+              f"{whole(j):.3f} | {base / loop(j):.1f}x |")
 PY
 say "results under $RES"

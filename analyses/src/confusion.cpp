@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -212,18 +213,70 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
   for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
 
+  Selection without_v = resolved;  // confusion compares attention weights only: V is not read
+  without_v.need_v = false;
+  auto slot_of = [&](const HeadView& hv) {
+    return static_cast<std::size_t>(layer_slot[hv.layer]) * nh + static_cast<std::size_t>(head_slot[hv.head]);
+  };
+  auto count_one = [&](const HeadView& hv, std::size_t vi) {
+    const MatF& raw = hv.q_raw ? *hv.q_raw : hv.q;
+    return in_head(hv.image, hv.layer, hv.head, [&] {
+      return reference ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt)
+                       : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt);
+    });
+  };
+
+  if (opt.device == Device::Cuda && !reference) {
+    // The GPU takes whole images: every head of up to kCudaImagesPerLaunch images in one batch
+    // (count_confusion_cuda_batch groups them by shape and cuts them to the device's memory),
+    // while the reader reads ahead twice that many.
+    without_v.read_ahead = 2 * kCudaImagesPerLaunch;
+    std::deque<ConfusionImage> done;
+    for_each_image_batch(
+        reader, without_v, kCudaImagesPerLaunch,
+        [&](const std::vector<ImageHeads>& images) {
+          std::vector<HeadInput> inputs;
+          for (const ImageHeads& heads : images) {
+            for (const HeadView& hv : heads) inputs.push_back(HeadInput{&hv.q, hv.q_raw ? hv.q_raw : &hv.q, &hv.k});
+          }
+          std::vector<std::vector<HeadConfusion>> per_variant(nv);
+          for (std::size_t vi = 0; vi < nv; ++vi) {
+            try {
+              per_variant[vi] = count_confusion_cuda_batch(variants[vi], inputs, scale, opt);
+            } catch (const NumericalError&) {
+              // Which head: the first one whose own count fails says so, naming itself.
+              for (const ImageHeads& heads : images) {
+                for (const HeadView& hv : heads) count_one(hv, vi);
+              }
+              throw;
+            }
+          }
+          std::size_t at = 0;
+          for (const ImageHeads& heads : images) {
+            ConfusionImage img;
+            img.image = heads.empty() ? -1 : heads.front().image;
+            img.heads.assign(nv, std::vector<HeadConfusion>(slots));
+            for (const HeadView& hv : heads) {
+              for (std::size_t vi = 0; vi < nv; ++vi) img.heads[vi][slot_of(hv)] = per_variant[vi][at];
+              ++at;
+            }
+            done.push_back(std::move(img));
+          }
+        },
+        [&](int image) {
+          if (done.empty() || done.front().image != image) {
+            throw Error("confusion: the GPU batch lost track of image " + std::to_string(image));
+          }
+          sink(std::move(done.front()));
+          done.pop_front();
+        });
+    return;
+  }
+
   ConfusionImage current;
   current.heads.assign(nv, std::vector<HeadConfusion>(slots));
   auto on_head = [&](const HeadView& hv) {
-    const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
-                          static_cast<std::size_t>(head_slot[hv.head]);
-    const MatF& raw = hv.q_raw ? *hv.q_raw : hv.q;
-    for (std::size_t vi = 0; vi < nv; ++vi) {
-      current.heads[vi][s] = in_head(hv.image, hv.layer, hv.head, [&] {
-        return reference ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt)
-                         : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt);
-      });
-    }
+    for (std::size_t vi = 0; vi < nv; ++vi) current.heads[vi][slot_of(hv)] = count_one(hv, vi);
   };
   auto on_image = [&](int image) {
     ConfusionImage done;
@@ -231,8 +284,6 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
     done.heads = current.heads;
     sink(std::move(done));
   };
-  Selection without_v = resolved;  // confusion compares attention weights only: V is not read
-  without_v.need_v = false;
   for_each_head(reader, without_v, on_head, on_image);
 }
 

@@ -25,27 +25,35 @@ double dot(const double* a, const double* b, Eigen::Index n) {
 
 }  // namespace
 
-ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale)
-    : variant_(v), n_(static_cast<int>(k.rows())), scale_(scale) {
+void ExactRows::validate(const Variant& v, const MatF& q, const MatF& k, double scale) {
   if (q.rows() != k.rows() || q.cols() != k.cols()) {
     throw UsageError("confusion: q and k of one head must have the same shape");
   }
   std::string why;
-  if (!variant_.supports(&why)) throw UsageError(variant_.name() + ": " + why);
+  if (!v.supports(&why)) throw UsageError(v.name() + ": " + why);
   if (!q.allFinite() || !k.allFinite()) {
-    throw NumericalError(variant_.name() + ": a query or key holds a non-finite value");
+    throw NumericalError(v.name() + ": a query or key holds a non-finite value");
   }
+  if (v.has_linear_form()) return;
+  // |logit| <= |s| max|q_i| max|k_j|: finite for any float input and a sane scale.
+  double q_max = 0.0, k_max = 0.0;
+  for (Eigen::Index i = 0; i < q.rows(); ++i) q_max = std::max(q_max, q.row(i).cast<double>().norm());
+  for (Eigen::Index j = 0; j < k.rows(); ++j) k_max = std::max(k_max, k.row(j).cast<double>().norm());
+  const double logit_bound = std::abs(scale) * q_max * k_max;
+  if (!(logit_bound <= kMaxRowMagnitude)) {
+    out_of_range(v, "the logits' bound |s| max|q_i| max|k_j|", logit_bound);
+  }
+}
+
+ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale)
+    : variant_(v), n_(static_cast<int>(k.rows())), scale_(scale) {
+  validate(v, q, k, scale);
   a_.assign(static_cast<std::size_t>(n_), 0.0);
   b_.assign(static_cast<std::size_t>(n_), 0.0);
   degenerate_.assign(static_cast<std::size_t>(n_), 0);
   if (!variant_.has_linear_form()) {
     q_ = q.cast<double>();
     k_ = k.cast<double>();
-    // |logit| <= |s| max|q_i| max|k_j|: finite for any float input and a sane scale.
-    const double logit_bound = std::abs(scale) * q_.rowwise().norm().maxCoeff() * k_.rowwise().norm().maxCoeff();
-    if (!(logit_bound <= kMaxRowMagnitude)) {
-      out_of_range("the logits' bound |s| max|q_i| max|k_j|", logit_bound);
-    }
     return;
   }
   variant_.map.ensure_params(static_cast<int>(q.cols()));
@@ -81,9 +89,11 @@ ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scal
   }
 }
 
-void ExactRows::out_of_range(const std::string& what, double value) const {
+void ExactRows::out_of_range(const std::string& what, double value) const { out_of_range(variant_, what, value); }
+
+void ExactRows::out_of_range(const Variant& v, const std::string& what, double value) {
   std::ostringstream os;
-  os << variant_.name() << ": " << what << " = " << value << " exceeds " << kMaxRowMagnitude
+  os << v.name() << ": " << what << " = " << value << " exceeds " << kMaxRowMagnitude
      << ": the attention rows cannot be computed in double without overflow";
   throw NumericalError(os.str());
 }

@@ -39,17 +39,22 @@ double robust_norm(const X& x) {
 
 }  // namespace
 
+void softmax_row_bounds(const MatF& q, const MatF& k, double scale, double* out) {
+  double k_max = 0.0;
+  for (Eigen::Index j = 0; j < k.rows(); ++j) k_max = std::max(k_max, k.row(j).cast<double>().norm());
+  const auto n = static_cast<int>(k.rows());
+  const auto d = static_cast<int>(q.cols());
+  for (Eigen::Index i = 0; i < q.rows(); ++i) {
+    const double logit_bound = std::abs(scale) * q.row(i).cast<double>().norm() * k_max * kNormSlack;
+    out[i] = margin::row_bound_softmax(logit_bound, n, d);
+  }
+}
+
 std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, const MatF& k, double scale) {
   const int n = rows.tokens();
   std::vector<double> bound(static_cast<std::size_t>(n), 0.0);
   if (!rows.variant().has_linear_form()) {
-    double k_max = 0.0;
-    for (Eigen::Index j = 0; j < k.rows(); ++j) k_max = std::max(k_max, k.row(j).cast<double>().norm());
-    const auto d = static_cast<int>(q.cols());
-    for (int i = 0; i < n; ++i) {
-      const double logit_bound = std::abs(scale) * q.row(i).cast<double>().norm() * k_max * kNormSlack;
-      bound[static_cast<std::size_t>(i)] = margin::row_bound_softmax(logit_bound, n, d);
-    }
+    softmax_row_bounds(q, k, scale, bound.data());
     return bound;
   }
   const double fk_frobenius = robust_norm(rows.phi_k()) * kNormSlack;
@@ -257,61 +262,86 @@ namespace {
 std::vector<HeadConfusion> launch(const Variant& v, const std::vector<HeadInput>& heads,
                                   const std::vector<std::size_t>& members, double scale, const ConfusionOptions& opt) {
   const auto batch = static_cast<int>(members.size());
-  std::vector<std::unique_ptr<ExactRows>> rows(members.size());
-  for (std::size_t m = 0; m < members.size(); ++m) {
-    const HeadInput& h = heads[members[m]];
-    rows[m] = std::make_unique<ExactRows>(v, *h.q, *h.k, scale);  // the CPU path's checks, in order
-  }
-  const int n = rows.front()->tokens();
-  std::vector<HeadConfusion> out(members.size());
-  if (n < 2) {
-    for (std::size_t m = 0; m < members.size(); ++m) out[m] = judge_candidates(*rows[m], *heads[members[m]].q_raw, opt, {});
-    return out;
-  }
+  const HeadInput& first = heads[members.front()];
+  const int n = static_cast<int>(first.k->rows());
   const auto per_head = static_cast<std::size_t>(n);
-  std::vector<double> bound;
-  std::vector<unsigned char> flags;
-  bound.reserve(per_head * members.size());
-  flags.reserve(per_head * members.size());
-  for (std::size_t m = 0; m < members.size(); ++m) {
-    const HeadInput& h = heads[members[m]];
-    const std::vector<double> b = candidate_row_bounds(*rows[m], *h.q, *h.k, scale);
-    const std::vector<unsigned char> f = degenerate_flags(*rows[m]);
-    bound.insert(bound.end(), b.begin(), b.end());
-    flags.insert(flags.end(), f.begin(), f.end());
-  }
+  const bool softmax = !v.has_linear_form();
+  const auto d = static_cast<std::size_t>(first.q->cols());
   cuda::Context& ctx = cuda::this_thread_context();
-  cuda::DeviceRows dr;
-  if (!v.has_linear_form()) {
-    const auto d = static_cast<std::size_t>(heads[members.front()].q->cols());
-    std::vector<float> q(per_head * d * members.size()), k(q.size());
-    for (std::size_t m = 0; m < members.size(); ++m) {
+  // Softmax heads need no ExactRows before their candidates are known (the bounds come from q and
+  // k, the inputs go straight into pinned memory); the kernel form's features do.
+  std::vector<std::unique_ptr<ExactRows>> rows(members.size());
+  std::vector<double> bound(per_head * members.size());
+  std::vector<unsigned char> flags(per_head * members.size(), 0);
+  float* pinned = softmax && n >= 2 ? cuda::softmax_inputs(ctx, batch, n, static_cast<int>(d)) : nullptr;
+  const std::size_t in = per_head * d * members.size();
+  // Each head's checks (ExactRows's, in its order), bounds, flags and inputs, on the OpenMP
+  // threads; the error of the first head in order that fails is the one rethrown.
+  std::vector<std::exception_ptr> errors(members.size());
+#pragma omp parallel for schedule(dynamic)
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    try {
       const HeadInput& h = heads[members[m]];
-      std::copy_n(h.q->data(), per_head * d, q.data() + m * per_head * d);
-      std::copy_n(h.k->data(), per_head * d, k.data() + m * per_head * d);
-    }
-    dr = cuda::softmax_rows(ctx, q.data(), k.data(), batch, n, static_cast<int>(d), scale);
-  } else {
-    const auto r = static_cast<std::size_t>(rows.front()->phi_q().cols());
-    std::vector<double> fq(per_head * r * members.size()), fk(fq.size()), a(per_head * members.size()), b(a.size());
-    for (std::size_t m = 0; m < members.size(); ++m) {
-      std::copy_n(rows[m]->phi_q().data(), per_head * r, fq.data() + m * per_head * r);
-      std::copy_n(rows[m]->phi_k().data(), per_head * r, fk.data() + m * per_head * r);
-      for (int i = 0; i < n; ++i) {
-        a[m * per_head + static_cast<std::size_t>(i)] = rows[m]->row_coefficient(i);
-        b[m * per_head + static_cast<std::size_t>(i)] = rows[m]->row_offset(i);
+      if (softmax) {
+        ExactRows::validate(v, *h.q, *h.k, scale);
+      } else {
+        rows[m] = std::make_unique<ExactRows>(v, *h.q, *h.k, scale);
       }
+      if (n < 2) continue;
+      double* b = bound.data() + m * per_head;
+      if (softmax) {
+        softmax_row_bounds(*h.q, *h.k, scale, b);
+        std::copy_n(h.q->data(), per_head * d, pinned + m * per_head * d);
+        std::copy_n(h.k->data(), per_head * d, pinned + in + m * per_head * d);
+      } else {
+        const std::vector<double> rb = candidate_row_bounds(*rows[m], *h.q, *h.k, scale);
+        std::copy(rb.begin(), rb.end(), b);
+        for (int i = 0; i < n; ++i) flags[m * per_head + static_cast<std::size_t>(i)] = rows[m]->degenerate(i) ? 1 : 0;
+      }
+    } catch (...) {
+      errors[m] = std::current_exception();
     }
-    dr = cuda::kernel_rows(ctx, fq.data(), fk.data(), a.data(), b.data(), flags.data(), batch, n, static_cast<int>(r));
   }
-  const auto candidates = cuda::confusion_candidates(ctx, dr, bound.data(), flags.data(), opt.eps);
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  std::vector<std::vector<std::pair<int, int>>> candidates(members.size());
+  if (n >= 2) {
+    cuda::DeviceRows dr;
+    if (softmax) {
+      dr = cuda::softmax_rows_pinned(ctx, batch, n, static_cast<int>(d), scale);
+    } else {
+      const auto r = static_cast<std::size_t>(rows.front()->phi_q().cols());
+      std::vector<double> fq(per_head * r * members.size()), fk(fq.size()), a(per_head * members.size()), b(a.size());
+      for (std::size_t m = 0; m < members.size(); ++m) {
+        std::copy_n(rows[m]->phi_q().data(), per_head * r, fq.data() + m * per_head * r);
+        std::copy_n(rows[m]->phi_k().data(), per_head * r, fk.data() + m * per_head * r);
+        for (int i = 0; i < n; ++i) {
+          a[m * per_head + static_cast<std::size_t>(i)] = rows[m]->row_coefficient(i);
+          b[m * per_head + static_cast<std::size_t>(i)] = rows[m]->row_offset(i);
+        }
+      }
+      dr = cuda::kernel_rows(ctx, fq.data(), fk.data(), a.data(), b.data(), flags.data(), batch, n,
+                             static_cast<int>(r));
+    }
+    candidates = cuda::confusion_candidates(ctx, dr, bound.data(), flags.data(), opt.eps);
+  }
   // The judging is the CPU's exact arithmetic, head by head, on the OpenMP threads (each thread
-  // its own judge); the first error is rethrown after the loop.
+  // its own judge); a softmax head's ExactRows lives only while its candidates are judged. A
+  // softmax head without candidates has no degenerate rows (no mask here) and so counts nothing.
+  std::vector<HeadConfusion> out(members.size());
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic)
   for (std::size_t m = 0; m < members.size(); ++m) {
     try {
-      out[m] = judge_candidates(*rows[m], *heads[members[m]].q_raw, opt, candidates[m]);
+      const HeadInput& h = heads[members[m]];
+      if (softmax && candidates[m].empty()) continue;
+      if (softmax) {
+        const ExactRows head_rows(v, *h.q, *h.k, scale);
+        out[m] = judge_candidates(head_rows, *h.q_raw, opt, candidates[m]);
+      } else {
+        out[m] = judge_candidates(*rows[m], *h.q_raw, opt, candidates[m]);
+      }
     } catch (...) {
 #pragma omp critical(attnscope_cuda_judge_error)
       if (!error) error = std::current_exception();

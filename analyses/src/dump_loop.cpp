@@ -96,23 +96,31 @@ const MatF* model_tensor(const std::vector<std::optional<MatF>>& t, std::size_t 
   return index < t.size() && t[index] ? &*t[index] : nullptr;
 }
 
-void compute_image(const ImageBuffer& buf, const Selection& sel,
-                   const std::function<void(const HeadView&)>& fn) {
+/// The heads of an image as views into its buffer (and into `transformed`, the selection's
+/// transformed queries of that image, which must outlive the views).
+ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::vector<MatF>& transformed) {
   const ImageQKV& img = buf.qkv;
-  const std::vector<MatF> transformed = transform_queries(img, sel);
   const int n_heads = static_cast<int>(sel.heads.size());
   const int n_items = static_cast<int>(sel.layers.size()) * n_heads;
-  parallel_for(n_items, [&](int item) {
+  ImageHeads out;
+  out.reserve(static_cast<std::size_t>(n_items));
+  for (int item = 0; item < n_items; ++item) {
     const int slot = item / n_heads;
     const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
     const auto stored = static_cast<std::size_t>(slot * img.heads + head);
-    const HeadView view{img.image, img.layers[static_cast<std::size_t>(slot)], head, q,
-                        img.K(slot, head), img.V(slot, head), &raw,
-                        model_tensor(buf.attn, stored), model_tensor(buf.out, stored)};
-    fn(view);
-  });
+    out.push_back(HeadView{img.image, img.layers[static_cast<std::size_t>(slot)], head, q, img.K(slot, head),
+                           img.V(slot, head), &raw, model_tensor(buf.attn, stored), model_tensor(buf.out, stored)});
+  }
+  return out;
+}
+
+void compute_image(const ImageBuffer& buf, const Selection& sel,
+                   const std::function<void(const HeadView&)>& fn) {
+  const std::vector<MatF> transformed = transform_queries(buf.qkv, sel);
+  const ImageHeads heads = image_heads(buf, sel, transformed);
+  parallel_for(static_cast<int>(heads.size()), [&](int item) { fn(heads[static_cast<std::size_t>(item)]); });
 }
 
 }  // namespace
@@ -196,6 +204,15 @@ class ImageQueue {
     ready_.pop_front();
     return b;
   }
+  /// Computing side: the next image if it has been read already, else null (never waits; a
+  /// reader's error is left for take_ready to rethrow).
+  ImageBuffer* try_take_ready() {
+    std::lock_guard lock(mu_);
+    if (ready_.empty()) return nullptr;
+    ImageBuffer* b = ready_.front();
+    ready_.pop_front();
+    return b;
+  }
   void give_back(ImageBuffer* b) {
     {
       std::lock_guard lock(mu_);
@@ -264,7 +281,8 @@ LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved)
   m.chunk_cache = std::min(avail / 8, kMaxChunkCache);
   if (avail - m.chunk_cache < 2 * m.image_bytes) m.chunk_cache = avail - 2 * m.image_bytes;
   m.depth = m.image_bytes == 0 ? 2 : (avail - m.chunk_cache) / m.image_bytes;
-  m.depth = std::clamp<std::size_t>(m.depth, 2, kMaxQueueDepth);
+  const std::size_t most = std::max<std::size_t>(2, resolved.read_ahead == 0 ? kMaxQueueDepth : resolved.read_ahead);
+  m.depth = std::clamp<std::size_t>(m.depth, 2, most);
   return m;
 }
 
@@ -312,9 +330,13 @@ std::string byte_size_text(std::size_t bytes) {
   return buf;
 }
 
-void for_each_head(DumpReader& reader, const Selection& resolved,
-                   const std::function<void(const HeadView&)>& fn,
-                   const std::function<void(int image)>& on_image) {
+namespace {
+
+/// The streaming loop both entry points share: the reader thread fills the queue; `consume` takes
+/// the images it wants (take_ready, try_take_ready), computes them, gives the buffers back and
+/// returns how many it finished, until every selected image is done.
+void stream_images(DumpReader& reader, const Selection& resolved,
+                   const std::function<std::size_t(ImageQueue&, double& waited)>& consume) {
   if (resolved.images.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
@@ -334,24 +356,63 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
     }
   });
   double waited = 0;
-  std::int64_t done = 0;
-  for (std::size_t n = 0; n < resolved.images.size(); ++n) {
-    ImageBuffer* b = queue.take_ready(waited);
-    compute_image(*b, resolved, fn);
-    const int image = b->qkv.image;
-    queue.give_back(b);
-    ++done;
-    if (on_image) on_image(image);
-  }
+  std::size_t done = 0;
+  while (done < resolved.images.size()) done += consume(queue, waited);
   if (resolved.stats) {
     LoopStats& s = *resolved.stats;
     s.io_wait_seconds += waited;
     s.loop_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    s.images += done;
+    s.images += static_cast<std::int64_t>(done);
     s.queue_depth = plan.depth;
     s.image_bytes = plan.image_bytes;
     s.chunk_cache_bytes = plan.chunk_cache;
   }
+}
+
+}  // namespace
+
+void for_each_head(DumpReader& reader, const Selection& resolved,
+                   const std::function<void(const HeadView&)>& fn,
+                   const std::function<void(int image)>& on_image) {
+  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited) -> std::size_t {
+    ImageBuffer* b = queue.take_ready(waited);
+    compute_image(*b, resolved, fn);
+    const int image = b->qkv.image;
+    queue.give_back(b);
+    if (on_image) on_image(image);
+    return 1;
+  });
+}
+
+void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::size_t max_images,
+                          const std::function<void(const std::vector<ImageHeads>&)>& fn,
+                          const std::function<void(int image)>& on_image) {
+  if (max_images < 1) throw UsageError("for_each_image_batch: max_images must be at least 1");
+  std::size_t left = resolved.images.size();
+  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited) -> std::size_t {
+    std::vector<ImageBuffer*> taken{queue.take_ready(waited)};
+    while (taken.size() < std::min(max_images, left)) {
+      ImageBuffer* b = queue.try_take_ready();
+      if (b == nullptr) break;
+      taken.push_back(b);
+    }
+    std::vector<std::vector<MatF>> transformed;
+    transformed.reserve(taken.size());
+    std::vector<ImageHeads> images;
+    images.reserve(taken.size());
+    for (ImageBuffer* b : taken) {
+      transformed.push_back(transform_queries(b->qkv, resolved));
+      images.push_back(image_heads(*b, resolved, transformed.back()));
+    }
+    fn(images);
+    for (ImageBuffer* b : taken) {
+      const int image = b->qkv.image;
+      queue.give_back(b);
+      if (on_image) on_image(image);
+    }
+    left -= taken.size();
+    return taken.size();
+  });
 }
 
 }  // namespace attnscope::analyses

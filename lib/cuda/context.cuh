@@ -63,6 +63,7 @@ struct Context {
   DeviceBuffer kept;          // masks, batch x n x n bytes
   DeviceBuffer values;        // V and the outputs, batch x n x dv each
   PinnedBuffer staging_in, staging_out;
+  PinnedBuffer inputs;        // float inputs written in place by the host (softmax_inputs)
 
   Context();
   ~Context();

@@ -22,42 +22,41 @@ __global__ void widen_half(const std::uint16_t* in, double* out, std::int64_t co
   if (t < count) out[t] = double(__half2float(__ushort_as_half(in[t])));
 }
 
-/// Block-wide reduction (max or sum) of one value per thread; every thread gets the result.
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = kThreads / kWarp;
+
+/// Warp-wide reduction (max or sum) of one value per lane; every lane gets the result.
 template <bool kMax>
-__device__ double block_reduce(double v, double* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) {
-      const double o = shared[threadIdx.x + s];
-      shared[threadIdx.x] = kMax ? fmax(shared[threadIdx.x], o) : shared[threadIdx.x] + o;
-    }
-    __syncthreads();
+__device__ double warp_reduce(double v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    const double o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmax(v, o) : v + o;
   }
-  const double r = shared[0];
-  __syncthreads();
-  return r;
+  return v;
 }
 
-/// One block per row of logits, in place: exp(x - max) / sum over the kept keys (all when `kept`
-/// is null), 0 elsewhere; a row that keeps no key becomes zeros.
-__global__ void softmax_in_place(double* w, const unsigned char* kept, int n) {
-  __shared__ double shared[kThreads];
-  double* row = w + std::int64_t(blockIdx.x) * n;
-  const unsigned char* keep = kept ? kept + std::int64_t(blockIdx.x) * n : nullptr;
+/// One warp per row of logits (`rows` rows of n), in place: exp(x - max) / sum over the kept keys
+/// (all when `kept` is null), 0 elsewhere; a row that keeps no key becomes zeros. No block-wide
+/// synchronisation: a row of a few hundred entries is a handful per lane.
+__global__ void softmax_in_place(double* w, const unsigned char* kept, int n, std::int64_t rows) {
+  const std::int64_t r = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (r >= rows) return;  // whole warps leave together
+  const int lane = threadIdx.x % kWarp;
+  double* row = w + r * n;
+  const unsigned char* keep = kept ? kept + r * n : nullptr;
   double m = -HUGE_VAL;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+  for (int j = lane; j < n; j += kWarp) {
     if (!keep || keep[j]) m = fmax(m, row[j]);
   }
-  m = block_reduce<true>(m, shared);
+  m = warp_reduce<true>(m);
   double s = 0.0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+  for (int j = lane; j < n; j += kWarp) {
     const double e = (!keep || keep[j]) ? exp(row[j] - m) : 0.0;
     row[j] = e;
     s += e;
   }
-  s = block_reduce<false>(s, shared);
-  for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = s > 0.0 ? row[j] / s : 0.0;
+  s = warp_reduce<false>(s);
+  for (int j = lane; j < n; j += kWarp) row[j] = s > 0.0 ? row[j] / s : 0.0;
 }
 
 /// w_ij = a_i p_ij + b_i over products p in place; zeros for degenerate rows.
@@ -70,23 +69,50 @@ __global__ void kernel_form(double* w, const double* a, const double* b, const u
 }
 
 unsigned blocks_for(std::int64_t count) { return unsigned((count + kThreads - 1) / kThreads); }
+unsigned row_blocks(std::int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+}  // namespace
+
+namespace {
+
+/// Widening, logits and softmax of float q, k already on the device (qf, then kf = qf + in).
+DeviceRows softmax_rows_on_device(Context& ctx, const float* qf, int batch, int n, int d, double scale) {
+  const std::int64_t in = std::int64_t(batch) * n * d, out = std::int64_t(batch) * n * n;
+  double* qd = ctx.fq.as<double>(std::size_t(2 * in));
+  double* kd = qd + in;
+  double* w = ctx.rows.as<double>(std::size_t(out));
+  if (in > 0) widen<<<blocks_for(2 * in), kThreads, 0, ctx.stream>>>(qf, qd, 2 * in);
+  check(cudaGetLastError(), "widen");
+  products(ctx, qd, kd, w, batch, n, d, scale);
+  if (out > 0) softmax_in_place<<<row_blocks(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, nullptr, n, std::int64_t(batch) * n);
+  check(cudaGetLastError(), "softmax_in_place");
+  return {w, batch, n};
+}
 
 }  // namespace
 
 DeviceRows softmax_rows(Context& ctx, const float* q, const float* k, int batch, int n, int d, double scale) {
-  const std::int64_t in = std::int64_t(batch) * n * d, out = std::int64_t(batch) * n * n;
+  const std::int64_t in = std::int64_t(batch) * n * d;
   float* qf = ctx.q.as<float>(std::size_t(2 * in));
   float* kf = qf + in;
-  double* qd = ctx.fq.as<double>(std::size_t(2 * in));
-  double* kd = qd + in;
-  double* w = ctx.rows.as<double>(std::size_t(out));
   ctx.upload({{qf, q, std::size_t(in) * sizeof(float)}, {kf, k, std::size_t(in) * sizeof(float)}});
-  if (in > 0) widen<<<blocks_for(2 * in), kThreads, 0, ctx.stream>>>(qf, qd, 2 * in);
-  check(cudaGetLastError(), "widen");
-  products(ctx, qd, kd, w, batch, n, d, scale);
-  if (out > 0) softmax_in_place<<<unsigned(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, nullptr, n);
-  check(cudaGetLastError(), "softmax_in_place");
-  return {w, batch, n};
+  return softmax_rows_on_device(ctx, qf, batch, n, d, scale);
+}
+
+float* softmax_inputs(Context& ctx, int batch, int n, int d) {
+  ctx.synchronize();
+  return ctx.inputs.as<float>(std::size_t(2) * std::size_t(batch) * std::size_t(n) * std::size_t(d));
+}
+
+DeviceRows softmax_rows_pinned(Context& ctx, int batch, int n, int d, double scale) {
+  const std::size_t in = std::size_t(batch) * std::size_t(n) * std::size_t(d);
+  float* qf = ctx.q.as<float>(2 * in);
+  const float* host = ctx.inputs.as<float>(2 * in);  // the area softmax_inputs gave (grow-only)
+  if (in > 0) {
+    check(cudaMemcpyAsync(qf, host, 2 * in * sizeof(float), cudaMemcpyHostToDevice, ctx.stream),
+          "cudaMemcpyAsync (pinned inputs)");
+  }
+  return softmax_rows_on_device(ctx, qf, batch, n, d, scale);
 }
 
 DeviceRows softmax_rows_half(Context& ctx, const std::uint16_t* q, const std::uint16_t* k, int batch, int n, int d,
@@ -101,7 +127,7 @@ DeviceRows softmax_rows_half(Context& ctx, const std::uint16_t* q, const std::ui
   if (in > 0) widen_half<<<blocks_for(2 * in), kThreads, 0, ctx.stream>>>(qh, qd, 2 * in);
   check(cudaGetLastError(), "widen_half");
   products(ctx, qd, kd, w, batch, n, d, scale);
-  if (out > 0) softmax_in_place<<<unsigned(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, nullptr, n);
+  if (out > 0) softmax_in_place<<<row_blocks(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, nullptr, n, std::int64_t(batch) * n);
   check(cudaGetLastError(), "softmax_in_place");
   return {w, batch, n};
 }
@@ -120,7 +146,7 @@ DeviceRows softmax_rows(Context& ctx, const double* q, const double* k, const un
     ctx.upload({{qd, q, std::size_t(in) * sizeof(double)}, {kd, k, std::size_t(in) * sizeof(double)}});
   }
   products(ctx, qd, kd, w, batch, n, d, scale);
-  if (out > 0) softmax_in_place<<<unsigned(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, keep, n);
+  if (out > 0) softmax_in_place<<<row_blocks(std::int64_t(batch) * n), kThreads, 0, ctx.stream>>>(w, keep, n, std::int64_t(batch) * n);
   check(cudaGetLastError(), "softmax_in_place");
   return {w, batch, n};
 }

@@ -28,6 +28,15 @@ struct DeviceRows {
 /// the sum, the steps of softmax_exact_row (softmax.hpp).
 DeviceRows softmax_rows(Context& ctx, const float* q, const float* k, int batch, int n, int d, double scale);
 
+/// Page-locked host memory for the inputs of softmax_rows_pinned: q of every head, then k of
+/// every head (float, batch x n x d each). The caller writes them in place, so the batch is copied
+/// to the device straight from there, with no staging copy. Waits for the stream first: the area
+/// is the source of the previous launch's copy.
+float* softmax_inputs(Context& ctx, int batch, int n, int d);
+
+/// softmax_rows of the inputs written to softmax_inputs (the same rows as softmax_rows on them).
+DeviceRows softmax_rows_pinned(Context& ctx, int batch, int n, int d, double scale);
+
 /// The same from float16 inputs (IEEE binary16 bits, as a float16 dump stores them): copied as
 /// float16, half the bytes of float, and widened on the device (exactly, as half.hpp does on the
 /// host), so the rows equal softmax_rows' on the widened values.

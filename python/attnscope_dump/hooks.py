@@ -12,7 +12,9 @@ and leaves the captured tensors, shaped [B, H, N, d] (weights [B, H, N, N]), in 
   is read at that module's first input, so it stays W V.
 * Hugging Face ViT: `encoder.layer[i].attention.attention` (a ViTSelfAttention) with separate
   `query`, `key`, `value` Linears of output [B, N, H*d]; the module's first output is the per-head
-  output. The weights exist only on the eager attention path: where they are wanted, the config's
+  output. transformers 5 (seen in 5.17) drops the encoder module and folds it into
+  `layers[i].attention` with `q_proj`, `k_proj`, `v_proj` and its own `o_proj`: the per-head
+  output is then o_proj's input. The weights exist only on the eager attention path: where they are wanted, the config's
   `_attn_implementation` is set to "eager" for the run (and restored), the model is called with
   `output_attentions=True`, and they are read from the module's second output (current releases,
   where eager_attention_forward is a function with functional dropout) or from the input of its
@@ -107,15 +109,25 @@ class TimmSite:
 
 
 class HFViTSite:
-    """One Hugging Face ViTSelfAttention (`encoder.layer[i].attention.attention`)."""
+    """One Hugging Face ViT self-attention: `encoder.layer[i].attention.attention` (transformers 4:
+    query, key, value; its output is the per-head context) or `encoder.layers[i].attention`
+    (transformers 5: `layers[i].attention` with q_proj, k_proj, v_proj, and an o_proj applied
+    inside, whose input is the per-head context)."""
 
     hint = ("Hugging Face attention returned no weights: load the model with "
             "attn_implementation=\"eager\"")
 
     def __init__(self, sa: nn.Module, config=None):
         self.m = sa
-        h = int(sa.num_attention_heads)
-        d = int(sa.attention_head_size)
+        self.proj = _hf_projection_names(sa)
+        # An output projection inside the module: "out" is its input, not the module's output.
+        self.o_proj = getattr(sa, "o_proj", None) if isinstance(getattr(sa, "o_proj", None), nn.Module) else None
+        cfg = config if config is not None else getattr(sa, "config", None)
+        # Attribute names differ between transformers releases; the config always has the heads.
+        h = int(getattr(sa, "num_attention_heads", None) or getattr(sa, "num_heads", None)
+                or cfg.num_attention_heads)
+        d = int(getattr(sa, "attention_head_size", None) or getattr(sa, "head_dim", None)
+                or getattr(sa, self.proj[0]).out_features // h)
         scale = float(getattr(sa, "scaling", d ** -0.5))
         self.info = LayerInfo(h, d, scale, "softmax", "none")
         self._configs = [c for c in (config, getattr(sa, "config", None)) if c is not None]
@@ -124,16 +136,19 @@ class HFViTSite:
     def install(self, store: dict, want_attn: bool, want_out: bool) -> list:
         m, h = self.m, self.info.num_heads
         hooks = [getattr(m, name).register_forward_hook(
-            lambda _m, _i, o, name=name: store.update({name[0]: _heads(o, h)}))
-            for name in ("query", "key", "value")]
+            lambda _m, _i, o, key=key: store.update({key: _heads(o, h)}))
+            for name, key in zip(self.proj, ("q", "k", "v"))]
         if want_attn:
             self._force_eager()
             if isinstance(getattr(m, "dropout", None), nn.Module):  # releases that call it
                 hooks.append(m.dropout.register_forward_hook(
                     lambda _m, inp, _o: store.update(attn=inp[0])))
+        if want_out and self.o_proj is not None:
+            hooks.append(self.o_proj.register_forward_hook(
+                lambda _m, inp, _o: store.update(out=_heads(inp[0], h))))
 
         def on_output(_m, _i, o):
-            if want_out:
+            if want_out and self.o_proj is None:
                 store["out"] = _heads(o[0] if isinstance(o, tuple) else o, h)
             if want_attn and isinstance(o, tuple) and len(o) > 1 and torch.is_tensor(o[1]):
                 store["attn"] = o[1]
@@ -246,6 +261,28 @@ def _check_projection(m: nn.MultiheadAttention, per_head: torch.Tensor, y: torch
                          "softmax self-attention")
 
 
+_HF_PROJECTIONS = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
+
+
+def _hf_projection_names(m: nn.Module):
+    """The names of a Hugging Face attention module's q, k, v projections, or None."""
+    for names in _HF_PROJECTIONS:
+        if all(isinstance(getattr(m, n, None), nn.Module) for n in names):
+            return names
+    return None
+
+
+def _hf_self_attention(layer: nn.Module):
+    """A Hugging Face ViT layer's self-attention, the module holding the q, k, v projections:
+    `layer.attention.attention` (query, key, value) in transformers 4, `layer.attention` itself
+    (q_proj, k_proj, v_proj and its own o_proj) in transformers 5; None when it has neither."""
+    att = getattr(layer, "attention", None)
+    for cand in (getattr(att, "attention", None), att):
+        if isinstance(cand, nn.Module) and _hf_projection_names(cand) is not None:
+            return cand
+    return None
+
+
 def find_sites(model: nn.Module):
     """Returns (style, [site per layer]) for a supported model; ValueError otherwise."""
     blocks = getattr(model, "blocks", None)
@@ -254,18 +291,20 @@ def find_sites(model: nn.Module):
         return "timm", [TimmSite(b.attn) for b in blocks]
     root = getattr(model, "vit", model)  # ViTForImageClassification wraps a ViTModel
     enc = getattr(root, "encoder", None)
-    layers = getattr(enc, "layer", None)
-    if layers is not None and len(layers) and hasattr(layers[0], "attention") \
-            and hasattr(layers[0].attention, "attention"):
-        cfg = getattr(root, "config", None)
-        return "hf_vit", [HFViTSite(layer.attention.attention, cfg) for layer in layers]
+    # transformers 4: root.encoder.layer; transformers 5: root.layers, no encoder module.
+    for holder, name in ((enc, "layer"), (enc, "layers"), (root, "layers")):
+        layers = getattr(holder, name, None) if holder is not None else None
+        if isinstance(layers, nn.ModuleList) and len(layers) and _hf_self_attention(layers[0]) is not None:
+            cfg = getattr(root, "config", None)
+            return "hf_vit", [HFViTSite(_hf_self_attention(layer), cfg) for layer in layers]
     layers = getattr(enc, "layers", None)
     if layers is not None and len(layers) \
             and isinstance(getattr(layers[0], "self_attention", None), nn.MultiheadAttention):
         return "torchvision", [TorchvisionSite(layer.self_attention) for layer in layers]
     raise ValueError(f"{type(model).__name__}: no supported attention layers found (expected "
-                     "blocks[i].attn.qkv (timm style), encoder.layer[i].attention.attention "
-                     "(Hugging Face ViT) or encoder.layers[i].self_attention (torchvision ViT))")
+                     "blocks[i].attn.qkv (timm style), encoder.layer[i].attention.attention or "
+                     "layers[i].attention with q_proj, k_proj, v_proj (Hugging Face ViT) "
+                     "or encoder.layers[i].self_attention (torchvision ViT))")
 
 
 def call_kwargs(model: nn.Module, style: str, want_attn: bool) -> dict:

@@ -10,6 +10,7 @@ import torch
 from attnscope_dump import dump_model
 from conftest import image_loader
 import standins_hf_current as hf_current
+import standins_hf_v5 as hf_v5
 from standins import TimmVisionTransformer, ViTForImageClassification, ViTModel, hf_config
 
 
@@ -184,3 +185,35 @@ def test_hf_vit_without_weights_names_the_fix(tmp_path, monkeypatch):
         dump_model(model, image_loader(2), str(tmp_path / "d.h5"), with_attn=True)
     assert not (tmp_path / "d.h5").exists()
     assert model.config._attn_implementation == "sdpa"
+
+
+# --- the transformers 5 structure (standins_hf_v5.py): model.layers, one attention module with
+# q_proj, k_proj, v_proj and its own o_proj.
+
+def test_hf_vit_v5_structure(tmp_path):
+    torch.manual_seed(6)
+    model = hf_v5.ViTModel(hf_v5.hf_config()).eval()
+    batches = image_loader(4, batch=2)
+    path = tmp_path / "v5.h5"
+    dump_model(model, batches, str(path), dtype="float32", with_attn=True, with_out=True)
+    assert model.config._attn_implementation == "sdpa", "attention implementation not restored"
+    x = torch.cat([b[0] for b in batches])
+    ref, h = [], model.embeddings(x)
+    with torch.no_grad():
+        for layer in model.layers:
+            a = layer.attention
+            hb = layer.layernorm_before(h)
+            q, k, v = (m(hb).view(len(x), -1, a.num_heads, a.head_dim).transpose(1, 2)
+                       for m in (a.q_proj, a.k_proj, a.v_proj))
+            w = torch.softmax(q @ k.transpose(-2, -1) * a.scaling, dim=-1)
+            ref.append(dict(q=q, k=k, v=v, attn=w, out=w @ v))  # out: o_proj's input, per head
+            h = layer(h)
+        _check(path, ref, "transformers 5 ViTModel")
+        model.config._attn_implementation = "eager"
+        own = model(x, output_attentions=True).attentions
+        model.config._attn_implementation = "sdpa"
+    with h5py.File(path) as f:
+        assert f.attrs["num_heads"] == model.config.num_attention_heads
+        for layer, w in enumerate(own):
+            err = np.abs(f[f"layers/{layer}/attn"][()] - w.numpy()).max()
+            assert err < 1e-6, f"transformers 5 layer {layer}: dump vs outputs.attentions {err}"

@@ -9,7 +9,10 @@
 #include "variant_specs.hpp"
 #include "weights.cuh"
 
+#include <algorithm>
 #include <memory>
+#include <tuple>
+#include <vector>
 
 namespace attnscope::test {
 namespace {
@@ -96,6 +99,32 @@ TEST_F(CudaWeights, Float16CopiedAsFloat16GivesTheRowsOfItsWidenedValues) {
     cuda::download_rows(ctx, cuda::softmax_rows(ctx, q.data(), k.data(), 1, n, d, 0.125), from_float.data());
     EXPECT_TRUE(from_half == from_float) << "N=" << n << " d=" << d << " max diff "
                                          << (from_half - from_float).cwiseAbs().maxCoeff();
+  }
+}
+
+TEST_F(CudaWeights, PinnedInputsGiveTheRowsOfTheStagedCopy) {
+  // A batch of heads written straight into pinned memory gives bit for bit the rows of the same
+  // inputs copied through the staging area, on awkward sizes, and a smaller batch after a larger
+  // one reuses the area (grow-only) without reading stale inputs.
+  for (const auto& [batch, n, d] : {std::tuple{3, 197, 64}, std::tuple{5, 37, 7}, std::tuple{1, 2, 1}}) {
+    std::vector<float> q(static_cast<std::size_t>(batch) * n * d), k(q.size());
+    std::uint64_t state = 0x2545f4914f6cdd1dULL * static_cast<std::uint64_t>(batch + n + d);
+    auto next = [&state] {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-53 * 8.0 - 4.0);
+    };
+    for (auto& x : q) x = next();
+    for (auto& x : k) x = next();
+    cuda::Context& ctx = cuda::this_thread_context();
+    MatD staged(static_cast<Eigen::Index>(batch) * n, n), pinned(staged.rows(), n);
+    cuda::download_rows(ctx, cuda::softmax_rows(ctx, q.data(), k.data(), batch, n, d, 0.125), staged.data());
+    float* area = cuda::softmax_inputs(ctx, batch, n, d);
+    std::copy(q.begin(), q.end(), area);
+    std::copy(k.begin(), k.end(), area + q.size());
+    cuda::download_rows(ctx, cuda::softmax_rows_pinned(ctx, batch, n, d, 0.125), pinned.data());
+    EXPECT_TRUE(staged == pinned) << "batch=" << batch << " N=" << n << " d=" << d << " max diff "
+                                  << (staged - pinned).cwiseAbs().maxCoeff();
+    EXPECT_TRUE(staged.allFinite());
   }
 }
 

@@ -303,6 +303,58 @@ TEST_F(DumpLoop, BudgetSetsTheQueueNotTheResults) {
   }
 }
 
+// Whole images at a time (the GPU's loop): every selected image once, in order, each with all its
+// heads in selection order and the same inputs as for_each_head gives, batches of at most
+// max_images, on_image after each batch's images in order; the read-ahead follows read_ahead.
+TEST_F(DumpLoop, ImageBatchesHoldWholeImagesInOrder) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {4, 0, 2, 3, 1};
+  sel.layers = {1, 2};
+  sel.heads = {1, 0};
+  sel.transform = parse_query_transform("f1");
+  Selection r = resolve(reader.schema(), sel);
+  r.read_ahead = 5;
+  r.stats = std::make_shared<LoopStats>();
+  EXPECT_EQ(plan_loop_memory(reader.schema(), r).depth, 5u);
+  for (std::size_t max_images : {std::size_t{1}, std::size_t{2}, std::size_t{5}}) {
+    std::vector<int> images, finished;
+    std::size_t batches = 0, largest = 0;
+    for_each_image_batch(
+        reader, r, max_images,
+        [&](const std::vector<ImageHeads>& batch) {
+          ++batches;
+          largest = std::max(largest, batch.size());
+          EXPECT_EQ(finished.size(), images.size()) << "a batch began before the last one was finished";
+          for (const ImageHeads& heads : batch) {
+            ASSERT_EQ(heads.size(), 4u);
+            const int image = heads.front().image;
+            images.push_back(image);
+            const ImageQKV want = synth_image(opts_, image);
+            std::size_t at = 0;
+            for (int l : {1, 2}) {
+              for (int h : {1, 0}) {
+                const HeadView& hv = heads[at++];
+                EXPECT_EQ(std::tie(hv.image, hv.layer, hv.head), std::tie(image, l, h));
+                ASSERT_NE(hv.q_raw, nullptr);
+                EXPECT_TRUE(hv.q_raw->isApprox(want.Q(l, h), 0.0));
+                EXPECT_TRUE(hv.q.isApprox(r.transform.apply<float>(want.Q(l, h)), 0.0));
+                EXPECT_TRUE(hv.k.isApprox(want.K(l, h), 0.0));
+              }
+            }
+          }
+        },
+        [&](int image) { finished.push_back(image); });
+    EXPECT_EQ(images, sel.images) << "max_images " << max_images;
+    EXPECT_EQ(finished, sel.images) << "max_images " << max_images;
+    EXPECT_LE(largest, max_images);
+    EXPECT_GE(batches, (sel.images.size() + max_images - 1) / max_images);
+  }
+  EXPECT_EQ(r.stats->images, 15);
+  EXPECT_EQ(r.stats->queue_depth, 5u);
+  EXPECT_THROW(for_each_image_batch(reader, r, 0, [](const std::vector<ImageHeads>&) {}), UsageError);
+}
+
 // The reader's error at image n surfaces after images before it were computed, and the reader
 // thread is joined when the computing side throws.
 TEST_F(DumpLoop, ComputeErrorStopsTheReader) {

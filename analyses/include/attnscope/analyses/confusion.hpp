@@ -50,6 +50,10 @@ class ExactRows {
   /// 1/den_i for normalised kernels, 1 for inline, beta_i for mala). Float inputs with the non-exp
   /// maps never come near it.
   ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale);
+  /// The constructor's checks of its inputs alone (shapes, the variant, finiteness, and for
+  /// softmax the logits' bound), without computing anything: the same exceptions, in the same
+  /// order. A softmax head passes it exactly when ExactRows(v, q, k, scale) would succeed.
+  static void validate(const Variant& v, const MatF& q, const MatF& k, double scale);
 
   [[nodiscard]] int tokens() const { return n_; }
   [[nodiscard]] const Variant& variant() const { return variant_; }
@@ -69,6 +73,7 @@ class ExactRows {
 
  private:
   [[noreturn]] void out_of_range(const std::string& what, double value) const;
+  [[noreturn]] static void out_of_range(const Variant& v, const std::string& what, double value);
 
   Variant variant_;
   int n_ = 0;

@@ -14,6 +14,7 @@
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
+#include <cstddef>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct HeadInput {
   const MatF* k = nullptr;
 };
 
+/// Images whose heads the streaming confusion run sends to the GPU together (confusion_images).
+inline constexpr std::size_t kCudaImagesPerLaunch = 32;
+
 /// count_confusion_cuda of many heads (of any images) with as few launches as fit in device
 /// memory: heads of one shape go to the GPU together (one copy, strided-batched products, one
 /// candidate kernel per launch), the exact judging of their candidates runs on the OpenMP threads.
@@ -59,6 +63,9 @@ std::vector<double> local_mass_cuda(const Variant& v, const MatF& q, const MatF&
 /// R_i of every row of a head (candidate_margin.hpp): how far the GPU's row i may lie from
 /// ExactRows's row i. q, k are the head's (as given to ExactRows). Plain host code.
 std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, const MatF& k, double scale);
+/// The same for a softmax head, from q and k alone (what candidate_row_bounds uses of them),
+/// written to `out` (N entries): the GPU path needs no ExactRows of a head without candidates.
+void softmax_row_bounds(const MatF& q, const MatF& k, double scale, double* out);
 
 /// The candidate filter evaluated on the host from rows computed in any way within the bounds
 /// (w: N x N): the reference of the GPU's filter, for tests. Pairs i < j, sorted.

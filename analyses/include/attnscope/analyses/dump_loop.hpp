@@ -52,6 +52,10 @@ struct Selection {
   /// When set, for_each_head adds its measurements here (the copies an analysis makes of its
   /// selection share it).
   std::shared_ptr<LoopStats> stats;
+  /// The most images in flight (0: kMaxQueueDepth). A path that takes many images per launch
+  /// (the GPU's, for_each_image_batch) asks for more read-ahead here; the memory budget still
+  /// bounds it.
+  std::size_t read_ahead = 0;
 };
 
 /// How for_each_head spends its memory budget on a selection.
@@ -63,7 +67,7 @@ struct LoopMemory {
 };
 
 /// The plan for `resolved` under its max_memory: at least two images in flight (one computed,
-/// one read), at most kMaxQueueDepth; the chunk cache gets an eighth of what remains (at most
+/// one read), at most kMaxQueueDepth (or the selection's read_ahead); the chunk cache gets an eighth of what remains (at most
 /// kMaxChunkCache) when two images still fit beside it. UsageError naming the bytes needed when
 /// the budget cannot hold two images.
 LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved);
@@ -103,6 +107,18 @@ Selection resolve(const DumpSchema& schema, Selection sel);
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
+
+/// The heads of one image, in selection order (layer slot, then head), as for_each_head gives
+/// them one at a time.
+using ImageHeads = std::vector<HeadView>;
+
+/// Like for_each_head, but whole images at a time for paths that compute many heads in one
+/// launch: fn receives up to `max_images` images (every image already read when it is called,
+/// at least one, in order) and runs on the calling thread; on_image(image) follows for each of
+/// them, in order. The reader keeps reading ahead while fn runs.
+void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::size_t max_images,
+                          const std::function<void(const std::vector<ImageHeads>&)>& fn,
+                          const std::function<void(int image)>& on_image = {});
 
 /// Parses an index list such as "0-9,15,20-22" (ranges inclusive, order kept). Throws UsageError
 /// naming `flag` on malformed text (an empty item included) and on an index listed twice. An
