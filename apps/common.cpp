@@ -445,7 +445,7 @@ std::filesystem::path RunMetadata::publish(ResultSet& set) {
   j_["elapsed_s"] = dt.count();
   if (const analyses::LoopStats& s = *run_loop_stats(); s.images > 0) {
     j_["results"]["io_wait_seconds"] = s.io_wait_seconds;
-    j_["results"]["loop_s"] = s.loop_seconds;  // the streaming loops' wall time: elapsed_s less set-up
+    j_["results"]["loop_seconds"] = s.loop_seconds;  // the streaming loops' wall time: elapsed_s less set-up
     j_["results"]["io_wait_share"] = s.loop_seconds > 0 ? s.io_wait_seconds / s.loop_seconds : 0.0;
     j_["results"]["read_queue"] = {{"images_in_flight", s.queue_depth},
                                    {"image_bytes", s.image_bytes},

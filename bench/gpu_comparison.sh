@@ -198,7 +198,7 @@ if dry:
 def counts(name):
     return {int(r["image"]): int(r["count"]) for r in csv.DictReader(open(f"{res}/{name}/confusion_per_image.csv"))}
 
-print("ms/image: attnscope's streaming loop (results.loop_s / images: reading, copies, GPU and judging) and")
+print("ms/image: attnscope's streaming loop (results.loop_seconds / images: reading, copies, GPU and judging) and")
 print("its whole run (elapsed_s / images: start-up, device set-up and the input fingerprint too); the")
 print("per-image median / min / max is the time between finished images (the GPU finishes a batch of")
 print("images at once: its median is no per-image cost); PyTorch: per batch (h5py read included) / batch size.\n")
@@ -214,9 +214,9 @@ def whole(j):
     return 1e3 * j["elapsed_s"] / images_of(j)
 
 def loop(j):
-    """ms per image of the streaming loop alone (results.loop_s; older builds: io_wait / share)."""
+    """ms per image of the streaming loop alone (results.loop_seconds; older builds: io_wait / share)."""
     r = j["results"]
-    s = r.get("loop_s") or (r["io_wait_seconds"] / r["io_wait_share"] if r.get("io_wait_share") else 0.0)
+    s = r.get("loop_seconds") or (r["io_wait_seconds"] / r["io_wait_share"] if r.get("io_wait_share") else 0.0)
     return 1e3 * s / images_of(j)
 
 shapes = [("deit", "DeiT-T (197 tokens)"), ("hires", "3,136 tokens")]
