@@ -127,18 +127,25 @@ class ViTModel(nn.Module):
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, pixel_values, **kwargs):
-        want = kwargs.get("output_attentions", self.config.output_attentions)
-        recorded, hooks = [], []
-        if want:
-            hooks = [m.register_forward_hook(lambda _m, _i, o: recorded.append(o[1]))
-                     for m in self.modules() if isinstance(m, ViTSelfAttention)]
-        try:
-            h = self.encoder(self.embeddings(pixel_values)).last_hidden_state
-        finally:
-            for hk in hooks:
-                hk.remove()
-        return SimpleNamespace(last_hidden_state=self.layernorm(h),
-                               attentions=tuple(recorded) if want else None)
+        return forward_recording(self, ViTSelfAttention, kwargs,
+                                 lambda: self.encoder(self.embeddings(pixel_values)).last_hidden_state)
+
+
+def forward_recording(model, attention_type, kwargs, run):
+    """A ViTModel's forward: run() gives the last hidden state; with output_attentions the weights
+    (each `attention_type` module's second output) are recorded, as transformers does with hooks."""
+    want = kwargs.get("output_attentions", model.config.output_attentions)
+    recorded, hooks = [], []
+    if want:
+        hooks = [m.register_forward_hook(lambda _m, _i, o: recorded.append(o[1]))
+                 for m in model.modules() if isinstance(m, attention_type)]
+    try:
+        h = run()
+    finally:
+        for hk in hooks:
+            hk.remove()
+    return SimpleNamespace(last_hidden_state=model.layernorm(h),
+                           attentions=tuple(recorded) if want else None)
 
 
 class ViTForImageClassification(nn.Module):

@@ -6,9 +6,6 @@ functions; structure and names follow the library, the code is this project's ow
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import torch
 from torch import nn
 
 import standins_hf_current as current
@@ -67,17 +64,9 @@ class ViTModel(nn.Module):
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, pixel_values, **kwargs):
-        want = kwargs.get("output_attentions", self.config.output_attentions)
-        recorded, hooks = [], []
-        if want:
-            hooks = [m.register_forward_hook(lambda _m, _i, o: recorded.append(o[1]))
-                     for m in self.modules() if isinstance(m, ViTAttention)]
-        try:
+        def run():
             h = self.embeddings(pixel_values)
             for layer in self.layers:
                 h = layer(h)
-        finally:
-            for hk in hooks:
-                hk.remove()
-        return SimpleNamespace(last_hidden_state=self.layernorm(h),
-                               attentions=tuple(recorded) if want else None)
+            return h
+        return current.forward_recording(self, ViTAttention, kwargs, run)
