@@ -4,7 +4,8 @@
 # SMALL_GB, runs `confusion` and `locality` over each under /usr/bin/time -v, and prints a markdown
 # table: images, wall time of the process, images per second (over the run JSON's elapsed_s; for
 # synth over the wall time), peak RSS and the share of the streaming loop spent
-# waiting for the reader (the run JSON's results.io_wait_share). Peak RSS at the two sizes shows
+# waiting for the reader (the run JSON's results.io_wait_share), and the seconds before the loop
+# (elapsed_s less results.loop_seconds: start-up and the input check). Peak RSS at the two sizes shows
 # that memory does not grow with the dump. When the binary was built with MPI, `confusion` is
 # also run under `mpirun --oversubscribe -n R` for each R of RANKS, its CSVs checked byte for byte
 # against the plain run. The generated files are deleted at the end, whatever happens.
@@ -92,7 +93,7 @@ rows=()
 # row LABEL IMAGES NAME...: one table row from the repeats NAME... (their .wall, .rss, .json)
 row() {
   local label=$1 n=$2; shift 2
-  local walls=() rates=() rss=() io=()
+  local walls=() rates=() rss=() io=() setup=()
   for name in "$@"; do
     walls+=("$WORKDIR/$name.wall")
     # images/s over the run's own elapsed time (its JSON, to the microsecond) where there is one
@@ -110,11 +111,16 @@ PY
     if [ -f "$WORKDIR/$name.json" ]; then
       python3 -c "import json; print(json.load(open('$WORKDIR/$name.json'))['results'].get('io_wait_share', float('nan')))" >"$WORKDIR/$name.io"
       io+=("$WORKDIR/$name.io")
+      # elapsed_s less the streaming loops' time: start-up and the input check (the fingerprint
+      # that hashes every byte of the dump).
+      python3 -c "import json; j = json.load(open('$WORKDIR/$name.json')); print(j['elapsed_s'] - j['results'].get('loop_seconds', float('nan')))" >"$WORKDIR/$name.setup"
+      setup+=("$WORKDIR/$name.setup")
     fi
   done
-  local io_text="n/a"
+  local io_text="n/a" setup_text="n/a"
   [ ${#io[@]} -gt 0 ] && io_text=$(stats "${io[@]}")
-  rows+=("| $label | $n | $(stats "${walls[@]}") | $(stats "${rates[@]}") | $(stats "${rss[@]}") | $io_text |")
+  [ ${#setup[@]} -gt 0 ] && setup_text=$(stats "${setup[@]}")
+  rows+=("| $label | $n | $(stats "${walls[@]}") | $(stats "${rates[@]}") | $(stats "${rss[@]}") | $io_text | $setup_text |")
 }
 
 for size in "$SMALL_GB" "$SIZE_GB"; do
@@ -157,8 +163,8 @@ done
 echo
 echo "attnscope $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $THREADS threads, ${REPEATS} repeat(s): median (min-max); --max-memory ${MAX_MEMORY:-default}; page cache $([ "$DROP_CACHES" = 1 ] && echo dropped before each run || echo kept)"
 echo
-echo "| run | images | wall s | images/s | peak RSS MiB | io-wait share |"
-echo "|---|---|---|---|---|---|"
+echo "| run | images | wall s | images/s | peak RSS MiB | io-wait share | set-up s (start-up + input check) |"
+echo "|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 if [ -z "$mpi" ]; then
   echo
