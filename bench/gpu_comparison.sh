@@ -92,19 +92,23 @@ cat "$DATA/deit.h5" "$DATA/hires.h5" >/dev/null  # page cache: every tool reads 
 
 # --- Runs ----------------------------------------------------------------------------------------
 export OMP_WAIT_POLICY=PASSIVE
-# run NAME DUMP IMAGES ARGS...: attnscope softmax confusion; wall seconds to NAME.wall
+# timed NAME COMMAND...: stdout and stderr to NAME.out and NAME.err, wall seconds to NAME.wall;
+# returns the command's status
+timed() {
+  local name=$1 t0 rc=0; shift
+  t0=$(date +%s.%N)
+  "$@" >"$RES/$name.out" 2>"$RES/$name.err" || rc=$?
+  awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }' >"$RES/$name.wall"
+  return "$rc"
+}
+# run NAME DUMP IMAGES ARGS...: attnscope softmax confusion (a failure stops the script)
 run() {
   local name=$1 dump=$2 n=$3; shift 3
-  local t0 t1 variant=(--variant softmax) rest=()
+  local variant=(--variant softmax) rest=()
   for x in "$@"; do  # --variant-from-dump: the dump's own family (a model's dump)
     if [ "$x" = --variant-from-dump ]; then variant=(); else rest+=("$x"); fi
   done
-  set -- "${rest[@]}"
-  t0=$(date +%s.%N)
-  "$A" confusion --dump "$dump" --out "$RES/$name" "${variant[@]}" --images "0-$((n - 1))" "$@" \
-    >"$RES/$name.out" 2>"$RES/$name.err"
-  t1=$(date +%s.%N)
-  awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >"$RES/$name.wall"
+  timed "$name" "$A" confusion --dump "$dump" --out "$RES/$name" "${variant[@]}" --images "0-$((n - 1))" "${rest[@]}"
 }
 torch_run() {  # torch_run NAME DUMP IMAGES EXACT_CSV
   if "$PYTHON" bench/torch_gpu_confusion.py --dump "$2" --images "$3" --exact "$4" --device "$GPU_DEVICE" >"$RES/$1.json" 2>"$RES/$1.err"; then
@@ -124,14 +128,11 @@ for shape in deit hires; do
 done
 
 # --- Locality and masking: the per-head GPU paths (one head per launch, a stream per thread) -----
-# other NAME COMMAND DEVICE THREADS IMAGES: wall seconds to NAME.wall
+# other NAME COMMAND DEVICE THREADS IMAGES: a failure is reported and the script goes on
 other() {
-  local name=$1 cmd=$2 dev=$3 thr=$4 n=$5 t0 t1
-  t0=$(date +%s.%N)
-  "$A" "$cmd" --dump "$DATA/deit.h5" --out "$RES/$name" --images "0-$((n - 1))" --device "$dev" --threads "$thr" \
-    >"$RES/$name.out" 2>"$RES/$name.err" || say "$name failed: $(tail -1 "$RES/$name.err")"
-  t1=$(date +%s.%N)
-  awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >"$RES/$name.wall"
+  local name=$1 cmd=$2 dev=$3 thr=$4 n=$5
+  timed "$name" "$A" "$cmd" --dump "$DATA/deit.h5" --out "$RES/$name" --images "0-$((n - 1))" --device "$dev" \
+    --threads "$thr" || say "$name failed: $(tail -1 "$RES/$name.err")"
 }
 for cmd in locality mask; do
   other "${cmd}_gpu" "$cmd" "$GPU_DEVICE" "$CORES" "$OTHER_IMAGES"

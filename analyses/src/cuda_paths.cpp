@@ -296,7 +296,8 @@ std::vector<HeadConfusion> launch(const Variant& v, const std::vector<HeadInput>
       } else {
         const std::vector<double> rb = candidate_row_bounds(*rows[m], *h.q, *h.k, scale);
         std::copy(rb.begin(), rb.end(), b);
-        for (int i = 0; i < n; ++i) flags[m * per_head + static_cast<std::size_t>(i)] = rows[m]->degenerate(i) ? 1 : 0;
+        const std::vector<unsigned char> f = degenerate_flags(*rows[m]);
+        std::copy(f.begin(), f.end(), flags.begin() + static_cast<std::ptrdiff_t>(m * per_head));
       }
     } catch (...) {
       errors[m] = std::current_exception();

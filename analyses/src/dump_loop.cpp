@@ -200,18 +200,13 @@ class ImageQueue {
       waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (ready_.empty()) std::rethrow_exception(error_);
-    ImageBuffer* b = ready_.front();
-    ready_.pop_front();
-    return b;
+    return pop_ready();
   }
   /// Computing side: the next image if it has been read already, else null (never waits; a
   /// reader's error is left for take_ready to rethrow).
   ImageBuffer* try_take_ready() {
     std::lock_guard lock(mu_);
-    if (ready_.empty()) return nullptr;
-    ImageBuffer* b = ready_.front();
-    ready_.pop_front();
-    return b;
+    return ready_.empty() ? nullptr : pop_ready();
   }
   void give_back(ImageBuffer* b) {
     {
@@ -233,6 +228,13 @@ class ImageQueue {
   std::deque<ImageBuffer*> free_, ready_;
   std::exception_ptr error_;
   bool stop_ = false;
+
+  /// The front of `ready` (not empty), with the lock held.
+  ImageBuffer* pop_ready() {
+    ImageBuffer* b = ready_.front();
+    ready_.pop_front();
+    return b;
+  }
   std::mutex mu_;
   std::condition_variable cv_;
 };
@@ -333,10 +335,11 @@ std::string byte_size_text(std::size_t bytes) {
 namespace {
 
 /// The streaming loop both entry points share: the reader thread fills the queue; `consume` takes
-/// the images it wants (take_ready, try_take_ready), computes them, gives the buffers back and
-/// returns how many it finished, until every selected image is done.
+/// the images it wants (take_ready, try_take_ready; at most `left`, the images not yet done),
+/// computes them, gives the buffers back and returns how many it finished, until every selected
+/// image is done.
 void stream_images(DumpReader& reader, const Selection& resolved,
-                   const std::function<std::size_t(ImageQueue&, double& waited)>& consume) {
+                   const std::function<std::size_t(ImageQueue&, double& waited, std::size_t left)>& consume) {
   if (resolved.images.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
@@ -357,7 +360,7 @@ void stream_images(DumpReader& reader, const Selection& resolved,
   });
   double waited = 0;
   std::size_t done = 0;
-  while (done < resolved.images.size()) done += consume(queue, waited);
+  while (done < resolved.images.size()) done += consume(queue, waited, resolved.images.size() - done);
   if (resolved.stats) {
     LoopStats& s = *resolved.stats;
     s.io_wait_seconds += waited;
@@ -374,7 +377,7 @@ void stream_images(DumpReader& reader, const Selection& resolved,
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image) {
-  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited) -> std::size_t {
+  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited, std::size_t) -> std::size_t {
     ImageBuffer* b = queue.take_ready(waited);
     compute_image(*b, resolved, fn);
     const int image = b->qkv.image;
@@ -388,8 +391,7 @@ void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::si
                           const std::function<void(const std::vector<ImageHeads>&)>& fn,
                           const std::function<void(int image)>& on_image) {
   if (max_images < 1) throw UsageError("for_each_image_batch: max_images must be at least 1");
-  std::size_t left = resolved.images.size();
-  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited) -> std::size_t {
+  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
     std::vector<ImageBuffer*> taken{queue.take_ready(waited)};
     while (taken.size() < std::min(max_images, left)) {
       ImageBuffer* b = queue.try_take_ready();
@@ -410,7 +412,6 @@ void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::si
       queue.give_back(b);
       if (on_image) on_image(image);
     }
-    left -= taken.size();
     return taken.size();
   });
 }

@@ -121,7 +121,8 @@ class HFViTSite:
         self.m = sa
         self.proj = _hf_projection_names(sa)
         # An output projection inside the module: "out" is its input, not the module's output.
-        self.o_proj = getattr(sa, "o_proj", None) if isinstance(getattr(sa, "o_proj", None), nn.Module) else None
+        o_proj = getattr(sa, "o_proj", None)
+        self.o_proj = o_proj if isinstance(o_proj, nn.Module) else None
         cfg = config if config is not None else getattr(sa, "config", None)
         # Attribute names differ between transformers releases; the config always has the heads.
         h = int(getattr(sa, "num_attention_heads", None) or getattr(sa, "num_heads", None)
