@@ -134,6 +134,21 @@ def augment(x: torch.Tensor, pad: int, hflip: bool, gen: torch.Generator) -> tor
 
 
 @torch.no_grad()
+def code_commit() -> str | None:
+    """The commit of this checkout and whether it has local changes ("<sha>" or "<sha>+dirty"),
+    recorded with every model; None outside a git checkout or without git."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
 def evaluate(model, loader, device) -> float:
     model.eval()
     correct = total = 0
@@ -227,6 +242,7 @@ def train(args) -> dict:
         "amp": "bf16" if amp else "off", "weights_dtype": args.weights_dtype,
         "final_train_loss": sum(t.item() for t in losses[-50:]) / len(losses[-50:]),
         "train_seconds": round(train_seconds, 1), "torch_version": torch.__version__,
+        "code_commit": code_commit(),
         "config": cfg.to_dict(),
     }
     os.makedirs(args.out, exist_ok=True)

@@ -70,6 +70,13 @@ def test_one_step_training_smoke(tmp_path, fake_fmnist):
     x, _ = data.load_split("test", root=str(fake_fmnist))
     acc = (model(x).argmax(1) == data.load_split("test", root=str(fake_fmnist))[1]).float().mean()
     assert acc.item() == pytest.approx(rec["test_accuracy"])
+    # The commit of the training code (this checkout's, when it is one).
+    head = subprocess.run(["git", "-C", PYTHON_DIR, "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    if head.returncode == 0:
+        assert rec["code_commit"].split("+")[0] == head.stdout.strip()
+    else:
+        assert rec["code_commit"] is None
 
 
 @pytest.mark.parametrize("family,fmap", MODEL_VARIANTS, ids=MODEL_VARIANT_IDS)
