@@ -6,10 +6,13 @@
 
 #include "attnscope/analyses/confusion.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace attnscope::app {
@@ -20,6 +23,7 @@ struct ConfusionFlags {
   SelectionFlags sel;
   analyses::ConfusionOptions opt;
   bool reference = false;
+  std::string exclude_tokens = "none";
   RunControl control;
 };
 
@@ -35,7 +39,10 @@ po::options_description confusion_options(ConfusionFlags& f) {
       ("query-eps", po::value(&f.opt.query_eps)->value_name("E")->default_value(f.opt.query_eps, "1e-6"),
        "raw queries closer than this (L2) are the same query, never confusion")
       ("reference", po::bool_switch(&f.reference),
-       "brute force over every pair in double (slow; for checks and benchmarks)");
+       "brute force over every pair in double (slow; for checks and benchmarks)")
+      ("exclude-tokens", po::value(&f.exclude_tokens)->value_name("FILTER")->default_value(f.exclude_tokens),
+       "leave tokens out of every pair: none, constant-patch (grid tokens whose patch of /images is "
+       "constant) or mask:DATASET (a [images, tokens] bool/uint8 mask in the dump, 1 = exclude)");
   add_threads_option(d, f.common);
   add_device_option(d, f.common);
   add_seed_option(d, f.common);
@@ -43,7 +50,8 @@ po::options_description confusion_options(ConfusionFlags& f) {
   return d;
 }
 
-/// An image's record: per variant, the four counts of every head slot in a row.
+/// An image's record: "heads", per variant the four counts of every head slot in a row, and
+/// "excluded_tokens", the image's tokens left out by the filter.
 nlohmann::json to_record(const analyses::ConfusionImage& img) {
   nlohmann::json r = nlohmann::json::array();
   for (const auto& heads : img.heads) {
@@ -54,13 +62,17 @@ nlohmann::json to_record(const analyses::ConfusionImage& img) {
     }
     r.push_back(std::move(flat));
   }
-  return r;
+  return {{"heads", std::move(r)}, {"excluded_tokens", img.excluded_tokens}};
 }
 
-analyses::ConfusionImage from_record(int image, const nlohmann::json& r) {
+analyses::ConfusionImage from_record(int image, const nlohmann::json& rec) {
   analyses::ConfusionImage img;
   img.image = image;
-  for (const auto& v : r) {
+  if (!rec.is_object() || !rec.contains("heads") || !rec.contains("excluded_tokens")) {
+    throw Error("confusion: a malformed record of image " + std::to_string(image));
+  }
+  img.excluded_tokens = rec.at("excluded_tokens").get<int>();
+  for (const auto& v : rec.at("heads")) {
     const auto flat = v.get<std::vector<std::int64_t>>();
     if (flat.size() % 4 != 0) throw Error("confusion: a malformed record of image " + std::to_string(image));
     std::vector<analyses::HeadConfusion> heads(flat.size() / 4);
@@ -82,6 +94,24 @@ void write_per_head(ResultSet& set, const analyses::ConfusionResult& r) {
     for (const auto& h : r.per_head[v]) {
       f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << h.count << ","
                  << h.degenerate_rows << "," << h.degenerate_pairs << "\n";
+    }
+  }
+  f.close();
+}
+
+double mean_of(std::int64_t total, std::int64_t images) {
+  return images > 0 ? static_cast<double>(total) / static_cast<double>(images) : 0.0;
+}
+
+void write_per_layer(ResultSet& set, const analyses::ConfusionResult& r) {
+  ResultFile f(set, "confusion_per_layer.csv");
+  f.stream() << "variant,layer,count,images,mean_per_image,images_with_pairs,degenerate_pairs\n"
+             << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& l : r.per_layer[v]) {
+      f.stream() << r.variants[v].name() << "," << l.layer << "," << l.count << "," << r.images
+                 << "," << mean_of(l.count, r.images) << "," << l.images_with_pairs << ","
+                 << l.degenerate_pairs << "\n";
     }
   }
   f.close();
@@ -113,8 +143,31 @@ void print_histogram(const analyses::ConfusionResult& r, const Histograms& hist)
   }
 }
 
-void print_summary(const analyses::ConfusionResult& r,
-                   const std::vector<std::int64_t>& degenerate_pairs) {
+/// Rows: layers; columns: variants; cells: mean confused pairs per image (all images' total).
+void print_per_layer(const analyses::ConfusionResult& r) {
+  std::cout << "confused pairs per layer: mean per image (total over " << r.images << " images)\n";
+  std::vector<int> width;
+  std::cout << std::left << std::setw(7) << "layer";
+  for (const Variant& v : r.variants) {
+    width.push_back(std::max<int>(20, static_cast<int>(v.name().size()) + 2));
+    std::cout << std::setw(width.back()) << v.name();
+  }
+  std::cout << "\n";
+  const std::size_t layers = r.per_layer.empty() ? 0 : r.per_layer.front().size();
+  for (std::size_t l = 0; l < layers; ++l) {
+    std::cout << std::setw(7) << r.per_layer.front()[l].layer;
+    for (std::size_t v = 0; v < r.variants.size(); ++v) {
+      std::ostringstream cell;
+      cell << std::fixed << std::setprecision(2) << mean_of(r.per_layer[v][l].count, r.images)
+           << " (" << r.per_layer[v][l].count << ")";
+      std::cout << std::setw(width[v]) << cell.str();
+    }
+    std::cout << "\n";
+  }
+}
+
+void print_summary(const analyses::ConfusionResult& r, const analyses::TokenFilter& filter,
+                   int tokens, const std::vector<std::int64_t>& degenerate_pairs) {
   std::cout << "images with a given number of confused pairs (" << r.images << " images)\n";
   print_histogram(r, r.histogram);
   std::cout << "the same with the degenerate pairs (two degenerate rows, raw queries apart: "
@@ -125,6 +178,15 @@ void print_summary(const analyses::ConfusionResult& r,
     std::cout << (v ? ", " : " ") << r.variants[v].name() << " " << degenerate_pairs[v];
   }
   std::cout << "\n";
+  print_per_layer(r);
+  if (!filter.active()) {
+    std::cout << "tokens excluded: none (--exclude-tokens none)\n";
+    return;
+  }
+  std::cout << "tokens excluded (--exclude-tokens " << filter.name() << "): " << std::fixed
+            << std::setprecision(1) << mean_of(r.excluded_tokens, r.images) << " of " << tokens
+            << " per image on average (min " << r.min_excluded_tokens << ", max "
+            << r.max_excluded_tokens << "); pairs with an excluded token are not counted\n";
 }
 
 int run_confusion_cmd(const std::vector<std::string>& args) {
@@ -133,6 +195,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args("confusion", "--dump FILE [options]", desc, args, vm)) return 0;
   if (!(f.opt.eps >= 0.0) || !(f.opt.query_eps >= 0.0)) throw UsageError("--eps and --query-eps must be >= 0");
+  f.opt.exclude = analyses::parse_token_filter(f.exclude_tokens);
   const int threads = apply_threads(f.common.threads);
   const ResolvedDevice device =  // --reference is the CPU's plain double loops
       apply_device(f.reference ? "confusion --reference" : "confusion", f.common, !f.reference);
@@ -141,6 +204,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  analyses::check_token_filter(reader, f.opt.exclude);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("confusion");
@@ -148,7 +212,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   meta.params() = {{"variants", variant_names(variants)}, {"eps", f.opt.eps}, {"query_eps", f.opt.query_eps},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
-                   {"threads", threads}, {"seed", f.common.seed}};
+                   {"exclude_tokens", f.opt.exclude.name()}, {"threads", threads}, {"seed", f.common.seed}};
   meta.params()["device"] = device.description;
   ImageRun run(f.control, "confusion", args, dir,
                run_fingerprint("confusion", f.common.dump, meta.params()), sel.images);
@@ -166,27 +230,43 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     progress.finish();
   });
 
-  analyses::ConfusionTotals totals(variants, sel);
+  const int tokens = schema.attrs.num_tokens;
+  analyses::ConfusionTotals totals(variants, sel, tokens);
+  const std::vector<int> model_layers = model_layers_of(schema, sel.layers);
   std::vector<std::int64_t> degenerate_pairs(variants.size(), 0);
   std::unique_ptr<ResultSet> set;
-  std::unique_ptr<ResultFile> per_image;
+  std::unique_ptr<ResultFile> per_image, per_image_layer, excluded;
   auto open_set = [&] {
     if (set) return;
     set = std::make_unique<ResultSet>(dir, "confusion.json");
     per_image = std::make_unique<ResultFile>(*set, "confusion_per_image.csv");
     per_image->stream() << "variant,image,count,degenerate_pairs\n";
+    per_image_layer = std::make_unique<ResultFile>(*set, "confusion_per_image_layer.csv");
+    per_image_layer->stream() << "variant,image,layer,count,degenerate_pairs\n";
+    if (f.opt.exclude.active()) {
+      excluded = std::make_unique<ResultFile>(*set, "confusion_excluded_tokens.csv");
+      excluded->stream() << "image,excluded_tokens\n";
+    }
   };
   auto apply = [&](int image, const nlohmann::json& rec) {
     open_set();
-    const auto [counts, pairs] = totals.add(from_record(image, rec));
+    const analyses::ConfusionImage img = from_record(image, rec);
+    const analyses::ConfusionImageTotals t = totals.add(img);
     for (std::size_t v = 0; v < variants.size(); ++v) {
-      per_image->stream() << variants[v].name() << "," << image << "," << counts[v] << ","
-                          << pairs[v] << "\n";
+      per_image->stream() << variants[v].name() << "," << image << "," << t.count[v] << ","
+                          << t.degenerate_pairs[v] << "\n";
+      for (std::size_t l = 0; l < model_layers.size(); ++l) {
+        per_image_layer->stream() << variants[v].name() << "," << image << "," << model_layers[l]
+                                  << "," << t.layer_count[v][l] << ","
+                                  << t.layer_degenerate_pairs[v][l] << "\n";
+      }
     }
+    if (excluded) excluded->stream() << image << "," << img.excluded_tokens << "\n";
   };
   auto publish = [&] {
     analyses::ConfusionResult& r = totals.result();
     for (auto& heads : r.per_head) report_model_layers(heads, schema);
+    for (auto& layers : r.per_layer) report_model_layers(layers, schema);
     std::int64_t degenerate = 0, slots = 0;
     for (const auto& heads : r.per_head) {
       slots += static_cast<std::int64_t>(heads.size());
@@ -194,27 +274,56 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     }
     require_measured_rows(r.images * slots * schema.attrs.num_tokens - degenerate,
                           "no pair can be compared");
+    if (r.images > 0 && r.images_with_two_tokens_left == 0) {
+      throw NothingToMeasure(
+          "--exclude-tokens " + f.opt.exclude.name() +
+          " leaves fewer than two tokens in every image of the selection, so no pair "
+          "can be compared");
+    }
     open_set();
     per_image->close();
+    per_image_layer->close();
+    if (excluded) excluded->close();
     write_per_head(*set, r);
+    write_per_layer(*set, r);
     write_histogram(*set, r);
     nlohmann::json hist = nlohmann::json::object(), hist_degenerate = nlohmann::json::object();
-    nlohmann::json pairs_degenerate = nlohmann::json::object();
+    nlohmann::json pairs_degenerate = nlohmann::json::object(), per_layer = nlohmann::json::object();
     for (std::size_t v = 0; v < variants.size(); ++v) {
       for (const auto& h : r.per_head[v]) degenerate_pairs[v] += h.degenerate_pairs;
       hist[variants[v].name()] = r.histogram[v];
       hist_degenerate[variants[v].name()] = r.histogram_with_degenerate[v];
       pairs_degenerate[variants[v].name()] = degenerate_pairs[v];
+      nlohmann::json layers = nlohmann::json::array();
+      for (const auto& l : r.per_layer[v]) {
+        layers.push_back({{"layer", l.layer},
+                          {"count", l.count},
+                          {"mean_per_image", mean_of(l.count, r.images)},
+                          {"images_with_pairs", l.images_with_pairs},
+                          {"degenerate_pairs", l.degenerate_pairs}});
+      }
+      per_layer[variants[v].name()] = std::move(layers);
     }
-    meta.results() = {{"images", r.images}, {"histogram", hist},
+    const nlohmann::json excluded_tokens = {
+        {"filter", f.opt.exclude.name()},
+        {"total", r.excluded_tokens},
+        {"mean_per_image", mean_of(r.excluded_tokens, r.images)},
+        {"min_per_image", r.min_excluded_tokens},
+        {"max_per_image", r.max_excluded_tokens},
+        {"tokens_per_image", tokens}};
+    meta.results() = {{"images", r.images},
+                      {"histogram", hist},
                       {"histogram_with_degenerate_pairs", hist_degenerate},
-                      {"degenerate_pairs", pairs_degenerate}, {"candidates", r.candidates},
+                      {"degenerate_pairs", pairs_degenerate},
+                      {"per_layer", per_layer},
+                      {"excluded_tokens", excluded_tokens},
+                      {"candidates", r.candidates},
                       {"ms_per_image", timer.summary()}};
     meta.publish(*set);
   };
   if (!run.finish(apply, publish)) return 0;
   const analyses::ConfusionResult& r = totals.result();
-  print_summary(r, degenerate_pairs);
+  print_summary(r, f.opt.exclude, tokens, degenerate_pairs);
   return 0;
 }
 

@@ -13,16 +13,23 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace attnscope::analyses {
 
 namespace detail {
 
 void PairJudge::reset(int queries, int keys, const MatF& q_raw, const ConfusionOptions& opt,
-                      RowFn row) {
+                      RowFn row, const ExcludedTokens* excluded) {
   if (q_raw.rows() != queries) throw UsageError("confusion: raw queries do not match the head");
+  if (excluded != nullptr && !excluded->empty() &&
+      excluded->size() != static_cast<std::size_t>(queries)) {
+    throw UsageError("confusion: the excluded tokens (" + std::to_string(excluded->size()) +
+                     ") do not match the head's " + std::to_string(queries) + " queries");
+  }
   row_ = std::move(row);
   q_raw_ = &q_raw;
+  excluded_ = excluded != nullptr && !excluded->empty() ? excluded : nullptr;
   n_ = keys;
   used_ = 0;
   eps_ = opt.eps;
@@ -68,7 +75,8 @@ Workspace& thread_workspace() {
 }
 
 HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
-                            double scale, const ConfusionOptions& opt) {
+                            double scale, const ConfusionOptions& opt,
+                            const ExcludedTokens* excluded) {
   if (q.rows() != k.rows() || q.cols() != k.cols()) {
     throw UsageError("confusion: q and k of one head must have the same shape");
   }
@@ -92,7 +100,7 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
     for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
     softmax_exact_row(sw.qi.data(), sw.k.data(), n, d, scale, out);
   };
-  ws.judge.reset(static_cast<int>(q.rows()), n, q_raw, opt, row);
+  ws.judge.reset(static_cast<int>(q.rows()), n, q_raw, opt, row, excluded);
   return search_softmax(q, k, scale, ws.judge, sw);
 }
 
@@ -107,7 +115,7 @@ std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, do
                                     const PairJudge& judge) {
   std::vector<std::pair<double, int>> keyed;
   for (int i = 0; i < rows.tokens(); ++i) {
-    if (!rows.degenerate(i)) continue;
+    if (!rows.degenerate(i) || judge.excluded(i)) continue;
     const double x = q_raw.cols() > 0 ? static_cast<double>(q_raw(i, 0)) : 0.0;
     // A NaN would make the sort's order undefined.
     if (!std::isfinite(x)) {
@@ -134,12 +142,14 @@ std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, do
 }  // namespace detail
 
 HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
-                              double scale, const ConfusionOptions& opt) {
-  if (opt.device == Device::Cuda) return count_confusion_cuda(v, q, q_raw, k, scale, opt);
-  if (!v.has_linear_form()) return detail::count_softmax(v, q, q_raw, k, scale, opt);
+                              double scale, const ConfusionOptions& opt,
+                              const ExcludedTokens* excluded) {
+  if (opt.device == Device::Cuda) return count_confusion_cuda(v, q, q_raw, k, scale, opt, excluded);
+  if (!v.has_linear_form()) return detail::count_softmax(v, q, q_raw, k, scale, opt, excluded);
   const ExactRows rows(v, q, k, scale);
   detail::PairJudge& judge = detail::thread_workspace().judge;
-  judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
+  auto row = [&rows](int i, double* out) { rows.row(i, out); };
+  judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, row, excluded);
   HeadConfusion out = detail::search_low_rank(rows, judge);
   out.degenerate_rows = rows.degenerate_count();
   out.degenerate_pairs = detail::count_degenerate_pairs(rows, q_raw, opt.query_eps, judge);
@@ -159,11 +169,17 @@ const std::array<std::string, kConfusionBins>& confusion_bin_labels() {
   return labels;
 }
 
-ConfusionTotals::ConfusionTotals(const std::vector<Variant>& variants, const Selection& resolved) {
+ConfusionTotals::ConfusionTotals(const std::vector<Variant>& variants, const Selection& resolved,
+                                 int tokens)
+    : tokens_(tokens), heads_(std::max(1, static_cast<int>(resolved.heads.size()))) {
   const std::size_t nv = variants.size(), nh = resolved.heads.size();
   const std::size_t slots = resolved.layers.size() * nh;
   res_.variants = variants;
   res_.per_head.assign(nv, std::vector<ConfusionHeadTotal>(slots));
+  res_.per_layer.assign(nv, std::vector<ConfusionLayerTotal>(resolved.layers.size()));
+  for (auto& layers : res_.per_layer) {
+    for (std::size_t l = 0; l < layers.size(); ++l) layers[l].layer = resolved.layers[l];
+  }
   res_.histogram.assign(nv, {});
   res_.histogram_with_degenerate.assign(nv, {});
   for (auto& heads : res_.per_head) {
@@ -174,30 +190,56 @@ ConfusionTotals::ConfusionTotals(const std::vector<Variant>& variants, const Sel
   }
 }
 
-std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> ConfusionTotals::add(
-    const ConfusionImage& img) {
+ConfusionImageTotals ConfusionTotals::add(const ConfusionImage& img) {
   const std::size_t nv = res_.variants.size();
   if (img.heads.size() != nv) throw Error("confusion: an image's counts do not match the variants");
-  std::vector<std::int64_t> totals(nv, 0), degenerate_pairs(nv, 0);
+  if (img.excluded_tokens < 0 || img.excluded_tokens > tokens_) {
+    throw Error("confusion: image " + std::to_string(img.image) + " has " +
+                std::to_string(img.excluded_tokens) + " excluded tokens of " +
+                std::to_string(tokens_));
+  }
+  const std::size_t layers = nv == 0 ? 0 : res_.per_layer.front().size();
+  ConfusionImageTotals t;
+  t.count.assign(nv, 0);
+  t.degenerate_pairs.assign(nv, 0);
+  t.layer_count.assign(nv, std::vector<std::int64_t>(layers, 0));
+  t.layer_degenerate_pairs.assign(nv, std::vector<std::int64_t>(layers, 0));
   for (std::size_t vi = 0; vi < nv; ++vi) {
     if (img.heads[vi].size() != res_.per_head[vi].size()) {
       throw Error("confusion: an image's counts do not match the selection's heads");
     }
     for (std::size_t s = 0; s < img.heads[vi].size(); ++s) {
       const HeadConfusion& h = img.heads[vi][s];
-      totals[vi] += h.pairs;
-      degenerate_pairs[vi] += h.degenerate_pairs;
+      const std::size_t l = s / static_cast<std::size_t>(heads_);
+      t.count[vi] += h.pairs;
+      t.degenerate_pairs[vi] += h.degenerate_pairs;
+      t.layer_count[vi][l] += h.pairs;
+      t.layer_degenerate_pairs[vi][l] += h.degenerate_pairs;
       res_.per_head[vi][s].count += h.pairs;
       res_.per_head[vi][s].degenerate_rows += h.degenerate_rows;
       res_.per_head[vi][s].degenerate_pairs += h.degenerate_pairs;
       res_.candidates += h.candidates;
     }
-    ++res_.histogram[vi][static_cast<std::size_t>(confusion_bin(totals[vi]))];
+    for (std::size_t l = 0; l < layers; ++l) {
+      ConfusionLayerTotal& lt = res_.per_layer[vi][l];
+      lt.count += t.layer_count[vi][l];
+      lt.degenerate_pairs += t.layer_degenerate_pairs[vi][l];
+      lt.images_with_pairs += t.layer_count[vi][l] > 0 ? 1 : 0;
+    }
+    ++res_.histogram[vi][static_cast<std::size_t>(confusion_bin(t.count[vi]))];
     ++res_.histogram_with_degenerate[vi][static_cast<std::size_t>(
-        confusion_bin(totals[vi] + degenerate_pairs[vi]))];
+        confusion_bin(t.count[vi] + t.degenerate_pairs[vi]))];
   }
+  res_.min_excluded_tokens = res_.images == 0
+                                 ? img.excluded_tokens
+                                 : std::min(res_.min_excluded_tokens, img.excluded_tokens);
+  res_.max_excluded_tokens = res_.images == 0
+                                 ? img.excluded_tokens
+                                 : std::max(res_.max_excluded_tokens, img.excluded_tokens);
+  res_.excluded_tokens += img.excluded_tokens;
+  res_.images_with_two_tokens_left += tokens_ - img.excluded_tokens >= 2 ? 1 : 0;
   ++res_.images;
-  return {std::move(totals), std::move(degenerate_pairs)};
+  return t;
 }
 
 void confusion_images(DumpReader& reader, const Selection& resolved,
@@ -218,11 +260,30 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
   auto slot_of = [&](const HeadView& hv) {
     return static_cast<std::size_t>(layer_slot[hv.layer]) * nh + static_cast<std::size_t>(head_slot[hv.head]);
   };
+  // Every selected image's excluded tokens, read before the loop (the reader is the loop's once
+  // it starts); image_at[image] is the image's place in the selection.
+  const std::vector<ExcludedTokens> excluded =
+      excluded_tokens(reader, opt.exclude, resolved.images);
+  std::vector<int> image_at(static_cast<std::size_t>(schema.num_images), -1);
+  for (std::size_t i = 0; i < resolved.images.size(); ++i) {
+    image_at[static_cast<std::size_t>(resolved.images[i])] = static_cast<int>(i);
+  }
+  auto excluded_of = [&](int image) -> const ExcludedTokens* {
+    const ExcludedTokens& e =
+        excluded[static_cast<std::size_t>(image_at[static_cast<std::size_t>(image)])];
+    return e.empty() ? nullptr : &e;
+  };
+  auto excluded_count_of = [&](int image) {
+    const ExcludedTokens* e = excluded_of(image);
+    return e == nullptr ? 0 : excluded_count(*e);
+  };
   auto count_one = [&](const HeadView& hv, std::size_t vi) {
     const MatF& raw = hv.q_raw ? *hv.q_raw : hv.q;
+    const ExcludedTokens* left_out = excluded_of(hv.image);
     return in_head(hv.image, hv.layer, hv.head, [&] {
-      return reference ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt)
-                       : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt);
+      return reference
+                 ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt, left_out)
+                 : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt, left_out);
     });
   };
 
@@ -237,7 +298,10 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
         [&](const std::vector<ImageHeads>& images) {
           std::vector<HeadInput> inputs;
           for (const ImageHeads& heads : images) {
-            for (const HeadView& hv : heads) inputs.push_back(HeadInput{&hv.q, hv.q_raw ? hv.q_raw : &hv.q, &hv.k});
+            for (const HeadView& hv : heads) {
+              inputs.push_back(
+                  HeadInput{&hv.q, hv.q_raw ? hv.q_raw : &hv.q, &hv.k, excluded_of(hv.image)});
+            }
           }
           std::vector<std::vector<HeadConfusion>> per_variant(nv);
           for (std::size_t vi = 0; vi < nv; ++vi) {
@@ -256,6 +320,7 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
             ConfusionImage img;
             img.image = heads.empty() ? -1 : heads.front().image;
             img.heads.assign(nv, std::vector<HeadConfusion>(slots));
+            img.excluded_tokens = heads.empty() ? 0 : excluded_count_of(img.image);
             for (const HeadView& hv : heads) {
               for (std::size_t vi = 0; vi < nv; ++vi) img.heads[vi][slot_of(hv)] = per_variant[vi][at];
               ++at;
@@ -282,6 +347,7 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
     ConfusionImage done;
     done.image = image;
     done.heads = current.heads;
+    done.excluded_tokens = excluded_count_of(image);
     sink(std::move(done));
   };
   for_each_head(reader, without_v, on_head, on_image);
@@ -290,10 +356,10 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
 ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
                               const std::vector<Variant>& variants, const ConfusionOptions& opt,
                               bool reference, const ConfusionImageFn& per_image) {
-  ConfusionTotals totals(variants, resolved);
+  ConfusionTotals totals(variants, resolved, reader.schema().attrs.num_tokens);
   confusion_images(reader, resolved, variants, opt, reference, [&](ConfusionImage&& img) {
-    auto [counts, degenerate_pairs] = totals.add(img);
-    if (per_image) per_image(img.image, counts, degenerate_pairs);
+    const ConfusionImageTotals t = totals.add(img);
+    if (per_image) per_image(img.image, t.count, t.degenerate_pairs);
   });
   return totals.result();
 }

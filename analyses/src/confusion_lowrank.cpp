@@ -96,9 +96,9 @@ LowRank build_low_rank(const ExactRows& rows) {
 HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
   HeadConfusion out;
   const int n = rows.tokens();
-  std::vector<int> live;
+  std::vector<int> live;  // rows that can be in a pair: neither degenerate nor excluded
   for (int i = 0; i < n; ++i) {
-    if (!rows.degenerate(i)) live.push_back(i);
+    if (!rows.degenerate(i) && !judge.excluded(i)) live.push_back(i);
   }
   if (live.size() < 2) return out;
   const LowRank lr = build_low_rank(rows);
@@ -135,7 +135,7 @@ HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge) {
       if (d2 > eps2 + bij) continue;
       ++out.candidates;
       const int lo = std::min(i, j), hi = std::max(i, j);
-      const bool confused = d2 < eps2 - bij ? judge.queries_differ(lo, hi) : judge.confused(lo, hi);
+      const bool confused = d2 < eps2 - bij ? judge.eligible(lo, hi) : judge.confused(lo, hi);
       if (confused) ++out.pairs;
     }
   }

@@ -25,19 +25,32 @@ double squared_distance_of(const T* a, const T* b, int n) {
 
 /// Decides pairs with the arithmetic of confusion.hpp. Rows are computed on first use only and
 /// cached; the cache and its index live as long as the judge, so one judge per thread serves
-/// every head without allocating again (reset() prepares it for the next head).
+/// every head without allocating again (reset() prepares it for the next head). A pair with an
+/// excluded token (the head's image's, given to reset()) is never confused: the one place every
+/// search, the degenerate pairs and the GPU path's judging ask.
 class PairJudge {
  public:
   /// Writes exact row i (N entries) to out.
   using RowFn = std::function<void(int i, double* out)>;
 
-  /// `queries` rows of `keys` entries each; q_raw has one row per query.
-  void reset(int queries, int keys, const MatF& q_raw, const ConfusionOptions& opt, RowFn row);
+  /// `queries` rows of `keys` entries each; q_raw has one row per query; excluded: one entry per
+  /// query, or null or empty for none (kept by pointer: it must outlive the head's judging).
+  void reset(int queries, int keys, const MatF& q_raw, const ConfusionOptions& opt, RowFn row,
+             const ExcludedTokens* excluded = nullptr);
+  /// Token i is left out of every pair.
+  [[nodiscard]] bool excluded(int i) const {
+    return excluded_ != nullptr && (*excluded_)[static_cast<std::size_t>(i)] != 0;
+  }
+  /// Neither token is excluded and the raw queries are further apart than query_eps: the pair
+  /// is confused exactly when its rows are within eps.
+  [[nodiscard]] bool eligible(int i, int j) const {
+    return !excluded(i) && !excluded(j) && queries_differ(i, j);
+  }
   /// Raw queries further apart than query_eps.
   [[nodiscard]] bool queries_differ(int i, int j) const;
   /// Exact rows within eps.
   [[nodiscard]] bool rows_within(int i, int j);
-  [[nodiscard]] bool confused(int i, int j) { return queries_differ(i, j) && rows_within(i, j); }
+  [[nodiscard]] bool confused(int i, int j) { return eligible(i, j) && rows_within(i, j); }
   [[nodiscard]] double eps() const { return eps_; }
   [[nodiscard]] double eps2() const { return eps2_; }
 
@@ -45,6 +58,7 @@ class PairJudge {
   std::size_t slot(int i);
   RowFn row_;
   const MatF* q_raw_ = nullptr;
+  const ExcludedTokens* excluded_ = nullptr;  // null: none
   int n_ = 0, used_ = 0;  // n_: row length (keys)
   double eps_ = 0.0, eps2_ = 0.0, query_eps2_ = 0.0;
   std::vector<int> slot_;      // row i -> its place in pool_, or -1
@@ -98,7 +112,7 @@ struct LowRank {
 LowRank build_low_rank(const ExactRows& rows);
 
 /// Pairs i < j of degenerate rows whose raw queries differ, decided as PairJudge::queries_differ
-/// decides them (confusion.hpp's degenerate pairs).
+/// decides them (confusion.hpp's degenerate pairs); rows the judge excludes take part in none.
 std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, double query_eps,
                                     const PairJudge& judge);
 

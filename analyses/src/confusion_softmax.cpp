@@ -211,6 +211,8 @@ HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJu
       if (!keep) continue;
       const Eigen::Index i = keyed[static_cast<std::size_t>(a)].second;
       const Eigen::Index j = keyed[static_cast<std::size_t>(b)].second;
+      // Never counted (the judge would say no): not worth a row distance.
+      if (judge.excluded(static_cast<int>(i)) || judge.excluded(static_cast<int>(j))) continue;
       const double rows_bound2 = std::pow(base + 2.0 * rho_ab, 2);
       if (row_distance2(w.row(i).data(), w.row(j).data(), row_length, rows_bound2) > rows_bound2) continue;
       ++out.candidates;

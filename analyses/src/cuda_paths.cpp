@@ -89,17 +89,22 @@ std::vector<std::pair<int, int>> candidate_pairs_host(const MatD& w, const std::
   return out;
 }
 
-HeadConfusion judge_candidates(const ExactRows& rows, const MatF& q_raw, const ConfusionOptions& opt,
-                               const std::vector<std::pair<int, int>>& candidates) {
+HeadConfusion judge_candidates(const ExactRows& rows, const MatF& q_raw,
+                               const ConfusionOptions& opt,
+                               const std::vector<std::pair<int, int>>& candidates,
+                               const ExcludedTokens* excluded) {
   thread_local detail::PairJudge judge;
-  judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, [&rows](int i, double* out) { rows.row(i, out); });
+  auto row = [&rows](int i, double* out) { rows.row(i, out); };
+  judge.reset(rows.tokens(), rows.tokens(), q_raw, opt, row, excluded);
   HeadConfusion out;
   for (const auto& [i, j] : candidates) {
     if (i < 0 || j <= i || j >= rows.tokens()) {
       throw UsageError("judge_candidates: pair (" + std::to_string(i) + ", " + std::to_string(j) +
                        ") is not i < j < " + std::to_string(rows.tokens()));
     }
-    if (rows.degenerate(i) || rows.degenerate(j)) continue;
+    if (rows.degenerate(i) || rows.degenerate(j) || judge.excluded(i) || judge.excluded(j)) {
+      continue;
+    }
     ++out.candidates;
     if (judge.confused(i, j)) ++out.pairs;
   }
@@ -339,9 +344,9 @@ std::vector<HeadConfusion> launch(const Variant& v, const std::vector<HeadInput>
       if (softmax && candidates[m].empty()) continue;
       if (softmax) {
         const ExactRows head_rows(v, *h.q, *h.k, scale);
-        out[m] = judge_candidates(head_rows, *h.q_raw, opt, candidates[m]);
+        out[m] = judge_candidates(head_rows, *h.q_raw, opt, candidates[m], h.excluded);
       } else {
-        out[m] = judge_candidates(*rows[m], *h.q_raw, opt, candidates[m]);
+        out[m] = judge_candidates(*rows[m], *h.q_raw, opt, candidates[m], h.excluded);
       }
     } catch (...) {
 #pragma omp critical(attnscope_cuda_judge_error)
@@ -380,9 +385,10 @@ std::vector<HeadConfusion> count_confusion_cuda_batch(const Variant& v, const st
   return out;
 }
 
-HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k, double scale,
-                                   const ConfusionOptions& opt) {
-  return count_confusion_cuda_batch(v, {HeadInput{&q, &q_raw, &k}}, scale, opt).front();
+HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw,
+                                   const MatF& k, double scale, const ConfusionOptions& opt,
+                                   const ExcludedTokens* excluded) {
+  return count_confusion_cuda_batch(v, {HeadInput{&q, &q_raw, &k, excluded}}, scale, opt).front();
 }
 
 std::vector<double> local_mass_cuda(const Variant& v, const MatF& q, const MatF& k, double scale,
@@ -435,7 +441,7 @@ std::vector<HeadConfusion> count_confusion_cuda_batch(const Variant&, const std:
 }
 
 HeadConfusion count_confusion_cuda(const Variant&, const MatF&, const MatF&, const MatF&, double,
-                                   const ConfusionOptions&) {
+                                   const ConfusionOptions&, const ExcludedTokens*) {
   no_cuda();
 }
 

@@ -2,12 +2,23 @@
 // (ExactRows, squared_distance). Quadratic memory, cubic time: for tests and benchmarks.
 #include "attnscope/analyses/confusion.hpp"
 
+#include "attnscope/error.hpp"
+
+#include <string>
+
 namespace attnscope::analyses {
 
 HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const MatF& q_raw,
-                                        const MatF& k, double scale, const ConfusionOptions& opt) {
+                                        const MatF& k, double scale, const ConfusionOptions& opt,
+                                        const ExcludedTokens* excluded) {
   const ExactRows rows(v, q, k, scale);
   const int n = rows.tokens();
+  const bool filtered = excluded != nullptr && !excluded->empty();
+  if (filtered && excluded->size() != static_cast<std::size_t>(n)) {
+    throw UsageError("confusion: the excluded tokens (" + std::to_string(excluded->size()) +
+                     ") do not match the head's " + std::to_string(n) + " queries");
+  }
+  auto left_out = [&](int i) { return filtered && (*excluded)[static_cast<std::size_t>(i)] != 0; };
   const int d = static_cast<int>(q_raw.cols());
   MatD w(n, n);
   for (int i = 0; i < n; ++i) rows.row(i, w.row(i).data());
@@ -17,6 +28,7 @@ HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const M
   out.degenerate_rows = rows.degenerate_count();
   for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n; ++j) {
+      if (left_out(i) || left_out(j)) continue;  // a pair with an excluded token: never counted
       const int degenerate = (rows.degenerate(i) ? 1 : 0) + (rows.degenerate(j) ? 1 : 0);
       if (degenerate == 1) continue;  // one zero row and one ordinary row: never counted
       if (degenerate == 0) ++out.candidates;

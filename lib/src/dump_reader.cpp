@@ -276,6 +276,10 @@ struct FileReader {
   void reopen_datasets();
   void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers, bool with_v);
   std::optional<MatF> read_head(int image, int layer, int head, bool attn);
+  /// One image of /images (present), C*H*W floats; its shape (C, H, W) in `shape`.
+  VecF read_input_image(int image, std::vector<int>* shape);
+  /// The token mask `name` of this file's images (DumpReader::read_token_masks), into `out`.
+  void read_token_masks(const std::string& name, unsigned char* out) const;
   /// Reads block [image, start...] of shape [1, count...] as float into buf; checks finiteness.
   const float* read_block(hid_t ds, const std::string& name, int image,
                           const std::vector<hsize_t>& start, const std::vector<hsize_t>& count,
@@ -533,6 +537,53 @@ std::optional<MatF> FileReader::read_head(int image, int layer, int head, bool a
                               {"head", attn ? "query" : "token", attn ? "key" : "dim"});
   return MatF(
       Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(cols)));
+}
+
+VecF FileReader::read_input_image(int image, std::vector<int>* shape) {
+  check_image(image);
+  const std::vector<hsize_t> dims = h5::dims(images.get());
+  const std::vector<hsize_t> count(dims.begin() + 1, dims.end());
+  const float* p =
+      read_block(images.get(), "/images", image, {0, 0, 0}, count, {"channel", "row", "column"});
+  if (shape != nullptr) {
+    shape->assign(
+        {static_cast<int>(count[0]), static_cast<int>(count[1]), static_cast<int>(count[2])});
+  }
+  return Eigen::Map<const VecF>(p, static_cast<Eigen::Index>(count[0] * count[1] * count[2]));
+}
+
+void FileReader::read_token_masks(const std::string& name, unsigned char* out) const {
+  const std::string& path = schema.path;
+  const h5::Handle ds = open_dataset(file.get(), name, path);
+  const auto n = static_cast<hsize_t>(schema.num_images),
+             N = static_cast<hsize_t>(schema.attrs.num_tokens);
+  check_shape(ds.get(), name, path, {n, N}, false, "[images, tokens]");
+  // One byte per value: unsigned integers, or h5py's bool (an enum over int8). Read as stored, so
+  // that no conversion can turn a 2 into a 1.
+  const h5::Handle t = h5::type(H5Dget_type(ds.get()));
+  bool one_byte = H5Tget_size(t.get()) == 1;
+  if (H5Tget_class(t.get()) == H5T_INTEGER) {
+    one_byte = one_byte && H5Tget_sign(t.get()) == H5T_SGN_NONE;
+  } else if (H5Tget_class(t.get()) == H5T_ENUM) {
+    const h5::Handle base = h5::type(H5Tget_super(t.get()));
+    one_byte = one_byte && H5Tget_class(base.get()) == H5T_INTEGER;
+  } else {
+    one_byte = false;
+  }
+  if (!one_byte) {
+    throw InputError(path, name, "dtype bool or uint8 (1 = exclude the token)",
+                     h5::describe_type(t.get()));
+  }
+  if (n * N > 0 && H5Dread(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+    throw InputError(path, name, "readable data", h5::last_error());
+  }
+  for (hsize_t i = 0; i < n * N; ++i) {
+    if (out[i] > 1) {
+      throw InputError(path, name, "values 0 or 1 (1 = exclude the token)",
+                       std::to_string(out[i]) + " at image " + std::to_string(i / N) + ", token " +
+                           std::to_string(i % N));
+    }
+  }
 }
 
 namespace {
@@ -852,6 +903,30 @@ MatF DumpReader::read_images(std::vector<int>* shape) {
         {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])});
   }
   return read_stacked(m.files, &FileReader::images, "/images");
+}
+
+VecF DumpReader::read_input_image(int image, std::vector<int>* shape) {
+  h5::quiet_hdf5();
+  Impl& m = *impl_;
+  if (!m.schema.has_images) {
+    throw InputError(m.schema.path, "/images", "a dataset [images, C, H, W] (the model's input)",
+                     "none");
+  }
+  int local = 0;
+  return m.locate(image, &local).read_input_image(local, shape);
+}
+
+std::vector<unsigned char> DumpReader::read_token_masks(const std::string& name) {
+  h5::quiet_hdf5();
+  Impl& m = *impl_;
+  if (name.empty() || name == "/") throw UsageError("a token mask needs a dataset name");
+  const std::string path = name.front() == '/' ? name : "/" + name;
+  const auto N = static_cast<std::size_t>(m.schema.attrs.num_tokens);
+  std::vector<unsigned char> out(static_cast<std::size_t>(m.schema.num_images) * N);
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    m.files[i]->read_token_masks(path, out.data() + static_cast<std::size_t>(m.first[i]) * N);
+  }
+  return out;
 }
 
 std::vector<DatasetInfo> DumpReader::datasets() const {

@@ -67,6 +67,53 @@ TEST_F(CudaConfusion, BatchOfMixedShapesEqualsHeadByHead) {
   }
 }
 
+TEST_F(CudaConfusion, ExcludedTokensGiveTheExactCountOfTheSameFilter) {
+  // Every case with every third token excluded, head by head and in one batch per variant.
+  const std::vector<HeadCase> all = gpu_cases();
+  std::vector<analyses::ExcludedTokens> masks(all.size());
+  int compared = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const HeadCase& c = all[i];
+    masks[i].resize(static_cast<std::size_t>(c.q.rows()));
+    for (std::size_t t = 0; t < masks[i].size(); ++t) masks[i][t] = t % 3 == 1 ? 1 : 0;
+    analyses::ConfusionOptions opt;
+    opt.eps = c.eps;
+    analyses::HeadConfusion ref;
+    try {
+      ref = analyses::count_confusion_reference(c.variant, c.q, c.q, c.k, c.scale, opt, &masks[i]);
+    } catch (const NumericalError&) {
+      continue;
+    }
+    expect_equal(analyses::count_confusion_cuda(c.variant, c.q, c.q, c.k, c.scale, opt, &masks[i]),
+                 ref, c.label + " every third token excluded");
+    ++compared;
+  }
+  EXPECT_GT(compared, 100);
+  for (const char* spec : {"softmax", "linear:relu"}) {
+    const Variant v = parse_variant(spec);
+    std::vector<analyses::HeadInput> heads;
+    std::vector<std::size_t> used;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const HeadCase& c = all[i];
+      if (c.variant.name() == v.name() && c.label.rfind("planted", 0) == 0 && c.q.cols() == 7) {
+        heads.push_back({&c.q, &c.q, &c.k, i % 2 == 0 ? &masks[i] : nullptr});
+        used.push_back(i);
+      }
+    }
+    ASSERT_GE(heads.size(), 2U) << spec;
+    analyses::ConfusionOptions opt;
+    const double scale = all[used.front()].scale;
+    const auto got = analyses::count_confusion_cuda_batch(v, heads, scale, opt);
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      const HeadCase& c = all[used[h]];
+      expect_equal(
+          got[h],
+          analyses::count_confusion_reference(v, c.q, c.q, c.k, scale, opt, heads[h].excluded),
+          c.label + (heads[h].excluded ? " excluded tokens" : "") + " (in a batch)");
+    }
+  }
+}
+
 TEST_F(CudaConfusion, ThresholdPairFollowsEpsToTheUlp) {
   for (const char* spec : {"softmax", "linear:relu", "inline", "mala", "cosformer", "efficient"}) {
     HeadCase c = planted_case(spec, 197, 64, 17);

@@ -28,10 +28,10 @@ state() {
   fi
 }
 
-# --- SIGKILL at every publishing step: 0 staged, 1 old manifest gone, 2-4 the three renames,
-# 5 new manifest in place.
-expected=(old refused refused refused refused new)
-for n in 0 1 2 3 4 5; do
+# --- SIGKILL at every publishing step: 0 staged, 1 old manifest gone, 2-6 the five renames
+# (per image, per image and layer, per head, per layer, histogram), 7 new manifest in place.
+expected=(old refused refused refused refused refused refused new)
+for n in 0 1 2 3 4 5 6 7; do
   expect_ok "$ATTNSCOPE" "${OLD[@]}"  # back to the older set; also clears the killed run's folder
   expect_no_temp r
   rc=0
@@ -46,8 +46,8 @@ for n in 0 1 2 3 4 5; do
   echo "killed at step $n: $st"
 done
 rc=0
-ATTNSCOPE_TEST_PUBLISH_HOOK=kill@6 "$ATTNSCOPE" "${NEW[@]}" >/dev/null 2>&1 || rc=$?
-[ "$rc" -eq 0 ] || { echo "FAIL: there are more than 6 publishing steps (exit $rc)"; exit 1; }
+ATTNSCOPE_TEST_PUBLISH_HOOK=kill@8 "$ATTNSCOPE" "${NEW[@]}" >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || { echo "FAIL: there are more than 8 publishing steps (exit $rc)"; exit 1; }
 [ "$(state "$M")" = new ] || { echo "FAIL: completed run did not publish the new set"; exit 1; }
 
 # --- Files of the older set that the newer one lacks go before the new manifest appears:

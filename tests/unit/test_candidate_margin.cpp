@@ -81,7 +81,8 @@ TEST(CandidateMargin, EpsAtIsTheThreshold) {
 }
 
 /// The host emulation: the GPU model's rows, candidate_row_bounds, the Gram filter, the judge.
-analyses::HeadConfusion emulate(const test::HeadCase& c, std::int64_t* proposed = nullptr) {
+analyses::HeadConfusion emulate(const test::HeadCase& c, std::int64_t* proposed = nullptr,
+                                const analyses::ExcludedTokens* excluded = nullptr) {
   const analyses::ExactRows rows(c.variant, c.q, c.k, c.scale);
   const std::vector<double> bound = analyses::candidate_row_bounds(rows, c.q, c.k, c.scale);
   const MatD w = test::gpu_model_rows(rows, c.q, c.k, c.scale);
@@ -96,7 +97,7 @@ analyses::HeadConfusion emulate(const test::HeadCase& c, std::int64_t* proposed 
   opt.eps = c.eps;
   const auto pairs = analyses::candidate_pairs_host(w, bound, rows, c.eps);
   if (proposed) *proposed = static_cast<std::int64_t>(pairs.size());
-  return analyses::judge_candidates(rows, c.q, opt, pairs);
+  return analyses::judge_candidates(rows, c.q, opt, pairs, excluded);
 }
 
 TEST(CandidateMargin, HostEmulationGivesTheExactCountsOnEveryCase) {
@@ -133,6 +134,37 @@ TEST(CandidateMargin, HostEmulationGivesTheExactCountsOnEveryCase) {
   EXPECT_EQ(huge_softmax, 1) << "the huge head of the score form (softmax)";
   EXPECT_EQ(refused, 0) << "no case is out of double's range for its family (ExactRows's limits)";
   EXPECT_GT(planted_at_threshold, 50) << "cases with a confused pair at the threshold";
+}
+
+// The GPU path's host code under a token filter: the candidates the filter proposes (excluded
+// tokens among them) are judged with the image's excluded tokens, and the counts are the exact
+// ones of the same filter, the degenerate pairs included.
+TEST(CandidateMargin, HostEmulationHonoursExcludedTokens) {
+  int compared = 0;
+  std::int64_t removed = 0;
+  for (const test::HeadCase& c : test::gpu_cases()) {
+    const int n = static_cast<int>(c.q.rows());
+    analyses::ExcludedTokens excluded(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) excluded[static_cast<std::size_t>(i)] = i % 3 == 1 ? 1 : 0;
+    analyses::ConfusionOptions opt;
+    opt.eps = c.eps;
+    analyses::HeadConfusion ref, whole;
+    try {
+      ref = analyses::count_confusion_reference(c.variant, c.q, c.q, c.k, c.scale, opt, &excluded);
+      whole = analyses::count_confusion_reference(c.variant, c.q, c.q, c.k, c.scale, opt);
+    } catch (const NumericalError&) {
+      continue;
+    }
+    const analyses::HeadConfusion got = emulate(c, nullptr, &excluded);
+    EXPECT_EQ(got.pairs, ref.pairs) << c.label << " every third token excluded";
+    EXPECT_EQ(got.degenerate_rows, ref.degenerate_rows) << c.label << " every third token excluded";
+    EXPECT_EQ(got.degenerate_pairs, ref.degenerate_pairs)
+        << c.label << " every third token excluded";
+    removed += whole.pairs + whole.degenerate_pairs - ref.pairs - ref.degenerate_pairs;
+    ++compared;
+  }
+  EXPECT_GT(compared, 100) << "cases judged";
+  EXPECT_GT(removed, 0) << "pairs the filter took away";
 }
 
 TEST(CandidateMargin, ThresholdPairIsConfusedAndOneUlpLessEpsIsNot) {

@@ -2,6 +2,7 @@
 // distances just below and just above eps, degenerate heads, and the exact rows against the
 // library's plain-loop reference.
 #include "attnscope/analyses/confusion.hpp"
+#include "attnscope/error.hpp"
 #include "attnscope/query_transform.hpp"
 #include "compare.hpp"
 #include "random_inputs.hpp"
@@ -13,6 +14,8 @@
 
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace attnscope::analyses {
 namespace {
@@ -352,6 +355,128 @@ TEST(Confusion, F1TransformInducesConfusionDecidedOnRawQueries) {
   const HeadConfusion same = count_confusion(v, q, q, k, 0.3, ConfusionOptions{});
   const HeadConfusion induced = count_confusion(v, q, raw, k, 0.3, ConfusionOptions{});
   EXPECT_EQ(induced.pairs - same.pairs, differing) << config(v, n, d, 41) << " f1";
+}
+
+/// Brute force over the pairs with at least one excluded token: how many of them count as
+/// confused (both rows ordinary) and as degenerate pairs, with confusion.hpp's definitions.
+HeadConfusion pairs_touching(const Variant& v, const MatF& q, const MatF& k, double scale,
+                             const ExcludedTokens& excluded, const ConfusionOptions& opt) {
+  const ExactRows rows(v, q, k, scale);
+  const int n = rows.tokens(), d = static_cast<int>(q.cols());
+  const MatD qd = q.cast<double>();
+  MatD w(n, n);
+  for (int i = 0; i < n; ++i) rows.row(i, w.row(i).data());
+  HeadConfusion out;
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      if (!excluded[static_cast<std::size_t>(i)] && !excluded[static_cast<std::size_t>(j)])
+        continue;
+      const bool differ =
+          squared_distance(qd.row(i).data(), qd.row(j).data(), d) > opt.query_eps * opt.query_eps;
+      const bool near = squared_distance(w.row(i).data(), w.row(j).data(), n) <= opt.eps * opt.eps;
+      if (rows.degenerate(i) && rows.degenerate(j)) out.degenerate_pairs += differ ? 1 : 0;
+      if (!rows.degenerate(i) && !rows.degenerate(j)) out.pairs += differ && near ? 1 : 0;
+    }
+  }
+  return out;
+}
+
+/// Token masks of n tokens: every third token, all but the last, all, and a fixed scatter.
+std::vector<std::pair<std::string, ExcludedTokens>> exclusion_masks(int n) {
+  std::vector<std::pair<std::string, ExcludedTokens>> out;
+  ExcludedTokens third(static_cast<std::size_t>(n)), scatter(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    third[static_cast<std::size_t>(i)] = i % 3 == 0 ? 1 : 0;
+    scatter[static_cast<std::size_t>(i)] = (i * 37 + 11) % 7 < 3 ? 1 : 0;
+  }
+  ExcludedTokens all_but_last(static_cast<std::size_t>(n), 1);
+  all_but_last.back() = 0;
+  out.emplace_back("every third token excluded", third);
+  out.emplace_back("scattered tokens excluded", scatter);
+  out.emplace_back("all but the last token excluded", all_but_last);
+  out.emplace_back("every token excluded", ExcludedTokens(static_cast<std::size_t>(n), 1));
+  return out;
+}
+
+// Excluded tokens on every family and awkward sizes: the fast search equals the brute force with
+// the same filter, and the filter takes away exactly the pairs that involve an excluded token
+// (counted apart by brute force), the degenerate pairs included.
+TEST(ConfusionFilter, FastEqualsReferenceAndRemovesExactlyThePairsOfExcludedTokens) {
+  const ConfusionOptions opt;
+  std::int64_t removed = 0, left = 0;
+  for (const std::string& spec : test::all_variant_specs()) {
+    for (auto [n, d] : {std::pair{1, 1}, {2, 1}, {50, 1}, {63, 7}, {197, 7}, {50, 64}}) {
+      const std::uint64_t seed = 3;
+      const Variant v = parse_variant(spec, Convention::Paper, seed);
+      const double mean = test::input_mean(v);
+      // Every second query a near copy of its predecessor, and a few queries far negative
+      // (degenerate rows for the kernels that divide): pairs on both sides of every mask.
+      MatF q = normal(n, d, seed, mean);
+      for (int i = 1; i < n; i += 2) q.row(i) = q.row(i - 1) * 1.0001F;
+      for (int i = 0; i < n; i += 8) q.row(i) = -q.row(i).cwiseAbs() - MatF::Constant(1, d, 5.0f);
+      const MatF k = normal(n, d, seed + 1, mean).cwiseAbs();
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const HeadConfusion whole = count_confusion_reference(v, q, q, k, scale, opt);
+      for (const auto& [name, excluded] : exclusion_masks(n)) {
+        const std::string what = config(v, n, d, seed) + " near copies, " + name;
+        const HeadConfusion fast = count_confusion(v, q, q, k, scale, opt, &excluded);
+        const HeadConfusion ref = count_confusion_reference(v, q, q, k, scale, opt, &excluded);
+        EXPECT_EQ(fast.pairs, ref.pairs) << what;
+        EXPECT_EQ(fast.degenerate_pairs, ref.degenerate_pairs) << what;
+        EXPECT_EQ(fast.degenerate_rows, ref.degenerate_rows) << what;
+        EXPECT_EQ(ref.degenerate_rows, whole.degenerate_rows)
+            << what << ": degenerate rows whatever the filter";
+        const HeadConfusion touching = pairs_touching(v, q, k, scale, excluded, opt);
+        EXPECT_EQ(whole.pairs - ref.pairs, touching.pairs) << what;
+        EXPECT_EQ(whole.degenerate_pairs - ref.degenerate_pairs, touching.degenerate_pairs) << what;
+        if (excluded_count(excluded) >= n - 1) {
+          EXPECT_EQ(ref.pairs + ref.degenerate_pairs, 0) << what << ": no pair of kept tokens";
+        }
+        removed += touching.pairs + touching.degenerate_pairs;
+        left += ref.pairs + ref.degenerate_pairs;
+      }
+      // An empty mask is no filter.
+      const ExcludedTokens none;
+      EXPECT_EQ(count_confusion(v, q, q, k, scale, opt, &none).pairs, whole.pairs)
+          << config(v, n, d, seed);
+    }
+  }
+  EXPECT_GT(removed, 1000) << "pairs the masks took away";
+  EXPECT_GT(left, 1000) << "pairs the masks left";
+}
+
+TEST(ConfusionFilter, DegeneratePairsOfExcludedTokensCountedByHand) {
+  const KilledHead h(50, 7, 51);
+  for (const char* spec : {"linear:relu", "linear:relu@code"}) {
+    const Variant v = parse_variant(spec);
+    // 13 degenerate pairs among the 6 killed queries ((0, 1) and (2, 3) are the same query).
+    ExcludedTokens excluded(50, 0);
+    excluded[0] = 1;  // takes (0, 2), (0, 3), (0, 4), (0, 5): 9 left
+    const ConfusionOptions opt;
+    EXPECT_EQ(count_confusion(v, h.q, h.q, h.k, 0.3, opt, &excluded).degenerate_pairs, 9) << spec;
+    EXPECT_EQ(count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt, &excluded).degenerate_pairs, 9)
+        << spec;
+    excluded[1] = 1;  // takes (1, 2) .. (1, 5): the 5 pairs of {2, 3, 4, 5} less (2, 3)
+    EXPECT_EQ(count_confusion(v, h.q, h.q, h.k, 0.3, opt, &excluded).degenerate_pairs, 5) << spec;
+    EXPECT_EQ(count_confusion_reference(v, h.q, h.q, h.k, 0.3, opt, &excluded).degenerate_pairs, 5)
+        << spec;
+    excluded[0] = excluded[1] = 0;
+    excluded[49] = 1;  // an ordinary row: the degenerate pairs are untouched
+    EXPECT_EQ(count_confusion(v, h.q, h.q, h.k, 0.3, opt, &excluded).degenerate_pairs, 13) << spec;
+  }
+}
+
+TEST(ConfusionFilter, AMaskOfAnotherSizeIsRefused) {
+  const MatF q = normal(20, 4, 1), k = normal(20, 4, 2);
+  const ExcludedTokens wrong(19, 0);
+  for (const char* spec : {"softmax", "linear:relu"}) {
+    const Variant v = parse_variant(spec);
+    EXPECT_THROW((void)count_confusion(v, q, q, k, 0.5, ConfusionOptions{}, &wrong), UsageError)
+        << spec;
+    EXPECT_THROW((void)count_confusion_reference(v, q, q, k, 0.5, ConfusionOptions{}, &wrong),
+                 UsageError)
+        << spec;
+  }
 }
 
 TEST(Confusion, BinsArePowersOfTwo) {

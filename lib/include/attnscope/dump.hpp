@@ -122,6 +122,15 @@ class DumpReader {
   [[nodiscard]] MatF read_logits();  ///< images x classes
   /// Input images as images x (C*H*W) with their shape in `shape` (C, H, W).
   [[nodiscard]] MatF read_images(std::vector<int>* shape);
+  /// One image of /images (the model's input) as C*H*W floats in the dataset's order (channel,
+  /// row, column), its shape (C, H, W) in `shape`. InputError naming the file and /images when
+  /// the dump has none, or at a NaN/Inf.
+  [[nodiscard]] VecF read_input_image(int image, std::vector<int>* shape = nullptr);
+  /// A token mask stored in the dump: dataset `name` (a path from the root, the leading '/'
+  /// optional) of shape [images, num_tokens], dtype uint8 or bool (h5py's bool enum), every value
+  /// 0 or 1. One byte per (image, token), images in order (several files: each file's in turn).
+  /// InputError naming the file and dataset otherwise (a bad value: its image and token too).
+  [[nodiscard]] std::vector<unsigned char> read_token_masks(const std::string& name);
   /// Every dataset of the dump in format order (layers, then /labels, /logits, /images); with
   /// several files, each file's in turn, names prefixed by "FILE:".
   [[nodiscard]] std::vector<DatasetInfo> datasets() const;

@@ -16,11 +16,16 @@
 // degenerate and one ordinary row is never counted: where rows sum to 1, an ordinary row's L2
 // norm is at least 1/sqrt(N), far beyond the eps of interest.
 //
+// Excluded tokens (token_filter.hpp, --exclude-tokens): a pair with an excluded token is never
+// counted, neither as a confused pair nor as a degenerate pair; degenerate_rows still counts every
+// degenerate row of the head. The judge (and the reference) decide it before anything else.
+//
 // The fast search and the brute-force reference decide every pair they keep with this same
 // arithmetic, so their counts are equal, not merely close.
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/analyses/token_filter.hpp"
 #include "attnscope/device.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
@@ -91,6 +96,8 @@ struct ConfusionOptions {
   double eps = 1e-3;        ///< L2 radius on attention rows
   double query_eps = 1e-6;  ///< raw queries closer than this are the same query, not confusion
   Device device = Device::Cpu;  ///< Cuda: the per-head counts run on the GPU (cuda_paths.hpp)
+  /// Tokens left out of every pair; confusion_images reads each image's (excluded_tokens).
+  TokenFilter exclude;
 };
 
 struct HeadConfusion {
@@ -101,11 +108,14 @@ struct HeadConfusion {
 };
 
 /// Fast exact count for one head. q: queries after the selection's transform; q_raw: as read.
+/// excluded: the head's image's excluded tokens (one entry per query; null or empty: none).
 HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
-                              double scale, const ConfusionOptions& opt);
+                              double scale, const ConfusionOptions& opt,
+                              const ExcludedTokens* excluded = nullptr);
 /// Brute force over every pair with ExactRows (O(N^2) memory and O(N^3) time): tests and bench.
 HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const MatF& q_raw,
-                                        const MatF& k, double scale, const ConfusionOptions& opt);
+                                        const MatF& k, double scale, const ConfusionOptions& opt,
+                                        const ExcludedTokens* excluded = nullptr);
 
 /// The paper's bins of per-image counts: 0, 1, 2-3, 4-7, 8-15, 16-31, >=32.
 inline constexpr int kConfusionBins = 7;
@@ -120,14 +130,26 @@ struct ConfusionHeadTotal {
   std::int64_t degenerate_pairs = 0;  ///< summed over images
 };
 
+struct ConfusionLayerTotal {
+  int layer = 0;
+  std::int64_t count = 0;              ///< confused pairs of the layer's selected heads, all images
+  std::int64_t degenerate_pairs = 0;   ///< the same for degenerate pairs
+  std::int64_t images_with_pairs = 0;  ///< images with at least one confused pair in the layer
+};
+
 struct ConfusionResult {
   std::vector<Variant> variants;
   std::vector<std::vector<ConfusionHeadTotal>> per_head;                 ///< [variant][slot*heads+h]
+  std::vector<std::vector<ConfusionLayerTotal>> per_layer;               ///< [variant][layer slot]
   std::vector<std::array<std::int64_t, kConfusionBins>> histogram;       ///< [variant][bin] images
   /// The same of each image's pairs + degenerate_pairs (the count of denominator-guarding code).
   std::vector<std::array<std::int64_t, kConfusionBins>> histogram_with_degenerate;
   std::int64_t images = 0;
   std::int64_t candidates = 0;  ///< summed over everything (search statistics)
+  std::int64_t excluded_tokens = 0;                      ///< summed over images
+  int min_excluded_tokens = 0, max_excluded_tokens = 0;  ///< over images (0 without images)
+  /// Images with at least two tokens left, i.e. with a pair to compare.
+  std::int64_t images_with_two_tokens_left = 0;
 };
 
 /// One image's counts, per variant and per (layer, head) slot of the selection (slot =
@@ -135,10 +157,20 @@ struct ConfusionResult {
 struct ConfusionImage {
   int image = 0;
   std::vector<std::vector<HeadConfusion>> heads;  ///< [variant][slot]
+  int excluded_tokens = 0;                        ///< tokens of the image left out by the filter
+};
+
+/// One image's totals, per variant: over all its heads, and per layer slot.
+struct ConfusionImageTotals {
+  std::vector<std::int64_t> count, degenerate_pairs;  ///< [variant]
+  std::vector<std::vector<std::int64_t>> layer_count;             ///< [variant][layer slot]
+  std::vector<std::vector<std::int64_t>> layer_degenerate_pairs;  ///< [variant][layer slot]
 };
 
 /// Streams the selection of a dump, calling `sink` after each image, in the selection's order.
-/// `reference` switches every head to the brute force.
+/// `reference` switches every head to the brute force. With opt.exclude active, the excluded
+/// tokens of every selected image are read first (excluded_tokens: a pass over /images or the
+/// mask dataset, images x tokens bytes kept).
 void confusion_images(DumpReader& reader, const Selection& resolved,
                       const std::vector<Variant>& variants, const ConfusionOptions& opt,
                       bool reference, const std::function<void(ConfusionImage&&)>& sink);
@@ -147,14 +179,17 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
 /// depend on how the images were split; add() them in the selection's order all the same.
 class ConfusionTotals {
  public:
-  ConfusionTotals(const std::vector<Variant>& variants, const Selection& resolved);
-  /// Adds one image; returns its total count and degenerate pairs per variant.
-  std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> add(const ConfusionImage& img);
+  /// `tokens`: tokens per image (the dump's num_tokens).
+  ConfusionTotals(const std::vector<Variant>& variants, const Selection& resolved, int tokens);
+  /// Adds one image; returns its totals.
+  ConfusionImageTotals add(const ConfusionImage& img);
   [[nodiscard]] const ConfusionResult& result() const { return res_; }
   [[nodiscard]] ConfusionResult& result() { return res_; }
 
  private:
   ConfusionResult res_;
+  int tokens_ = 0;  // tokens per image
+  int heads_ = 1;   // selected heads per layer: slot / heads_ is the layer slot
 };
 
 /// Per-image callback: image index, its total count and its total degenerate pairs per variant

@@ -33,14 +33,17 @@ MaskCell mask_head_cuda(const Variant& v, const MatD& q, const MatD& k, const Ma
                         const Mask& mask);
 
 /// count_confusion on the GPU; equal to it on every input.
-HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
-                                   double scale, const ConfusionOptions& opt);
+HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw,
+                                   const MatF& k, double scale, const ConfusionOptions& opt,
+                                   const ExcludedTokens* excluded = nullptr);
 
-/// One head of a batch: queries after the transform, raw queries, keys (N x d each).
+/// One head of a batch: queries after the transform, raw queries, keys (N x d each), and the
+/// excluded tokens of its image (null: none).
 struct HeadInput {
   const MatF* q = nullptr;
   const MatF* q_raw = nullptr;
   const MatF* k = nullptr;
+  const ExcludedTokens* excluded = nullptr;
 };
 
 /// Images whose heads the streaming confusion run sends to the GPU together (confusion_images).
@@ -72,10 +75,13 @@ void softmax_row_bounds(const MatF& q, const MatF& k, double scale, double* out)
 std::vector<std::pair<int, int>> candidate_pairs_host(const MatD& w, const std::vector<double>& row_bound,
                                                       const ExactRows& rows, double eps);
 
-/// Counts a head's confused pairs from candidate pairs: each decided by the exact judge; the
-/// degenerate rows and pairs as count_confusion counts them. What the GPU path does once the
-/// candidates are back; also run by tests on host-made candidates.
-HeadConfusion judge_candidates(const ExactRows& rows, const MatF& q_raw, const ConfusionOptions& opt,
-                               const std::vector<std::pair<int, int>>& candidates);
+/// Counts a head's confused pairs from candidate pairs: each decided by the exact judge (pairs
+/// with an excluded token never counted); the degenerate rows and pairs as count_confusion counts
+/// them. What the GPU path does once the candidates are back; also run by tests on host-made
+/// candidates.
+HeadConfusion judge_candidates(const ExactRows& rows, const MatF& q_raw,
+                               const ConfusionOptions& opt,
+                               const std::vector<std::pair<int, int>>& candidates,
+                               const ExcludedTokens* excluded = nullptr);
 
 }  // namespace attnscope::analyses
