@@ -7,7 +7,8 @@ and the whole set matches it (result_set.py): an interrupted or mixed run is ref
 No attention maths here: the notebooks draw what `attnscope` computed.
 
 Environment: ATTNSCOPE_RESULTS (folder of result folders, default results/figures-data) and
-ATTNSCOPE_FIGURES (where PNGs go, default figures/), both relative to the repository root.
+ATTNSCOPE_FIGURES (where PNGs go, default figures/), both relative to the repository root;
+ATTNSCOPE_MODELS (space-separated, default the five 197-token models' names) the models drawn.
 """
 from __future__ import annotations
 
@@ -21,10 +22,19 @@ from .result_set import verified_path, verify
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAMILIES = ("softmax", "linear", "inline", "mala")
+# The models drawn (scripts/figures.sh exports the list it ran); each is named by its family, or
+# by a family and what it adds ("inline-localres": InLine with its local residual, same attention).
+MODELS = tuple(os.environ.get("ATTNSCOPE_MODELS",
+                              "softmax linear inline inline-localres mala").split())
 LABELS = {"softmax": "Softmax", "linear": "Linear (ReLU)", "inline": "InLine", "mala": "MALA",
-          "softmax-l2norm": "Softmax, q/|q|"}
+          "inline-localres": "InLine + local res.", "softmax-l2norm": "Softmax, q/|q|"}
 COLORS = {"softmax": "#1f77b4", "linear": "#d62728", "inline": "#2ca02c", "mala": "#9467bd",
-          "softmax-l2norm": "#17becf"}
+          "inline-localres": "#bcbd22", "softmax-l2norm": "#17becf"}
+
+
+def family_of_model(model: str) -> str:
+    """The attention family a model computes ("inline-localres" -> "inline")."""
+    return model.split("-")[0]
 
 
 def _dir(env: str, default: str) -> str:

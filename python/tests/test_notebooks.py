@@ -1,5 +1,7 @@
-"""Notebook smoke test: `attnscope` analyses a tiny synthetic dump of each family, and the
-locality notebook (InLine Fig. 3) executes headless on those results and writes its PNG."""
+"""Notebook smoke tests: `attnscope` analyses a tiny synthetic dump of each family, and the figure
+notebooks execute headless on those results and write their PNGs. The notebooks draw the models
+ATTNSCOPE_MODELS names (scripts/figures.sh exports it): here the four families, or these and an
+"inline-localres" model (one more InLine dump), as the 197-token set has."""
 import json
 import os
 import subprocess
@@ -11,8 +13,9 @@ from conftest import PYTHON_DIR, REPO
 SYNTH_MAPS = {"softmax": "none", "linear": "relu", "inline": "identity", "mala": "elu1"}
 
 
-def _run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def _run(cmd, models=FAMILIES):
+    env = {**os.environ, "ATTNSCOPE_MODELS": " ".join(models)}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}: {r.stderr}"
     return r
 
@@ -58,5 +61,39 @@ def test_confusion_sensitivity_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
               str(results), "--figures", str(figures),
               os.path.join(REPO, "notebooks", "confusion_sensitivity.ipynb")])
     png = figures / "confusion_sensitivity.png"
+    assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty: {r.stdout}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_confusion_per_layer_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
+    """InLine Fig. 2 with its per-layer panel and the filtered counts: five tiny models (the four
+    families and a second InLine one, named as the 197-token set names them), each under its own
+    family and linear attention, once over every token and once with a token mask."""
+    import h5py
+    import numpy as np
+    results = tmp_path / "results"
+    models = ("softmax", "linear", "inline", "inline-localres", "mala")
+    for i, m in enumerate(models):
+        fam = m.split("-")[0]
+        dump = tmp_path / f"{m}.h5"
+        _run([attnscope_bin, "synth", "--out", str(dump), "--layers", "2", "--heads", "2",
+              "--grid-height", "4", "--grid-width", "4", "--prefix", "1", "--head-dim", "8",
+              "--images", "3", "--family", fam, "--convention", "code", "--seed", str(i),
+              "--feature-map", SYNTH_MAPS[fam], "--plant-duplicates", "1"])
+        with h5py.File(dump, "a") as f:  # the first four grid tokens of every image left out
+            mask = np.zeros((3, 17), dtype=np.uint8)
+            mask[:, 1:5] = 1
+            f.create_dataset("token_masks/corner", data=mask)
+        own = "linear:relu@code" if fam == "linear" else (
+            f"{fam}:{SYNTH_MAPS[fam]}@code" if SYNTH_MAPS[fam] != "none" else f"{fam}@code")
+        variants = own if fam == "linear" else f"{own},linear:relu@code"
+        for suffix, extra in (("", []), ("-no-constant", ["--exclude-tokens", "mask:token_masks/corner"])):
+            _run([attnscope_bin, "confusion", "--dump", str(dump), "--out",
+                  str(results / f"confusion-{m}{suffix}"), "--variant", variants, *extra])
+    figures = tmp_path / "figures"
+    r = _run([sys.executable, os.path.join(PYTHON_DIR, "run_notebooks.py"), "--results",
+              str(results), "--figures", str(figures),
+              os.path.join(REPO, "notebooks", "inline_fig2_confusion.ipynb")], models=models)
+    png = figures / "inline_fig2_confusion.png"
     assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty: {r.stdout}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
