@@ -11,6 +11,11 @@ analyses=(
   "maps --tokens 5"
   "spikiness --samples 4 --scales 0.5:2:3"
   "recompute"
+  "distance"
+  "entropy"
+  "sinks"
+  "rank"
+  "rollout"
 )
 others=("verify --trials 1 --no-timing" "synth")
 out_of() { if [ "$1" = synth ]; then echo t.h5; else echo r; fi; }

@@ -47,13 +47,15 @@ cmd_args() {
       ARGS=(recompute --dump "$REAL_DUMP" --out "$o" --images "$([ "$v" = old ] && echo 0 || echo 0-3)") ;;
     verify)
       ARGS=(verify --out "$o" --no-timing --trials "$([ "$v" = old ] && echo 1 || echo 2)") ;;
+    distance|entropy|sinks|rank|rollout)
+      ARGS=("$c" --dump "$WORK/s.h5" --out "$o" --variant "$([ "$v" = old ] && echo softmax || echo softmax,inline)") ;;
   esac
 }
 
 # A run that wrote its results: exit 0, or 3 when a check it reports failed (verify, recompute).
 wrote() { [ "$1" -eq 0 ] || [ "$1" -eq 3 ]; }
 
-for c in synth confusion locality maps spikiness census mask recompute verify; do
+for c in synth confusion locality maps spikiness census mask recompute verify distance entropy sinks rank rollout; do
   failures=0
   for free_kib in 0 4 8 16 32 64 128 256 512; do
     rm -rf "${T:?}"/* "$T"/.[!.]* 2>/dev/null || true

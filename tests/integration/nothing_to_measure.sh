@@ -36,6 +36,11 @@ runs=(
   "maps --variant linear:relu --tokens 5,9"
   "spikiness --variant linear:relu --samples 6 --scales 0.5:2:3"
   "mask --variant linear:relu --mask local:3,random:9"
+  "distance --variant linear:relu"
+  "entropy --variant linear:relu"
+  "sinks --variant linear:relu"
+  "rank --variant linear:relu"
+  "rollout --variant linear:relu"
 )
 for a in "${runs[@]}"; do
   read -r -a cmd <<<"$a"
@@ -47,7 +52,7 @@ done
 
 # A dump with no image: every analysis says so. (The reader may also refuse such a dump as bad
 # input, exit 1; either way nothing is measured, nothing is written and nothing goes to stdout.)
-for a in confusion locality census "maps --tokens 5" "spikiness --samples 4" "recompute" mask; do
+for a in confusion locality census "maps --tokens 5" "spikiness --samples 4" "recompute" mask distance entropy sinks rank rollout; do
   read -r -a cmd <<<"$a"
   rc=0
   "$ATTNSCOPE" "${cmd[@]}" --dump empty.h5 --out "e-${cmd[0]}" >"$WORK/out.txt" 2>"$WORK/err.txt" || rc=$?

@@ -3,7 +3,7 @@
 # (and spikiness's --dump naming its alternative, --synthetic). maps's documented default image (0)
 # is the one it uses.
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-for cmd in confusion locality maps census spikiness recompute; do
+for cmd in confusion locality maps census spikiness recompute distance entropy sinks rank rollout; do
   expect_ok "$ATTNSCOPE" "$cmd" --help
   cp "$WORK/out.txt" "$WORK/help_$cmd.txt"
 done
@@ -28,9 +28,9 @@ def flags(cmd):
 def shared_part(desc):
     return re.sub(r"(;or--[a-z-]+)?(\(default:.*\))?$", "", desc)
 
-takes = {"--dump": ["confusion", "locality", "maps", "census", "spikiness", "recompute"],
-         "--variant": ["confusion", "locality", "maps", "census", "spikiness"],
-         "--images": ["confusion", "locality", "maps", "census", "spikiness", "recompute"]}
+takes = {"--dump": ["confusion", "locality", "maps", "census", "spikiness", "recompute", "distance", "entropy", "sinks", "rank", "rollout"],
+         "--variant": ["confusion", "locality", "maps", "census", "spikiness", "distance", "entropy", "sinks", "rank", "rollout"],
+         "--images": ["confusion", "locality", "maps", "census", "spikiness", "recompute", "distance"]}
 want = {"--dump": ("FILE...", "HDF5dumptoread(docs/dump-format.md);severalfilesarereadasonedump,theirimagesintheordergiven"),
         "--variant": ("SPEC[,SPEC...]", "attentionvariants,e.g.softmax,linear:relu,inline,mala:elu1@code"),
         "--images": ("LIST", "images,e.g.0-9,15")}

@@ -51,6 +51,16 @@ got = {r['layer'] for r in csv.DictReader(open(sys.argv[1]))}
 assert got <= {'2', '0'} and '2' in got, got" "$WORK/spk/spikiness_samples.csv" || exit 1
 expect_ok "$ATTNSCOPE" maps --dump "$WORK/sub.h5" --out "$WORK/maps" --tokens 1
 expect_layers "0,2" "$WORK/maps/maps.csv"
+for c in distance entropy sinks rank; do
+  expect_ok "$ATTNSCOPE" "$c" --dump "$WORK/sub.h5" --out "$WORK/$c"
+  expect_layers "2,0" "$WORK/$c/$c.csv"
+done
+expect_layers "2,0" "$WORK/sinks/sinks_keys.csv"
+# rollout multiplies the layers in the model's order: 0, then 2.
+expect_ok "$ATTNSCOPE" rollout --dump "$WORK/sub.h5" --out "$WORK/roll"
+"$PYTHON" -c "import json, sys
+p = json.load(open(sys.argv[1]))['parameters']
+assert p['layers_in_order'] == [0, 2] and p['layers'] == [2, 0], p" "$WORK/roll/rollout.json" || exit 1
 
 # --layers takes the model's indices; one the dump lacks names the layers it holds.
 expect_ok "$ATTNSCOPE" confusion --dump "$WORK/sub.h5" --out "$WORK/conf0" --layers 0

@@ -1,0 +1,110 @@
+// Mean attention distance (Dosovitskiy et al. 2021, Fig. 7; Raghu et al. 2021), per layer and
+// head, as the ViT papers compute it: for each grid query i,
+//
+//     d_i = sum_{j on the grid} w_ij * dist(i, j),
+//     dist(i, j) = sqrt((dr * patch_height)^2 + (dc * patch_width)^2) pixels,
+//
+// dr, dc the grid rows and columns between query i and key j. Prefix tokens (CLS, distillation)
+// are dropped as queries and as keys; the rows are NOT renormalised over the grid keys unless
+// DistanceOptions::renormalise (then d_i is divided by the row's grid mass sum_{j on grid} w_ij).
+// Per head: d_i averaged over the queries of an image, then over images (query_stats.hpp).
+//
+// Weights come from the registry (attention.hpp), every family alike. Where a family's weights
+// can be negative (InLine, MALA), d_i is computed with the signed weights as given: it is then a
+// signed sum, not a mean over a distribution, and can fall below 0 or beyond the largest
+// distance. Rows with a negative weight among their grid keys are counted.
+#pragma once
+
+#include "attnscope/analyses/query_stats.hpp"
+#include "attnscope/dump.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <string>
+#include <vector>
+
+namespace attnscope::analyses {
+
+/// Where the patches sit in pixels: the token grid and one patch's height and width.
+class PatchGeometry {
+ public:
+  /// UsageError unless both sizes are positive and finite.
+  PatchGeometry(const TokenGrid& grid, double patch_height, double patch_width);
+  [[nodiscard]] const TokenGrid& grid() const { return grid_; }
+  [[nodiscard]] double patch_height() const { return ph_; }
+  [[nodiscard]] double patch_width() const { return pw_; }
+  /// Pixels between grid cells dr rows and dc columns apart (dr, dc >= 0), from a table.
+  [[nodiscard]] double distance(int dr, int dc) const {
+    return table_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(grid_.width) +
+                  static_cast<std::size_t>(dc)];
+  }
+  /// The table's row for dr (grid_.width entries, indexed by dc).
+  [[nodiscard]] const double* row(int dr) const {
+    return table_.data() + static_cast<std::size_t>(dr) * static_cast<std::size_t>(grid_.width);
+  }
+  /// The largest distance on the grid (opposite corners; 0 for a single cell).
+  [[nodiscard]] double max_distance() const;
+
+ private:
+  TokenGrid grid_;
+  double ph_ = 1.0, pw_ = 1.0;
+  std::vector<double> table_;  // [dr][dc]
+};
+
+/// What uniform rows give: the mean over grid queries of sum_{j on grid} dist(i, j) / N, or / G
+/// (the grid's cells) with renormalise. The baseline a head's mean distance compares with.
+[[nodiscard]] double uniform_distance(const PatchGeometry& geometry, bool renormalise);
+
+/// The patch size a dump implies, and where it came from.
+struct PatchSize {
+  double height = 1.0;
+  double width = 1.0;
+  /// "--patch-size" (given), "/images" (image size / grid), or "grid" (neither: distances in
+  /// patches, patch size 1).
+  std::string source;
+  /// The size /images implies, when the dump has /images and it divides evenly (0 otherwise):
+  /// recorded beside a --patch-size that overrides it.
+  double images_height = 0.0, images_width = 0.0;
+};
+
+/// `flag` > 0: that size (square patches). Otherwise the size /images implies: its height and
+/// width over the grid's, which must divide them (InputError naming the file, /images, the grid
+/// and the image size otherwise: pass --patch-size). Without /images, patch size 1 ("grid").
+[[nodiscard]] PatchSize patch_size_of(const DumpReader& reader, double flag);
+
+struct DistanceOptions {
+  bool renormalise = false;  ///< divide each row by its mass on the grid keys
+};
+
+/// One head's distances: per token (N entries), NaN for prefix tokens, degenerate rows and, with
+/// renormalise, rows without grid mass.
+struct DistanceRows {
+  std::vector<double> distance;   ///< d_i in pixels
+  std::vector<double> grid_mass;  ///< sum_{j on grid} w_ij (1 - the prefix keys' mass)
+  int degenerate = 0;             ///< degenerate grid rows (attention.hpp)
+  int negative_rows = 0;          ///< measured grid rows with a negative weight on a grid key
+  /// renormalise: grid rows whose grid mass is not above kTinyDenominator * sum_j |w_ij| (zero,
+  /// negative or tiny: signed weights), left out. 0 without renormalise.
+  int without_grid_mass = 0;
+};
+
+/// The fast path: the head's weights from the registry in double (attention_weights, one GEMM),
+/// each row's sum against the distance table. O(N^2 d) per head, N x N doubles formed.
+[[nodiscard]] DistanceRows attention_distance(const Variant& v, const MatF& q, const MatF& k,
+                                              double scale, const PatchGeometry& geometry,
+                                              const DistanceOptions& opt);
+/// Plain loops: ExactRows' double rows, each key's distance from its grid coordinates.
+[[nodiscard]] DistanceRows attention_distance_reference(const Variant& v, const MatF& q,
+                                                        const MatF& k, double scale,
+                                                        const PatchGeometry& geometry,
+                                                        const DistanceOptions& opt);
+
+/// Quantities "distance", "grid_mass"; counters "degenerate_rows", "negative_weight_rows",
+/// "rows_without_grid_mass"; `bins` bins over [0, max_distance].
+[[nodiscard]] QueryStatsLayout distance_layout(const PatchGeometry& geometry, int bins);
+/// The per-head measure of query_stats_images (fast path, or the reference); `scale`: the dump's.
+[[nodiscard]] HeadMeasureFn distance_measure(const PatchGeometry& geometry,
+                                             const DistanceOptions& opt, double scale,
+                                             bool reference);
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,57 @@
+// Attention entropy per layer and head: for every query i (prefix tokens included) over all N keys,
+//
+//     H_i = - sum_j p_ij log(p_ij + eps)      (natural log; 0 log 0 = 0 when eps = 0)
+//
+// and H_i / log N, its share of the largest entropy (0 when N = 1). eps = 0 by default; eps = 1e-6
+// is the convention of code that writes -(attn * log(attn + 1e-6)).sum(-1).
+//
+// p_ij are the weights w_ij of the variant (the registry's), as given, when no weight of the row is
+// negative. Where a row has a negative weight (InLine, MALA; linear with a sign-changing map),
+// -w log w is undefined, and the entropy is taken of the distribution p_ij = |w_ij| / sum_m |w_im|:
+// the row's magnitudes renormalised, a proper distribution whose entropy lies in [0, log N] and
+// equals the plain one wherever the weights are non-negative. Such rows are counted
+// (negative_weight_rows), and the mass they put on negative weights, sum_j max(0, -w_ij), is
+// reported per row (negative_mass) so that a reader can see how far they are from a distribution.
+// Degenerate rows are left out and counted.
+#pragma once
+
+#include "attnscope/analyses/query_stats.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <vector>
+
+namespace attnscope::analyses {
+
+struct EntropyOptions {
+  double log_eps = 0.0;  ///< eps in log(p + eps); >= 0
+};
+
+/// One head's entropies: per token (N entries), NaN for degenerate rows.
+struct EntropyRows {
+  std::vector<double> entropy;        ///< H_i in nats
+  std::vector<double> negative_mass;  ///< sum_j max(0, -w_ij)
+  int degenerate = 0;                 ///< degenerate rows (attention.hpp)
+  int negative_rows = 0;              ///< measured rows with a negative weight (|w| renormalised)
+};
+
+/// The fast path: the head's weights from the registry in double (attention_weights, one GEMM),
+/// then one pass per row with portable::log (the same bits on every CPU). O(N^2 d) per head.
+[[nodiscard]] EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k,
+                                            double scale, const EntropyOptions& opt);
+/// Plain loops: ExactRows' double rows and std::log.
+[[nodiscard]] EntropyRows attention_entropy_reference(const Variant& v, const MatF& q,
+                                                      const MatF& k, double scale,
+                                                      const EntropyOptions& opt);
+
+/// log N (0 for N = 1): what H_i is divided by.
+[[nodiscard]] double max_entropy(int tokens);
+
+/// Quantities "entropy", "negative_mass"; counters "degenerate_rows", "negative_weight_rows";
+/// `bins` bins over [0, log N].
+[[nodiscard]] QueryStatsLayout entropy_layout(int tokens, int bins);
+/// The per-head measure of query_stats_images; `scale`: the dump's. UsageError for eps < 0.
+[[nodiscard]] HeadMeasureFn entropy_measure(const EntropyOptions& opt, double scale,
+                                            bool reference);
+
+}  // namespace attnscope::analyses

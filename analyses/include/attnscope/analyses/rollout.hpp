@@ -1,0 +1,67 @@
+// Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"), as the
+// ViT code that draws it computes it: per layer, the heads' weights fused (mean over the selected
+// heads, or their element-wise max or min), plus the identity for the residual connection, each
+// row divided by its sum,
+//
+//     A_l = rownorm(fuse_h(W_{l,h}) + I),       R = A_L ... A_2 A_1
+//
+// over the selected layers in the model's order. The CLS row of R (token 0; a dump needs a prefix
+// token) is how much each token contributes to the class token: reported per image as a map over
+// the grid (and the prefix tokens' own entries), and averaged over images.
+//
+// Weights come from the registry, every family alike; signed weights (InLine, MALA) are taken as
+// given. Rows of every A_l still sum to 1, so R's rows do too. A row whose sum is not above
+// kTinyDenominator times its sum of magnitudes (possible with signed weights and min fusion) is
+// replaced by the identity's row (the token keeps itself) and counted.
+#pragma once
+
+#include "attnscope/analyses/dump_loop.hpp"
+#include "attnscope/layout.hpp"
+#include "attnscope/variant.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace attnscope::analyses {
+
+enum class HeadFusion { Mean, Max, Min };
+/// "mean", "max", "min" (UsageError naming --fusion otherwise).
+[[nodiscard]] HeadFusion parse_head_fusion(const std::string& s);
+[[nodiscard]] std::string to_string(HeadFusion f);
+
+/// One layer's step A = rownorm(fuse(heads) + I); `fixed` (if given) counts the rows replaced
+/// by the identity's. Heads are fused in the order given.
+[[nodiscard]] MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion,
+                                int* fixed = nullptr);
+
+/// The rollout of one image: `layers[l][h]` the weights of layer l (in the model's order), head h.
+/// Returns R = A_L ... A_1 (N x N). `fixed` adds the rows replaced in every step.
+[[nodiscard]] MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion,
+                           int* fixed = nullptr);
+/// The same by plain loops (fusion, normalisation and products written out).
+[[nodiscard]] MatD rollout_reference(const std::vector<std::vector<MatD>>& layers,
+                                     HeadFusion fusion, int* fixed = nullptr);
+
+/// One image: per variant, the CLS row of R (N entries) and its counts.
+struct RolloutImage {
+  int image = 0;
+  std::vector<std::vector<double>> cls;       ///< [variant][token]
+  std::vector<std::int64_t> fixed_rows;       ///< [variant]
+  std::vector<std::int64_t> degenerate_rows;  ///< [variant] degenerate rows of the heads' weights
+};
+
+/// Streams the selection (V not read). Every head's weights come from the registry in double
+/// (`reference`: ExactRows' rows and rollout_reference); the selected layers are taken in the
+/// model's order (DumpSchema::model_layer). InputError naming the file when the dump has no
+/// prefix token. Memory: the selected heads' N x N doubles of one image, per variant.
+void rollout_images(DumpReader& reader, const Selection& resolved,
+                    const std::vector<Variant>& variants, HeadFusion fusion, bool reference,
+                    const std::function<void(RolloutImage&&)>& sink);
+
+/// The selected layers (dump indices) in the model's order.
+[[nodiscard]] std::vector<int> layers_in_model_order(const DumpSchema& schema,
+                                                     std::vector<int> layers);
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,193 @@
+// Mean attention distance (distance.hpp): the head's weights from the registry in double, each
+// grid row summed against a table of pixel distances indexed by |dr| and |dc|.
+#include "attnscope/analyses/distance.hpp"
+
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+namespace attnscope::analyses {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string number(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+void check_head(const PatchGeometry& g, const MatF& q, const MatF& k) {
+  if (q.rows() != g.grid().tokens() || k.rows() != g.grid().tokens()) {
+    throw UsageError("distance: the grid has " + std::to_string(g.grid().tokens()) +
+                     " tokens but the head has " + std::to_string(q.rows()) + " queries and " +
+                     std::to_string(k.rows()) + " keys");
+  }
+}
+
+/// One grid row's sums over the grid keys: distance-weighted, plain, absolute, and whether a
+/// weight is negative. `w` is the row over all N tokens.
+struct RowSums {
+  double distance = 0.0, mass = 0.0, abs_mass = 0.0;
+  bool negative = false;
+};
+
+RowSums grid_row_sums(const double* w, const PatchGeometry& g, int query) {
+  const TokenGrid& grid = g.grid();
+  const int ri = grid.row(query), ci = grid.col(query);
+  RowSums s;
+  for (int r = 0; r < grid.height; ++r) {
+    const double* dist = g.row(std::abs(r - ri));
+    const double* wr = w + grid.token(r, 0);
+    for (int c = 0; c < grid.width; ++c) {
+      const double x = wr[c];
+      s.distance += x * dist[std::abs(c - ci)];
+      s.mass += x;
+      s.abs_mass += std::abs(x);
+      s.negative = s.negative || x < 0.0;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+PatchGeometry::PatchGeometry(const TokenGrid& grid, double patch_height, double patch_width)
+    : grid_(grid), ph_(patch_height), pw_(patch_width) {
+  if (!(ph_ > 0.0) || !(pw_ > 0.0) || !std::isfinite(ph_) || !std::isfinite(pw_)) {
+    throw UsageError("--patch-size: expected a positive finite size in pixels, found " +
+                     number(ph_) + (ph_ == pw_ ? "" : " x " + number(pw_)));
+  }
+  table_.resize(static_cast<std::size_t>(grid.height) * static_cast<std::size_t>(grid.width));
+  for (int dr = 0; dr < grid.height; ++dr) {
+    for (int dc = 0; dc < grid.width; ++dc) {
+      const double y = dr * ph_, x = dc * pw_;
+      table_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(grid.width) +
+             static_cast<std::size_t>(dc)] = std::sqrt(y * y + x * x);
+    }
+  }
+}
+
+double PatchGeometry::max_distance() const {
+  if (grid_.height == 0 || grid_.width == 0) return 0.0;
+  return distance(grid_.height - 1, grid_.width - 1);
+}
+
+double uniform_distance(const PatchGeometry& geometry, bool renormalise) {
+  const TokenGrid& grid = geometry.grid();
+  const int cells = grid.height * grid.width;
+  if (cells == 0) return 0.0;
+  double total = 0.0;
+  for (int i = grid.prefix; i < grid.tokens(); ++i) {
+    double s = 0.0;
+    for (int r = 0; r < grid.height; ++r) {
+      for (int c = 0; c < grid.width; ++c)
+        s += geometry.distance(std::abs(r - grid.row(i)), std::abs(c - grid.col(i)));
+    }
+    total += s / (renormalise ? cells : grid.tokens());
+  }
+  return total / cells;
+}
+
+PatchSize patch_size_of(const DumpReader& reader, double flag) {
+  const DumpSchema& schema = reader.schema();
+  const TokenGrid& grid = schema.attrs.grid;
+  PatchSize p;
+  if (schema.has_images) {
+    for (const DatasetInfo& d : reader.datasets()) {
+      const std::string tail = "/images";
+      if (d.name.size() < tail.size() ||
+          d.name.compare(d.name.size() - tail.size(), tail.size(), tail) != 0 ||
+          d.shape.size() != 4) {
+        continue;
+      }
+      const auto h = d.shape[2], w = d.shape[3];
+      const auto gh = static_cast<std::uint64_t>(grid.height),
+                 gw = static_cast<std::uint64_t>(grid.width);
+      if (h % gh == 0 && w % gw == 0) {
+        p.images_height = static_cast<double>(h / gh);
+        p.images_width = static_cast<double>(w / gw);
+      } else if (!(flag > 0.0)) {
+        throw InputError(schema.files.front(), "/images",
+                         "an image size divisible by the patch grid (" + std::to_string(gh) +
+                             " x " + std::to_string(gw) +
+                             ") to give the patch size, or --patch-size",
+                         std::to_string(h) + " x " + std::to_string(w) + " pixels");
+      }
+      break;
+    }
+  }
+  if (flag > 0.0) {
+    p.height = p.width = flag;
+    p.source = "--patch-size";
+  } else if (p.images_height > 0.0) {
+    p.height = p.images_height;
+    p.width = p.images_width;
+    p.source = "/images";
+  } else {
+    p.source = "grid";
+  }
+  return p;
+}
+
+DistanceRows attention_distance(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                const PatchGeometry& geometry, const DistanceOptions& opt) {
+  check_head(geometry, q, k);
+  const TokenGrid& grid = geometry.grid();
+  Diagnostics diag;
+  const MatD qd = q.cast<double>(), kd = k.cast<double>();
+  const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+  std::vector<char> degenerate(static_cast<std::size_t>(grid.tokens()), 0);
+  for (int i : diag.degenerate_rows) degenerate[static_cast<std::size_t>(i)] = 1;
+
+  DistanceRows out;
+  out.distance.assign(static_cast<std::size_t>(grid.tokens()), kNaN);
+  out.grid_mass.assign(static_cast<std::size_t>(grid.tokens()), kNaN);
+  for (int i = grid.prefix; i < grid.tokens(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    if (degenerate[ui] != 0) {
+      ++out.degenerate;
+      continue;
+    }
+    const RowSums s = grid_row_sums(w.row(i).data(), geometry, i);
+    out.negative_rows += s.negative ? 1 : 0;
+    out.grid_mass[ui] = s.mass;
+    if (!opt.renormalise) {
+      out.distance[ui] = s.distance;
+    } else if (s.mass > kTinyDenominator * s.abs_mass) {
+      out.distance[ui] = s.distance / s.mass;
+    } else {
+      ++out.without_grid_mass;
+    }
+  }
+  return out;
+}
+
+QueryStatsLayout distance_layout(const PatchGeometry& geometry, int bins) {
+  if (bins < 1) throw UsageError("--bins must be at least 1, found " + std::to_string(bins));
+  QueryStatsLayout layout;
+  layout.quantities = {"distance", "grid_mass"};
+  layout.counters = {"degenerate_rows", "negative_weight_rows", "rows_without_grid_mass"};
+  layout.bins = HistogramBins{0.0, geometry.max_distance(), bins};
+  return layout;
+}
+
+HeadMeasureFn distance_measure(const PatchGeometry& geometry, const DistanceOptions& opt,
+                               double scale, bool reference) {
+  return [geometry, opt, scale, reference](const Variant& v, const HeadView& h) {
+    DistanceRows rows = reference ? attention_distance_reference(v, h.q, h.k, scale, geometry, opt)
+                                  : attention_distance(v, h.q, h.k, scale, geometry, opt);
+    HeadQueryValues out;
+    out.values = {std::move(rows.distance), std::move(rows.grid_mass)};
+    out.counters = {rows.degenerate, rows.negative_rows, rows.without_grid_mass};
+    return out;
+  };
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,98 @@
+// Attention entropy (entropy.hpp): the head's weights from the registry in double, then one pass
+// per row with portable::log.
+#include "attnscope/analyses/entropy.hpp"
+
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+#include "attnscope/portable_math.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace attnscope::analyses {
+
+namespace {
+
+void check_options(const EntropyOptions& opt) {
+  if (!(opt.log_eps >= 0.0) || !std::isfinite(opt.log_eps)) {
+    throw UsageError("--log-eps: expected a finite number >= 0, found " +
+                     std::to_string(opt.log_eps));
+  }
+}
+
+/// -sum p log(p + eps) of one row of n weights: p = w as given, or |w| / sum |w| when a weight is
+/// negative (`negative` then set). Zero weights contribute nothing (0 log 0 = 0).
+double row_entropy(const double* w, Eigen::Index n, double eps, bool& negative,
+                   double& negative_mass) {
+  double abs_sum = 0.0;
+  negative = false;
+  negative_mass = 0.0;
+  for (Eigen::Index j = 0; j < n; ++j) {
+    if (w[j] < 0.0) {
+      negative = true;
+      negative_mass -= w[j];
+    }
+    abs_sum += std::abs(w[j]);
+  }
+  double h = 0.0;
+  for (Eigen::Index j = 0; j < n; ++j) {
+    const double p = negative ? std::abs(w[j]) / abs_sum : w[j];
+    if (p != 0.0) h -= p * portable::log(p + eps);
+  }
+  return h;
+}
+
+}  // namespace
+
+double max_entropy(int tokens) {
+  return tokens > 1 ? portable::log(static_cast<double>(tokens)) : 0.0;
+}
+
+EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k, double scale,
+                              const EntropyOptions& opt) {
+  check_options(opt);
+  Diagnostics diag;
+  const MatD qd = q.cast<double>(), kd = k.cast<double>();
+  const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+  const auto n = static_cast<std::size_t>(w.rows());
+  EntropyRows out;
+  out.entropy.assign(n, std::numeric_limits<double>::quiet_NaN());
+  out.negative_mass = out.entropy;
+  std::size_t next = 0;  // diag.degenerate_rows is sorted
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    if (next < diag.degenerate_rows.size() && diag.degenerate_rows[next] == i) {
+      ++next;
+      ++out.degenerate;
+      continue;
+    }
+    bool negative = false;
+    const auto ui = static_cast<std::size_t>(i);
+    out.entropy[ui] =
+        row_entropy(w.row(i).data(), w.cols(), opt.log_eps, negative, out.negative_mass[ui]);
+    out.negative_rows += negative ? 1 : 0;
+  }
+  return out;
+}
+
+QueryStatsLayout entropy_layout(int tokens, int bins) {
+  if (bins < 1) throw UsageError("--bins must be at least 1, found " + std::to_string(bins));
+  QueryStatsLayout layout;
+  layout.quantities = {"entropy", "negative_mass"};
+  layout.counters = {"degenerate_rows", "negative_weight_rows"};
+  layout.bins = HistogramBins{0.0, max_entropy(tokens), bins};
+  return layout;
+}
+
+HeadMeasureFn entropy_measure(const EntropyOptions& opt, double scale, bool reference) {
+  check_options(opt);
+  return [opt, scale, reference](const Variant& v, const HeadView& h) {
+    EntropyRows rows = reference ? attention_entropy_reference(v, h.q, h.k, scale, opt)
+                                 : attention_entropy(v, h.q, h.k, scale, opt);
+    HeadQueryValues out;
+    out.values = {std::move(rows.entropy), std::move(rows.negative_mass)};
+    out.counters = {rows.degenerate, rows.negative_rows};
+    return out;
+  };
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,133 @@
+// Rank diagnostics (rank.hpp): singular values by Eigen's BDCSVD of the registry's weights, key
+// features and key-value state.
+#include "attnscope/analyses/rank.hpp"
+
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+#include "attnscope/portable_math.hpp"
+
+#include <Eigen/SVD>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace attnscope::analyses {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::vector<double> singular_values(const MatD& m) {
+  if (m.size() == 0) return {};
+  const Eigen::BDCSVD<MatD> svd(m);
+  const VecD& s = svd.singularValues();
+  return {s.data(), s.data() + s.size()};
+}
+
+MatD with_ones(const MatD& x) {
+  MatD out(x.rows(), x.cols() + 1);
+  out.leftCols(x.cols()) = x;
+  out.col(x.cols()).setOnes();
+  return out;
+}
+
+}  // namespace
+
+Spectrum spectrum_of(std::vector<double> sigma, Eigen::Index rows, Eigen::Index cols,
+                     const RankOptions& opt) {
+  std::sort(sigma.begin(), sigma.end(), std::greater<>());
+  Spectrum s;
+  if (sigma.empty() || !(sigma.front() > 0.0)) return s;
+  const double top = sigma.front();
+  const double tol = opt.rank_tol > 0.0 ? opt.rank_tol * top
+                                        : top * static_cast<double>(std::max(rows, cols)) *
+                                              std::numeric_limits<double>::epsilon();
+  double total = 0.0;
+  for (double x : sigma) {
+    s.rank += x > tol ? 1 : 0;
+    total += x;
+  }
+  double h = 0.0;
+  for (double x : sigma) {
+    const double p = x / total;
+    if (p > 0.0) h -= p * portable::log(p);
+  }
+  s.erank = portable::exp(h);
+  const auto m = static_cast<std::size_t>(std::min(rows, cols));
+  s.ratio = m <= sigma.size() ? sigma[m - 1] / top : 0.0;
+  s.full_column_rank = rows >= cols && s.rank == cols;
+  return s;
+}
+
+double collapse_residual(const MatF& out) {
+  const MatD o = out.cast<double>();
+  const double norm = o.norm();
+  if (!(norm > 0.0)) return kNaN;
+  const Eigen::RowVectorXd mean = o.colwise().mean();
+  return (o.rowwise() - mean).norm() / norm;
+}
+
+HeadRank head_rank(const Variant& v, const MatF& q, const MatF& k, const MatF& values,
+                   const MatF* out, double scale, const RankOptions& opt) {
+  Diagnostics diag;
+  const MatD qd = q.cast<double>(), kd = k.cast<double>();
+  const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+  HeadRank r;
+  r.degenerate = static_cast<int>(diag.degenerate_rows.size());
+  r.w = spectrum_of(singular_values(w), w.rows(), w.cols(), opt);
+  r.k = spectrum_of(singular_values(kd), kd.rows(), kd.cols(), opt);
+  const MatD k1 = with_ones(kd);
+  r.k1 = spectrum_of(singular_values(k1), k1.rows(), k1.cols(), opt);
+  if (v.has_linear_form()) {
+    const KernelFeatures f = kernel_features(v, qd, kd, scale);
+    r.fk = spectrum_of(singular_values(f.k), f.k.rows(), f.k.cols(), opt);
+    const MatD fk1 = with_ones(f.k);
+    r.fk1 = spectrum_of(singular_values(fk1), fk1.rows(), fk1.cols(), opt);
+    const MatD vd = values.cast<double>();
+    MatD state(f.k.cols(), vd.cols());
+    portable::product(f.k.transpose(), vd, state);
+    r.kv = spectrum_of(singular_values(state), state.rows(), state.cols(), opt);
+    r.has_kv = true;
+  }
+  r.out_residual = out != nullptr ? collapse_residual(*out) : kNaN;
+  return r;
+}
+
+QueryStatsLayout rank_layout(int tokens) {
+  QueryStatsLayout layout;
+  layout.quantities = {"rank",     "erank",    "kv_rank",   "kv_erank",    "k_ratio",
+                       "k1_ratio", "fk_ratio", "fk1_ratio", "out_residual"};
+  layout.counters = {"degenerate_rows", "k_full_rank", "k1_full_rank", "fk_full_rank",
+                     "fk1_full_rank"};
+  layout.bins = HistogramBins{0.0, static_cast<double>(tokens) + 1.0, std::min(tokens + 1, 256)};
+  return layout;
+}
+
+HeadMeasureFn rank_measure(const RankOptions& opt, double scale, bool reference) {
+  if (!(opt.rank_tol >= 0.0) || !std::isfinite(opt.rank_tol)) {
+    throw UsageError("--rank-tol: expected a finite number >= 0, found " +
+                     std::to_string(opt.rank_tol));
+  }
+  return [opt, scale, reference](const Variant& v, const HeadView& h) {
+    const HeadRank r = reference ? head_rank_reference(v, h.q, h.k, h.v, h.out, scale, opt)
+                                 : head_rank(v, h.q, h.k, h.v, h.out, scale, opt);
+    const auto kv = [&](double x) { return r.has_kv ? x : kNaN; };
+    HeadQueryValues out;
+    out.values = {{static_cast<double>(r.w.rank)},
+                  {r.w.erank},
+                  {kv(r.kv.rank)},
+                  {kv(r.kv.erank)},
+                  {r.k.ratio},
+                  {r.k1.ratio},
+                  {kv(r.fk.ratio)},
+                  {kv(r.fk1.ratio)},
+                  {r.out_residual}};
+    out.counters = {r.degenerate, r.k.full_column_rank ? 1 : 0, r.k1.full_column_rank ? 1 : 0,
+                    r.has_kv && r.fk.full_column_rank ? 1 : 0,
+                    r.has_kv && r.fk1.full_column_rank ? 1 : 0};
+    return out;
+  };
+}
+
+}  // namespace attnscope::analyses

@@ -1,0 +1,152 @@
+// Attention rollout (rollout.hpp): heads fused in order, the identity added, rows normalised,
+// layers multiplied with the fixed-order products of portable_math.hpp.
+#include "attnscope/analyses/rollout.hpp"
+
+#include "attnscope/analyses/confusion.hpp"
+#include "attnscope/analyses/head_error.hpp"
+#include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
+#include "attnscope/portable_math.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace attnscope::analyses {
+
+HeadFusion parse_head_fusion(const std::string& s) {
+  if (s == "mean") return HeadFusion::Mean;
+  if (s == "max") return HeadFusion::Max;
+  if (s == "min") return HeadFusion::Min;
+  throw UsageError("--fusion: expected mean, max or min, found '" + s + "'");
+}
+
+std::string to_string(HeadFusion f) {
+  switch (f) {
+    case HeadFusion::Mean:
+      return "mean";
+    case HeadFusion::Max:
+      return "max";
+    case HeadFusion::Min:
+      return "min";
+  }
+  return "?";
+}
+
+MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed) {
+  if (heads.empty()) throw UsageError("rollout: a layer without heads");
+  MatD a = heads.front();
+  for (std::size_t h = 1; h < heads.size(); ++h) {
+    if (fusion == HeadFusion::Mean) a += heads[h];
+    if (fusion == HeadFusion::Max) a = a.cwiseMax(heads[h]);
+    if (fusion == HeadFusion::Min) a = a.cwiseMin(heads[h]);
+  }
+  if (fusion == HeadFusion::Mean) a /= static_cast<double>(heads.size());
+  a.diagonal().array() += 1.0;
+  for (Eigen::Index i = 0; i < a.rows(); ++i) {
+    double sum = 0.0, magnitude = 0.0;
+    for (Eigen::Index j = 0; j < a.cols(); ++j) {
+      sum += a(i, j);
+      magnitude += std::abs(a(i, j));
+    }
+    if (sum > kTinyDenominator * magnitude) {
+      a.row(i) /= sum;
+    } else {
+      a.row(i).setZero();
+      a(i, i) = 1.0;
+      if (fixed != nullptr) ++*fixed;
+    }
+  }
+  return a;
+}
+
+MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, int* fixed) {
+  if (layers.empty()) throw UsageError("rollout: no layer");
+  MatD r = rollout_step(layers.front(), fusion, fixed);
+  MatD next(r.rows(), r.cols());
+  for (std::size_t l = 1; l < layers.size(); ++l) {
+    const MatD a = rollout_step(layers[l], fusion, fixed);
+    portable::product(a, r, next);
+    r.swap(next);
+  }
+  return r;
+}
+
+std::vector<int> layers_in_model_order(const DumpSchema& schema, std::vector<int> layers) {
+  std::stable_sort(layers.begin(), layers.end(),
+                   [&](int a, int b) { return schema.model_layer(a) < schema.model_layer(b); });
+  return layers;
+}
+
+void rollout_images(DumpReader& reader, const Selection& resolved,
+                    const std::vector<Variant>& variants, HeadFusion fusion, bool reference,
+                    const std::function<void(RolloutImage&&)>& sink) {
+  const DumpSchema& schema = reader.schema();
+  if (schema.attrs.grid.prefix < 1) {
+    throw InputError(schema.files.front(), "attribute 'prefix_tokens'",
+                     "at least 1: a CLS token, whose row of the rollout is the map", "0");
+  }
+  const double scale = schema.attrs.scale;
+  const std::size_t nh = resolved.heads.size();
+  std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
+  std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
+  for (std::size_t s = 0; s < resolved.layers.size(); ++s)
+    layer_slot[resolved.layers[s]] = static_cast<int>(s);
+  for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
+  const std::vector<int> order = layers_in_model_order(schema, resolved.layers);
+
+  // [variant][slot]: each slot written by one thread per image.
+  std::vector<std::vector<MatD>> weights(variants.size(),
+                                         std::vector<MatD>(resolved.layers.size() * nh));
+  std::vector<std::vector<int>> dead(variants.size(),
+                                     std::vector<int>(resolved.layers.size() * nh, 0));
+  auto on_head = [&](const HeadView& hv) {
+    const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
+                          static_cast<std::size_t>(head_slot[hv.head]);
+    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+      in_head(hv.image, hv.layer, hv.head, [&] {
+        if (reference) {
+          const ExactRows rows(variants[vi], hv.q, hv.k, scale);
+          MatD& w = weights[vi][s];
+          w.resize(rows.tokens(), rows.tokens());
+          for (int i = 0; i < rows.tokens(); ++i) rows.row(i, w.row(i).data());
+          dead[vi][s] = rows.degenerate_count();
+          return;
+        }
+        Diagnostics diag;
+        const MatD qd = hv.q.cast<double>(), kd = hv.k.cast<double>();
+        weights[vi][s] = attention_weights<double>(variants[vi], qd, kd, scale, nullptr, &diag);
+        dead[vi][s] = static_cast<int>(diag.degenerate_rows.size());
+      });
+    }
+  };
+  auto on_image = [&](int image) {
+    RolloutImage done;
+    done.image = image;
+    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+      std::vector<std::vector<MatD>> layers;
+      std::int64_t degenerate = 0;
+      for (int l : order) {
+        const std::size_t ls = static_cast<std::size_t>(layer_slot[l]);
+        std::vector<MatD> heads;
+        for (std::size_t hs = 0; hs < nh; ++hs) {
+          heads.push_back(std::move(weights[vi][ls * nh + hs]));
+          degenerate += dead[vi][ls * nh + hs];
+        }
+        layers.push_back(std::move(heads));
+      }
+      int fixed = 0;
+      const MatD r =
+          reference ? rollout_reference(layers, fusion, &fixed) : rollout(layers, fusion, &fixed);
+      done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
+      done.fixed_rows.push_back(fixed);
+      done.degenerate_rows.push_back(degenerate);
+    }
+    sink(std::move(done));
+  };
+  Selection sel = resolved;
+  sel.need_v = false;
+  for_each_head(reader, sel, on_head, on_image);
+}
+
+}  // namespace attnscope::analyses

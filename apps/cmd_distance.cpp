@@ -1,0 +1,189 @@
+// attnscope distance: mean attention distance per layer and head, in pixels, as the ViT papers
+// compute it (prefix tokens dropped, rows not renormalised by default), and its distribution.
+#include "command.hpp"
+#include "common.hpp"
+#include "image_run.hpp"
+#include "query_stats_record.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/distance.hpp"
+
+#include <iomanip>
+#include <iostream>
+
+namespace attnscope::app {
+namespace {
+
+struct DistanceFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  double patch_size = 0.0;  // 0: from /images, else patches
+  analyses::DistanceOptions opt;
+  int bins = 32;
+  bool reference = false;
+  RunControl control;
+};
+
+po::options_description distance_options(DistanceFlags& f) {
+  po::options_description d("options");
+  add_dump_option(d, f.common);
+  add_out_option(d, f.common, "results/distance");
+  add_variant_option(d, f.common);
+  add_selection_options(d, f.sel, true);
+  d.add_options()
+      ("patch-size", po::value(&f.patch_size)->value_name("PIXELS"),
+       "patch size in pixels (default: the dump's /images size over the grid; without /images, 1: "
+       "distances in patches)")
+      ("renormalise", po::bool_switch(&f.opt.renormalise),
+       "divide each row by its mass on the grid keys (default: the weights as given, CLS column "
+       "dropped)")
+      ("bins", po::value(&f.bins)->value_name("B")->default_value(f.bins),
+       "histogram bins over [0, the grid's largest distance]")
+      ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
+  add_threads_option(d, f.common);
+  add_device_option(d, f.common);
+  add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
+  return d;
+}
+
+void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
+  ResultFile f(set, "distance.csv");
+  f.stream() << "variant,layer,head,mean_distance,image_std,query_std,min,max,queries,images,mean_grid_mass,"
+                "degenerate_rows,negative_weight_rows,rows_without_grid_mass\n"
+             << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) {
+      const analyses::RunningStats& q = c.queries[0];
+      const bool any = q.count > 0;
+      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << c.images[0].mean << ","
+                 << c.images[0].stddev() << "," << q.stddev() << "," << (any ? q.min : 0.0) << ","
+                 << (any ? q.max : 0.0) << "," << q.count << "," << c.images[0].count << "," << c.queries[1].mean
+                 << "," << c.counters[0] << "," << c.counters[1] << "," << c.counters[2] << "\n";
+    }
+  }
+  f.close();
+}
+
+void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r) {
+  ResultFile f(set, "distance_histogram.csv");
+  f.stream() << "variant,layer,head,bin,lo,hi,queries\n" << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) write_histogram_rows(f.stream(), r.variants[v].name(), c, r.layout.bins);
+  }
+  f.close();
+}
+
+/// Per variant: the per-layer means (over heads) and how its weights were taken.
+nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
+      layers.push_back({{"layer", layer}, {"mean_distance", mean}});
+    }
+    std::int64_t negative = 0;
+    for (const auto& c : r.cells[v]) negative += c.counters[1];
+    const bool signed_weights = r.variants[v].family->weights_can_be_negative() || negative > 0;
+    out.push_back({{"variant", r.variants[v].name()},
+                   {"per_layer", layers},
+                   {"negative_weight_rows", negative},
+                   {"weights", signed_weights ? "signed: the weights as given, negative ones included; a row's "
+                                                "distance is a signed sum and can fall outside [0, max_distance]"
+                                              : "non-negative"}});
+  }
+  return out;
+}
+
+void print_summary(const analyses::QueryStatsResult& r, const analyses::PatchSize& p, bool renormalise,
+                   double uniform) {
+  std::cout << "mean attention distance in pixels (" << r.images << " images; patch " << p.height << "x" << p.width
+            << " px from " << p.source << "; prefix tokens dropped, rows "
+            << (renormalise ? "renormalised over the grid" : "not renormalised") << "; uniform rows: "
+            << std::setprecision(4) << uniform << ")\n"
+            << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    std::cout << std::setw(28) << r.variants[v].name();
+    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
+      std::cout << " " << std::fixed << std::setprecision(3) << mean;
+    }
+    std::cout << std::defaultfloat << "\n";
+    std::int64_t negative = 0;
+    for (const auto& c : r.cells[v]) negative += c.counters[1];
+    if (negative > 0) {
+      std::cout << "  (" << negative << " rows with negative weights: signed sums, weights as given)\n";
+    }
+  }
+}
+
+int run_distance_cmd(const std::vector<std::string>& args) {
+  DistanceFlags f;
+  const po::options_description desc = distance_options(f);
+  po::variables_map vm;
+  if (!parse_args("distance", "--dump FILE [options]", desc, args, vm)) return 0;
+  if (vm.count("patch-size") != 0 && !(f.patch_size > 0.0)) {
+    throw UsageError("--patch-size: expected a positive size in pixels, found " + std::to_string(f.patch_size));
+  }
+  if (f.bins < 1 || f.bins > 1000000) {
+    throw UsageError("--bins: expected 1 to 1000000 bins, found " + std::to_string(f.bins));
+  }
+  const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("distance", f.common, false);
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const analyses::PatchSize patch = analyses::patch_size_of(reader, f.patch_size);
+  const analyses::PatchGeometry geometry(schema.attrs.grid, patch.height, patch.width);
+  const analyses::QueryStatsLayout layout = analyses::distance_layout(geometry, f.bins);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  nlohmann::json patch_json = {{"height", patch.height}, {"width", patch.width}, {"source", patch.source}};
+  if (patch.images_height > 0.0) {
+    patch_json["images_height"] = patch.images_height;
+    patch_json["images_width"] = patch.images_width;
+  }
+  RunMetadata meta("distance");
+  meta.inputs() = {{"dump", f.common.dump}};
+  meta.params() = {{"variants", variant_names(variants)},
+                   {"patch_size", patch_json},
+                   {"renormalise", f.opt.renormalise},
+                   {"prefix_tokens", "dropped as queries and keys"},
+                   {"bins", f.bins},
+                   {"transform", sel.transform.name()},
+                   {"images", sel.images.size()},
+                   {"layers", model_layers_of(schema, sel.layers)},
+                   {"heads", sel.heads},
+                   {"reference", f.reference},
+                   {"threads", threads},
+                   {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
+  ImageRun run(f.control, "distance", args, dir, run_fingerprint("distance", f.common.dump, meta.params()),
+               sel.images);
+  ImageTimer timer;
+  analyses::QueryStatsTotals totals(variants, sel, layout);
+  const auto measure = analyses::distance_measure(geometry, f.opt, schema.attrs.scale, f.reference);
+  auto publish = [&](analyses::QueryStatsResult& r) {
+    require_measured_rows(totals.measured(), "there is no distance to measure");
+    for (auto& cells : r.cells) report_model_layers(cells, schema);
+    ResultSet set(dir, "distance.json");
+    write_csv(set, r);
+    write_histogram(set, r);
+    meta.results() = {{"images", r.images},
+                      {"max_distance", geometry.max_distance()},
+                      {"uniform_baseline", analyses::uniform_distance(geometry, f.opt.renormalise)},
+                      {"variants", variant_results(r)},
+                      {"ms_per_image", timer.summary()}};
+    meta.publish(set);
+  };
+  if (!run_query_stats("distance", run, reader, sel, variants, layout, measure, timer, totals, publish)) return 0;
+  print_summary(totals.result(), patch, f.opt.renormalise, analyses::uniform_distance(geometry, f.opt.renormalise));
+  return 0;
+}
+
+const CommandRegistration kRegistration{
+    {"distance", "mean attention distance in pixels per layer and head (ViT papers), and its histogram",
+     run_distance_cmd, true}};
+
+}  // namespace
+}  // namespace attnscope::app

@@ -1,0 +1,180 @@
+// attnscope entropy: per layer and head, the entropy of every query's attention row in nats and as
+// a share of log N, and its distribution.
+#include "command.hpp"
+#include "common.hpp"
+#include "image_run.hpp"
+#include "query_stats_record.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/entropy.hpp"
+
+#include <iomanip>
+#include <iostream>
+
+namespace attnscope::app {
+namespace {
+
+constexpr const char* kNegativeRows =
+    "rows with a negative weight: the entropy of |w_ij| / sum_m |w_im| (the row's magnitudes "
+    "renormalised), counted in negative_weight_rows; other rows: the weights as given";
+
+struct EntropyFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  analyses::EntropyOptions opt;
+  int bins = 32;
+  bool reference = false;
+  RunControl control;
+};
+
+po::options_description entropy_options(EntropyFlags& f) {
+  po::options_description d("options");
+  add_dump_option(d, f.common);
+  add_out_option(d, f.common, "results/entropy");
+  add_variant_option(d, f.common);
+  add_selection_options(d, f.sel, true);
+  d.add_options()
+      ("log-eps", po::value(&f.opt.log_eps)->value_name("E")->default_value(f.opt.log_eps, "0"),
+       "entropy -sum w log(w + E): 0 is the exact entropy (0 log 0 = 0), 1e-6 the convention of "
+       "code that adds it")
+      ("bins", po::value(&f.bins)->value_name("B")->default_value(f.bins), "histogram bins over [0, log N]")
+      ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
+  add_threads_option(d, f.common);
+  add_device_option(d, f.common);
+  add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
+  return d;
+}
+
+void write_csv(ResultSet& set, const analyses::QueryStatsResult& r, double log_n) {
+  ResultFile f(set, "entropy.csv");
+  f.stream() << "variant,layer,head,mean_entropy,mean_normalised,image_std,query_std,min,max,queries,images,"
+                "degenerate_rows,negative_weight_rows,mean_negative_mass\n"
+             << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) {
+      const analyses::RunningStats& q = c.queries[0];
+      const bool any = q.count > 0;
+      const double mean = c.images[0].mean;
+      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << mean << ","
+                 << (log_n > 0.0 ? mean / log_n : 0.0) << "," << c.images[0].stddev() << "," << q.stddev() << ","
+                 << (any ? q.min : 0.0) << "," << (any ? q.max : 0.0) << "," << q.count << ","
+                 << c.images[0].count << "," << c.counters[0] << "," << c.counters[1] << "," << c.queries[1].mean
+                 << "\n";
+    }
+  }
+  f.close();
+}
+
+void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r) {
+  ResultFile f(set, "entropy_histogram.csv");
+  f.stream() << "variant,layer,head,bin,lo,hi,queries\n" << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) write_histogram_rows(f.stream(), r.variants[v].name(), c, r.layout.bins);
+  }
+  f.close();
+}
+
+std::int64_t negative_rows(const std::vector<analyses::QueryStatsCell>& cells) {
+  std::int64_t n = 0;
+  for (const auto& c : cells) n += c.counters[1];
+  return n;
+}
+
+nlohmann::json variant_results(const analyses::QueryStatsResult& r, double log_n) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
+      layers.push_back({{"layer", layer}, {"mean_entropy", mean}, {"mean_normalised", log_n > 0 ? mean / log_n : 0.0}});
+    }
+    out.push_back({{"variant", r.variants[v].name()},
+                   {"per_layer", layers},
+                   {"negative_weight_rows", negative_rows(r.cells[v])}});
+  }
+  return out;
+}
+
+void print_summary(const analyses::QueryStatsResult& r, int tokens, double log_n, double eps) {
+  std::cout << "attention entropy as a share of log N (" << r.images << " images; N = " << tokens
+            << " keys, every query; log N = " << std::setprecision(5) << log_n << "; -sum w log(w"
+            << (eps > 0 ? " + eps" : "") << "))\n"
+            << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    std::cout << std::setw(28) << r.variants[v].name();
+    for (const auto& [layer, mean] : layer_means(r.cells[v], 0, log_n > 0 ? 1.0 / log_n : 0.0)) {
+      std::cout << " " << std::fixed << std::setprecision(3) << mean;
+    }
+    std::cout << std::defaultfloat << "\n";
+    if (const std::int64_t n = negative_rows(r.cells[v]); n > 0) {
+      std::cout << "  (" << n << " rows with negative weights: entropy of |w| renormalised)\n";
+    }
+  }
+}
+
+int run_entropy_cmd(const std::vector<std::string>& args) {
+  EntropyFlags f;
+  const po::options_description desc = entropy_options(f);
+  po::variables_map vm;
+  if (!parse_args("entropy", "--dump FILE [options]", desc, args, vm)) return 0;
+  if (!(f.opt.log_eps >= 0.0)) {
+    throw UsageError("--log-eps: expected a number >= 0, found " + std::to_string(f.opt.log_eps));
+  }
+  if (f.bins < 1 || f.bins > 1000000) {
+    throw UsageError("--bins: expected 1 to 1000000 bins, found " + std::to_string(f.bins));
+  }
+  const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("entropy", f.common, false);
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const int tokens = schema.attrs.num_tokens;
+  const double log_n = analyses::max_entropy(tokens);
+  const analyses::QueryStatsLayout layout = analyses::entropy_layout(tokens, f.bins);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  RunMetadata meta("entropy");
+  meta.inputs() = {{"dump", f.common.dump}};
+  meta.params() = {{"variants", variant_names(variants)},
+                   {"log_eps", f.opt.log_eps},
+                   {"queries", "every token, prefix tokens included"},
+                   {"keys", "every token"},
+                   {"negative_weights", kNegativeRows},
+                   {"bins", f.bins},
+                   {"transform", sel.transform.name()},
+                   {"images", sel.images.size()},
+                   {"layers", model_layers_of(schema, sel.layers)},
+                   {"heads", sel.heads},
+                   {"reference", f.reference},
+                   {"threads", threads},
+                   {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
+  ImageRun run(f.control, "entropy", args, dir, run_fingerprint("entropy", f.common.dump, meta.params()),
+               sel.images);
+  ImageTimer timer;
+  analyses::QueryStatsTotals totals(variants, sel, layout);
+  const auto measure = analyses::entropy_measure(f.opt, schema.attrs.scale, f.reference);
+  auto publish = [&](analyses::QueryStatsResult& r) {
+    require_measured_rows(totals.measured(), "there is no entropy to measure");
+    for (auto& cells : r.cells) report_model_layers(cells, schema);
+    ResultSet set(dir, "entropy.json");
+    write_csv(set, r, log_n);
+    write_histogram(set, r);
+    meta.results() = {{"images", r.images},
+                      {"log_n", log_n},
+                      {"variants", variant_results(r, log_n)},
+                      {"ms_per_image", timer.summary()}};
+    meta.publish(set);
+  };
+  if (!run_query_stats("entropy", run, reader, sel, variants, layout, measure, timer, totals, publish)) return 0;
+  print_summary(totals.result(), tokens, log_n, f.opt.log_eps);
+  return 0;
+}
+
+const CommandRegistration kRegistration{
+    {"entropy", "entropy of every query's attention row per layer and head, in nats and as a share of log N",
+     run_entropy_cmd, true}};
+
+}  // namespace
+}  // namespace attnscope::app

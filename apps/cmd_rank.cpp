@@ -1,0 +1,190 @@
+// attnscope rank: numerical and effective rank of every head's attention matrix and (kernel
+// families) key-value state, the conditioning of K, [K, 1], F_k, [F_k, 1] (InLine Prop. 1 and 3),
+// and the rank-collapse residual of the model's own output, averaged over images.
+#include "command.hpp"
+#include "common.hpp"
+#include "image_run.hpp"
+#include "query_stats_record.hpp"
+#include "selection_flags.hpp"
+
+#include "attnscope/analyses/rank.hpp"
+
+#include <iomanip>
+#include <iostream>
+
+namespace attnscope::app {
+namespace {
+
+struct RankFlags {
+  CommonOptions common;
+  SelectionFlags sel;
+  analyses::RankOptions opt;
+  bool reference = false;
+  RunControl control;
+};
+
+po::options_description rank_options(RankFlags& f) {
+  po::options_description d("options");
+  add_dump_option(d, f.common);
+  add_out_option(d, f.common, "results/rank");
+  add_variant_option(d, f.common);
+  add_selection_options(d, f.sel, true);
+  d.add_options()
+      ("rank-tol", po::value(&f.opt.rank_tol)->value_name("R")->default_value(f.opt.rank_tol, "0"),
+       "numerical rank: singular values above R x the largest (0: numpy's rule, the largest x "
+       "max(m, n) x 2^-52)")
+      ("reference", po::bool_switch(&f.reference), "plain double-precision loops and Jacobi SVD (slow; for checks)");
+  add_threads_option(d, f.common);
+  add_device_option(d, f.common);
+  add_seed_option(d, f.common);
+  add_run_control_options(d, f.control);
+  return d;
+}
+
+/// mean (and min, max) of a quantity, "nan" where no image gave one.
+void stat(std::ostream& os, const analyses::RunningStats& s, bool range) {
+  if (s.count == 0) {
+    os << ",nan" << (range ? ",nan,nan" : "");
+    return;
+  }
+  os << "," << s.mean;
+  if (range) os << "," << s.min << "," << s.max;
+}
+
+void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
+  ResultFile f(set, "rank.csv");
+  f.stream() << "variant,layer,head,images,mean_rank,min_rank,max_rank,mean_erank,mean_kv_rank,min_kv_rank,"
+                "max_kv_rank,mean_kv_erank,mean_k_ratio,min_k_ratio,max_k_ratio,mean_k1_ratio,min_k1_ratio,"
+                "max_k1_ratio,mean_fk_ratio,min_fk_ratio,max_fk_ratio,mean_fk1_ratio,min_fk1_ratio,max_fk1_ratio,"
+                "k_full_rank_images,k1_full_rank_images,fk_full_rank_images,fk1_full_rank_images,"
+                "mean_out_residual,min_out_residual,max_out_residual,out_images,degenerate_rows\n"
+             << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) {
+      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << c.queries[0].count;
+      stat(f.stream(), c.queries[0], true);   // rank
+      stat(f.stream(), c.queries[1], false);  // erank
+      stat(f.stream(), c.queries[2], true);   // kv rank
+      stat(f.stream(), c.queries[3], false);  // kv erank
+      for (std::size_t q = 4; q < 8; ++q) stat(f.stream(), c.queries[q], true);  // ratios
+      for (std::size_t k = 1; k < 5; ++k) f.stream() << "," << c.counters[k];
+      stat(f.stream(), c.queries[8], true);
+      f.stream() << "," << c.queries[8].count << "," << c.counters[0] << "\n";
+    }
+  }
+  f.close();
+}
+
+void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r) {
+  ResultFile f(set, "rank_histogram.csv");
+  f.stream() << "variant,layer,head,bin,lo,hi,images\n" << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) write_histogram_rows(f.stream(), r.variants[v].name(), c, r.layout.bins);
+  }
+  f.close();
+}
+
+nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    nlohmann::json layers = nlohmann::json::array();
+    const auto rank = layer_means(r.cells[v], 0), erank = layer_means(r.cells[v], 1);
+    const auto kv = layer_means(r.cells[v], 2), residual = layer_means(r.cells[v], 8);
+    for (const auto& [layer, mean] : rank) {
+      nlohmann::json l = {{"layer", layer}, {"mean_rank", mean}, {"mean_erank", erank.at(layer)}};
+      if (kv.count(layer) != 0) l["mean_kv_rank"] = kv.at(layer);
+      if (residual.count(layer) != 0) l["mean_out_residual"] = residual.at(layer);
+      layers.push_back(std::move(l));
+    }
+    out.push_back({{"variant", r.variants[v].name()}, {"per_layer", layers}});
+  }
+  return out;
+}
+
+void print_summary(const analyses::QueryStatsResult& r, int tokens) {
+  std::cout << "rank of the attention matrix (" << r.images << " images; N = " << tokens
+            << "): numerical / effective, per layer, mean over heads\n";
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    std::cout << std::left << std::setw(28) << r.variants[v].name();
+    const auto erank = layer_means(r.cells[v], 1);
+    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
+      std::cout << " " << std::fixed << std::setprecision(1) << mean << "/" << erank.at(layer);
+    }
+    std::cout << std::defaultfloat << "\n";
+  }
+  const auto residual = layer_means(r.cells.front(), 8);
+  if (!residual.empty()) {
+    std::cout << "rank-collapse residual of the model's out, per layer:";
+    for (const auto& [layer, mean] : residual) std::cout << " " << std::fixed << std::setprecision(3) << mean;
+    std::cout << std::defaultfloat << "\n";
+  }
+}
+
+int run_rank_cmd(const std::vector<std::string>& args) {
+  RankFlags f;
+  const po::options_description desc = rank_options(f);
+  po::variables_map vm;
+  if (!parse_args("rank", "--dump FILE [options]", desc, args, vm)) return 0;
+  if (!(f.opt.rank_tol >= 0.0)) {
+    throw UsageError("--rank-tol: expected a number >= 0, found " + std::to_string(f.opt.rank_tol));
+  }
+  const int threads = apply_threads(f.common.threads);
+  const ResolvedDevice device = apply_device("rank", f.common, false);
+  DumpReader reader(f.common.dump);
+  const DumpSchema& schema = reader.schema();
+  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const int tokens = schema.attrs.num_tokens;
+  const analyses::QueryStatsLayout layout = analyses::rank_layout(tokens);
+  const std::filesystem::path dir = ensure_out_dir(f.common.out);
+
+  nlohmann::json out_layers = nlohmann::json::array();
+  for (int l : sel.layers) {
+    if (schema.layer_has_out[static_cast<std::size_t>(l)]) out_layers.push_back(schema.model_layer(l));
+  }
+  RunMetadata meta("rank");
+  meta.inputs() = {{"dump", f.common.dump}};
+  meta.params() = {{"variants", variant_names(variants)},
+                   {"rank_tol", f.opt.rank_tol},
+                   {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
+                                                    : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
+                   {"out_layers", out_layers},
+                   {"transform", sel.transform.name()},
+                   {"images", sel.images.size()},
+                   {"layers", model_layers_of(schema, sel.layers)},
+                   {"heads", sel.heads},
+                   {"reference", f.reference},
+                   {"threads", threads},
+                   {"seed", f.common.seed}};
+  meta.params()["device"] = device.description;
+  ImageRun run(f.control, "rank", args, dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
+  ImageTimer timer;
+  analyses::QueryStatsTotals totals(variants, sel, layout);
+  const auto measure = analyses::rank_measure(f.opt, schema.attrs.scale, f.reference);
+  auto publish = [&](analyses::QueryStatsResult& r) {
+    std::int64_t rows = 0;  // rows that are not degenerate: a W of zero rows measures nothing
+    for (const auto& cells : r.cells) {
+      for (const auto& c : cells) rows += c.queries[0].count * tokens - c.counters[0];
+    }
+    require_measured_rows(rows, "there is no matrix to measure");
+    for (auto& cells : r.cells) report_model_layers(cells, schema);
+    ResultSet set(dir, "rank.json");
+    write_csv(set, r);
+    write_histogram(set, r);
+    meta.results() = {{"images", r.images}, {"variants", variant_results(r)}, {"ms_per_image", timer.summary()}};
+    meta.publish(set);
+  };
+  if (!run_query_stats("rank", run, reader, sel, variants, layout, measure, timer, totals, publish, true, true)) {
+    return 0;
+  }
+  print_summary(totals.result(), tokens);
+  return 0;
+}
+
+const CommandRegistration kRegistration{
+    {"rank", "numerical and effective rank of W and of the key-value state, conditioning of K and [K, 1], "
+             "rank collapse of out",
+     run_rank_cmd, true}};
+
+}  // namespace
+}  // namespace attnscope::app

@@ -1,0 +1,151 @@
+// An image's part of a per-query statistics run (query_stats.hpp) as an image run's record, and
+// back, exactly (records are CBOR: every double comes back bit for bit), and the per-layer
+// summary the commands print. Shared by `distance` and `entropy`.
+#pragma once
+
+#include "common.hpp"
+#include "image_run.hpp"
+#include "selection_flags.hpp"
+#include "stats_record.hpp"
+
+#include "attnscope/analyses/query_stats.hpp"
+#include "attnscope/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace attnscope::app {
+
+/// Per variant: one StatsColumns per quantity (prefix "<quantity>_"), the histogram and the
+/// counters, one row per head slot.
+inline nlohmann::json query_stats_record(const analyses::QueryStatsLayout& layout,
+                                         const analyses::QueryStatsImage& img) {
+  nlohmann::json r = nlohmann::json::array();
+  for (const auto& cells : img.cells) {
+    nlohmann::json v = nlohmann::json::object();
+    for (std::size_t q = 0; q < layout.quantities.size(); ++q) {
+      StatsColumns col;
+      for (const auto& c : cells) col.push(c.queries[q]);
+      col.write(v, layout.quantities[q] + "_");
+    }
+    std::vector<std::vector<std::int64_t>> hist, counters;
+    for (const auto& c : cells) {
+      hist.push_back(c.histogram);
+      counters.push_back(c.counters);
+    }
+    v["histogram"] = hist;
+    v["counters"] = counters;
+    r.push_back(std::move(v));
+  }
+  return r;
+}
+
+/// The inverse of query_stats_record; `empty` is the image's cells, labelled and sized
+/// (analyses::labelled_cells). Error naming the command and image on a malformed record.
+inline analyses::QueryStatsImage query_stats_from_record(
+    const std::string& command, const analyses::QueryStatsLayout& layout,
+    std::vector<std::vector<analyses::QueryStatsCell>> empty, int image, const nlohmann::json& r) {
+  const std::string what = command + ": image " + std::to_string(image);
+  if (!r.is_array() || r.size() != empty.size()) throw Error(what + ": a malformed record");
+  analyses::QueryStatsImage img;
+  img.image = image;
+  for (std::size_t vi = 0; vi < empty.size(); ++vi) {
+    auto& cells = empty[vi];
+    const nlohmann::json& v = r[vi];
+    for (std::size_t q = 0; q < layout.quantities.size(); ++q) {
+      const StatsColumns col =
+          StatsColumns::read(v, layout.quantities[q] + "_", cells.size(), what);
+      for (std::size_t s = 0; s < cells.size(); ++s) cells[s].queries[q] = col.at(s);
+    }
+    const auto hist = v.at("histogram").get<std::vector<std::vector<std::int64_t>>>();
+    const auto counters = v.at("counters").get<std::vector<std::vector<std::int64_t>>>();
+    if (hist.size() != cells.size() || counters.size() != cells.size())
+      throw Error(what + ": a malformed record");
+    for (std::size_t s = 0; s < cells.size(); ++s) {
+      if (hist[s].size() != layout.bins.slots() || counters[s].size() != layout.counters.size()) {
+        throw Error(what + ": a malformed record");
+      }
+      cells[s].histogram = hist[s];
+      cells[s].counters = counters[s];
+    }
+  }
+  img.cells = std::move(empty);
+  return img;
+}
+
+/// Per variant, per layer: the mean over heads of each head's mean of quantity `q` over images
+/// (heads without a value left out), with `scale` applied (e.g. 1 / log N).
+inline std::map<int, double> layer_means(const std::vector<analyses::QueryStatsCell>& cells,
+                                         std::size_t q, double scale = 1.0) {
+  std::map<int, analyses::RunningStats> layers;
+  for (const auto& c : cells) {
+    if (c.images[q].count > 0) layers[c.layer].add(c.images[q].mean * scale);
+  }
+  std::map<int, double> out;
+  for (const auto& [layer, s] : layers) out[layer] = s.mean;
+  return out;
+}
+
+/// Writes the histogram of quantity 0: one row per (variant, layer, head, bin) with the bin's
+/// label (below, 0..bins-1, above), lower and upper edge, and count.
+/// `columns` is the header's first part ("variant,layer,head").
+inline void write_histogram_rows(std::ostream& os, const std::string& variant,
+                                 const analyses::QueryStatsCell& c,
+                                 const analyses::HistogramBins& bins) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::size_t b = 0; b < bins.slots(); ++b) {
+    os << variant << "," << c.layer << "," << c.head << ",";
+    if (b == 0) {
+      os << "below," << -inf << "," << bins.lo;
+    } else if (b == bins.slots() - 1) {
+      os << "above," << bins.hi << "," << inf;
+    } else {
+      const int i = static_cast<int>(b) - 1;
+      os << i << "," << bins.edge(i) << "," << bins.edge(i + 1);
+    }
+    os << "," << c.histogram[b] << "\n";
+  }
+}
+
+/// The image run of a per-query statistics analysis: computes this process's pending images
+/// (each journaled as query_stats_record), then, in the process that writes the results, folds
+/// every record of the selection in order and calls publish(result). Returns run.finish's answer
+/// (false: this process prints nothing more); `totals` keeps the folded result for the summary.
+inline bool run_query_stats(const std::string& command, ImageRun& run, DumpReader& reader,
+                            const analyses::Selection& sel, const std::vector<Variant>& variants,
+                            const analyses::QueryStatsLayout& layout,
+                            const analyses::HeadMeasureFn& measure, ImageTimer& timer,
+                            analyses::QueryStatsTotals& totals,
+                            const std::function<void(analyses::QueryStatsResult&)>& publish,
+                            bool need_v = false, bool need_model_tensors = false) {
+  run.compute([&] {
+    analyses::Selection part = sel;
+    part.images = run.pending();
+    Progress progress(command, part.images.size());
+    analyses::query_stats_images(
+        reader, part, variants, layout, measure,
+        [&](analyses::QueryStatsImage&& img) {
+          run.record(img.image, query_stats_record(layout, img));
+          timer.tick();
+          progress.tick();
+        },
+        need_v, need_model_tensors);
+    progress.finish();
+  });
+  const auto empty = analyses::labelled_cells(variants.size(), sel, layout);
+  auto apply = [&](int image, const nlohmann::json& rec) {
+    totals.add(query_stats_from_record(command, layout, empty, image, rec));
+  };
+  return run.finish(apply, [&] { publish(totals.result()); });
+}
+
+}  // namespace attnscope::app
