@@ -66,9 +66,9 @@ for d in "${DUMPS[@]}"; do
       step "$name: confusion without the tokens whose image patch is constant" \
         "$A" confusion --dump "$d" --out "$R/$name/confusion-no-constant" --variant "$CODE4" \
         --exclude-tokens constant-patch
-      step "$name: masking local windows and random keys (InLine Table 2, first 8 images)" \
+      step "$name: masking local windows and random keys (InLine Table 2, first 4 images)" \
         "$A" mask --dump "$d" --out "$R/$name/mask" --variant softmax@code,inline:identity@code \
-        --mask local:3,local:5,local:7,random:9,random:25,random:49 --images 0-7 ;;
+        --mask local:3,local:5,local:7,random:9,random:25,random:49 --images 0-3 ;;
   esac
 done
 # --- the families beyond the papers' four, on the synthetic dump (every analysis runs on each)
@@ -83,15 +83,15 @@ if [ -f "$SOFTMAX_DUMP" ]; then
 fi
 
 # --- the papers' figures from the 197-token models' dumps (notebooks -> PNGs). `make figures`
-# redraws figures/ itself; the demo draws into its results folder, with the confusion sweep over
-# the radius on the first 16 images only, to stay quick.
+# redraws figures/ itself; the demo draws into its results folder, with the confusion and locality
+# analyses on the first 8 images only, to stay quick.
 FIGS=$R/figures
 VIT14=(data/dumps/vit14-{softmax,linear,inline,inline-localres,mala}-fmnist.h5)
 have_vit14() { for f in "${VIT14[@]}"; do [ -f "$f" ] || return 1; done; }
 if have_vit14; then
   step "the papers' figures from our five 197-token models" \
     env PYTHON="${PYTHON:-/usr/bin/python3}" BUILD="$BUILD" ATTNSCOPE="$A" RESULTS="$R/figures-data" \
-    FIGURES="$FIGS" SWEEP_IMAGES=16 scripts/figures.sh
+    FIGURES="$FIGS" FIG_IMAGES=8 scripts/figures.sh
 fi
 
 echo

@@ -4,9 +4,9 @@
 # data/models) into results/figures-data/, then executes the notebooks headless; each writes its
 # PNG to figures/ with a caption quoting the command that produced its data. Override with DUMPS=,
 # RESULTS=, FIGURES=, ATTNSCOPE=, PREFIX=vit7 for the small 50-token models (their four
-# families; the 7x7 grid's centre query is token 25), and SWEEP_IMAGES=N to run the confusion
-# sweep over the radius on the first N images only (`make demo` does, to stay quick; the caption
-# quotes the command, so it says so).
+# families; the 7x7 grid's centre query is token 25), and FIG_IMAGES=N to run the confusion
+# and locality analyses on the first N images only (`make demo` does, to stay quick; the captions
+# quote the commands, so they say so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -49,6 +49,8 @@ run() {
 }
 
 LAYERS=$([ "$PREFIX" = vit7 ] && echo 0,1,2,3 || echo 0,1,2,3,4,5)
+SWEEP=()
+[ -z "${FIG_IMAGES:-}" ] || SWEEP=(--images "0-$((FIG_IMAGES - 1))")
 for m in "${MODELS[@]}"; do
   d="$DUMPS/$PREFIX-$m-fmnist.h5"
   v="${VARIANT[$m]}"
@@ -57,10 +59,10 @@ for m in "${MODELS[@]}"; do
   # image patch is constant (Fashion-MNIST's flat background: such tokens differ only by their
   # position embedding, so their rows nearly coincide).
   both=$v; [ "$v" = linear:relu@code ] || both="$v,linear:relu@code"
-  run "$A" confusion --dump "$d" --out "$R/confusion-$m" --variant "$both"
+  run "$A" confusion --dump "$d" --out "$R/confusion-$m" --variant "$both" "${SWEEP[@]}"
   run "$A" confusion --dump "$d" --out "$R/confusion-$m-no-constant" --variant "$both" \
-    --exclude-tokens constant-patch
-  run "$A" locality --dump "$d" --out "$R/locality-$m" --variant "$v" --window 3
+    --exclude-tokens constant-patch "${SWEEP[@]}"
+  run "$A" locality --dump "$d" --out "$R/locality-$m" --variant "$v" --window 3 "${SWEEP[@]}"
   run "$A" maps --dump "$d" --out "$R/maps-$m" --variant "$v" --images 0 --tokens "$QUERY" \
     --layers "$LAYERS" --heads 0
 done
@@ -73,8 +75,6 @@ done
 # Confusion against the radius: every family on every model's Q and K (its own and the
 # counterfactuals), 9 radii log-spaced from 1e-4 to 1e-2.
 ALL_VARIANTS="softmax@code,linear:relu@code,inline:identity@code,mala:elu1@code"
-SWEEP=()
-[ -z "${SWEEP_IMAGES:-}" ] || SWEEP=(--images "0-$((SWEEP_IMAGES - 1))")
 for m in "${MODELS[@]}"; do
   for eps in 1e-4 1.778e-4 3.162e-4 5.623e-4 1e-3 1.778e-3 3.162e-3 5.623e-3 1e-2; do
     run "$A" confusion --dump "$DUMPS/$PREFIX-$m-fmnist.h5" --out "$R/confusion-eps-$m-$eps" \
