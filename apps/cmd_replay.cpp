@@ -180,6 +180,9 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   // logits under each intervention, and where the dump holds the model's own logits, the largest
   // difference from them and their largest magnitude.
   run.compute([&] {
+    // Each model's weights laid out for the forward pass once, not once per batch.
+    std::vector<analyses::ReplayModel> prepared;
+    for (const VitModel& m : models) prepared.emplace_back(m);
     const std::vector<int>& todo = run.pending();
     Progress progress("replay", todo.size());
     const Eigen::Index pixels = static_cast<Eigen::Index>(in.shape[0]) * in.shape[1] * in.shape[2];
@@ -193,7 +196,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
       }
       std::vector<std::vector<MatF>> logits(models.size());
       for (std::size_t k = 0; k < models.size(); ++k) {
-        for (const auto& iv : ivs[k]) logits[k].push_back(analyses::replay_logits(models[k], images, ids, iv, opt));
+        for (const auto& iv : ivs[k]) logits[k].push_back(analyses::replay_logits(prepared[k], images, ids, iv, opt));
       }
       for (std::size_t i = 0; i < ids.size(); ++i) {
         const auto r = static_cast<Eigen::Index>(i);

@@ -5,6 +5,7 @@
 // documented order (bit for bit) or against std::exp in long double (within 1 ulp), then times.
 #include "attnscope/portable_math.hpp"
 #include "attnscope/softmax.hpp"
+#include "attnscope/attention_heads.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -57,6 +58,148 @@ void BM_GemmNtDeit(benchmark::State& state) {
 }
 BENCHMARK(BM_GemmNtDeit<float>)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GemmNtDeit<double>)->Unit(benchmark::kMicrosecond);
+
+/// The dense layers of a DeiT-T block as replay runs them: 197 tokens x K times a packed K x N
+/// float matrix (args: K, N): qkv (192, 576), proj (192, 192), fc1 (192, 768), fc2 (768, 192).
+/// Also the double products of one head's attention (64, 197: Q K^T; 197, 64: W V).
+template <typename T>
+void BM_GemmPacked(benchmark::State& state) {
+  const Eigen::Index k = state.range(0), n = state.range(1);
+  const std::vector<T> a = gaussian<T>(kTokens * k, 6), b = gaussian<T>(k * n, 7);
+  std::vector<T> c(static_cast<std::size_t>(kTokens * n));
+  portable::PackedMatrix<T> packed;
+  packed.pack(b.data(), n, 1, k, n);
+  portable::gemm_packed(a.data(), k, packed, c.data(), n, kTokens);
+  for (Eigen::Index i = 0; i < kTokens; i += 11)
+    for (Eigen::Index j = 0; j < n; j += 5) {
+      T s = T(0);
+      for (Eigen::Index t = 0; t < k; ++t) s = std::fma(a[i * k + t], b[t * n + j], s);
+      if (s != c[i * n + j]) fail("gemm_packed differs from the plain loop");
+    }
+  for (auto _ : state) {
+    portable::gemm_packed(a.data(), k, packed, c.data(), n, kTokens);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(kTokens * n * k) * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemmPacked<float>)->Args({192, 576})->Args({192, 192})->Args({192, 768})->Args({768, 192})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GemmPacked<double>)->Args({64, 197})->Args({197, 64})->Unit(benchmark::kMicrosecond);
+
+/// The dense layers of DeiT-T's six blocks in turn (qkv, proj, fc1, fc2 of each: 7 MB of packed
+/// weights, more than a core's L2), as one replay image runs them: the in-situ rate.
+void BM_GemmPackedSixBlocks(benchmark::State& state) {
+  const std::vector<float> a = gaussian<float>(kTokens * 768, 6);
+  std::vector<float> c(static_cast<std::size_t>(kTokens * 768));
+  const std::pair<Eigen::Index, Eigen::Index> shapes[4] = {{192, 576}, {192, 192}, {192, 768}, {768, 192}};
+  std::vector<portable::PackedMatrix<float>> weights;
+  for (int block = 0; block < 6; ++block)
+    for (const auto& [k, n] : shapes) {
+      const std::vector<float> b = gaussian<float>(k * n, static_cast<std::uint64_t>(10 + weights.size()));
+      weights.emplace_back();
+      weights.back().pack(b.data(), n, 1, k, n);
+    }
+  double flops = 0;
+  for (const auto& w : weights) flops += 2.0 * static_cast<double>(kTokens * w.rows() * w.cols());
+  for (auto _ : state) {
+    for (const auto& w : weights) portable::gemm_packed(a.data(), w.rows(), w, c.data(), w.cols(), kTokens);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemmPackedSixBlocks)->Unit(benchmark::kMicrosecond);
+
+void BM_ExpDoublesDeit(benchmark::State& state) {
+  const std::vector<double> x0 = gaussian<double>(kTokens * kTokens, 3);
+  std::vector<double> x = x0;
+  portable::exp_doubles(x.data(), static_cast<Eigen::Index>(x.size()), 0.0);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i] != portable::exp(x0[i])) fail("exp_doubles differs from exp");
+  }
+  for (auto _ : state) {
+    x = x0;
+    portable::exp_doubles(x.data(), static_cast<Eigen::Index>(x.size()), 0.0);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.counters["exp/s"] = benchmark::Counter(static_cast<double>(x.size() * state.iterations()),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ExpDoublesDeit)->Unit(benchmark::kMicrosecond);
+
+void BM_ExpDoubleScalarDeit(benchmark::State& state) {
+  const std::vector<double> x0 = gaussian<double>(kTokens * kTokens, 3);
+  std::vector<double> x = x0;
+  for (auto _ : state) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = portable::exp(x0[i]);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.counters["exp/s"] = benchmark::Counter(static_cast<double>(x.size() * state.iterations()),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ExpDoubleScalarDeit)->Unit(benchmark::kMicrosecond);
+
+/// erf over one DeiT-T block's GELU inputs (197 x 768, t / sqrt 2 for t normal with sd 1.05: about
+/// 15% beyond 1, as in the trained models' MLPs): portable::erfs (replay's GELU) against glibc's
+/// std::erf, which replay called before.
+void BM_Erfs(benchmark::State& state) {
+  std::vector<double> x = gaussian<double>(kTokens * 768, 8);
+  for (double& v : x) v *= 0.75;
+  std::vector<double> y(x.size());
+  for (auto _ : state) {
+    portable::erfs(x.data(), y.data(), static_cast<Eigen::Index>(x.size()));
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["erf/s"] = benchmark::Counter(static_cast<double>(x.size() * state.iterations()),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Erfs)->Unit(benchmark::kMicrosecond);
+
+void BM_StdErf(benchmark::State& state) {
+  std::vector<double> x = gaussian<double>(kTokens * 768, 8);
+  for (double& v : x) v *= 0.75;
+  std::vector<double> y(x.size());
+  for (auto _ : state) {
+    for (std::size_t i = 0; i < x.size(); ++i) y[i] = std::erf(x[i]);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["erf/s"] = benchmark::Counter(static_cast<double>(x.size() * state.iterations()),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_StdErf)->Unit(benchmark::kMicrosecond);
+
+/// One DeiT-T softmax head's outputs in double as replay computes them: q, k, v the head's
+/// columns of a 197 x 576 qkv matrix. softmax_head_outputs (the fast path) against the library's
+/// attention_outputs (the plain one; the same bits).
+template <bool kFast>
+void BM_SoftmaxHeadOutputs(benchmark::State& state) {
+  const std::vector<double> qkv = gaussian<double>(kTokens * 3 * 192, 9);
+  const Eigen::Index ld = 3 * 192;
+  std::vector<double> out(static_cast<std::size_t>(kTokens * kDim));
+  using Strided = Eigen::Map<const MatD, 0, Eigen::OuterStride<>>;
+  const Strided q(qkv.data(), kTokens, kDim, Eigen::OuterStride<>(ld)), k(qkv.data() + 192, kTokens, kDim, Eigen::OuterStride<>(ld)),
+      v(qkv.data() + 384, kTokens, kDim, Eigen::OuterStride<>(ld));
+  const Variant softmax = parse_variant("softmax", Convention::Code);
+  const MatD want = attention_outputs<double>(softmax, q, k, v, 0.125);
+  softmax_head_outputs(qkv.data(), ld, kTokens, qkv.data() + 192, ld, qkv.data() + 384, ld, kTokens, kDim, kDim, 0.125,
+                       nullptr, out.data(), kDim);
+  for (Eigen::Index i = 0; i < kTokens * kDim; ++i) {
+    if (out[static_cast<std::size_t>(i)] != want.data()[i]) fail("softmax_head_outputs differs from attention_outputs");
+  }
+  for (auto _ : state) {
+    if constexpr (kFast) {
+      softmax_head_outputs(qkv.data(), ld, kTokens, qkv.data() + 192, ld, qkv.data() + 384, ld, kTokens, kDim, kDim,
+                           0.125, nullptr, out.data(), kDim);
+      benchmark::DoNotOptimize(out.data());
+    } else {
+      MatD o = attention_outputs<double>(softmax, q, k, v, 0.125);
+      benchmark::DoNotOptimize(o.data());
+    }
+  }
+}
+BENCHMARK(BM_SoftmaxHeadOutputs<true>)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SoftmaxHeadOutputs<false>)->Unit(benchmark::kMicrosecond);
 
 void BM_ExpFloatsDeit(benchmark::State& state) {
   const std::vector<float> x0 = gaussian<float>(kTokens * kTokens, 3);

@@ -29,6 +29,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--no-out", action="store_true", help="leave out /layers/L/out")
     p.add_argument("--attn", action="store_true", help="also store /layers/L/attn")
+    p.add_argument("--layers", default=None,
+                   help="comma-separated source layers to keep, e.g. 0 (default: all)")
     p.add_argument("--compression", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data-root", default=data.DEFAULT_ROOT)
@@ -44,7 +46,8 @@ def main(argv=None):
         model = load_weights(path)
         name = os.path.splitext(os.path.basename(path))[0]
         target = os.path.join(args.out, name + ".h5")
-        s = dump_model(model, test, target, dtype=args.dtype, with_out=not args.no_out,
+        layers = None if args.layers is None else [int(x) for x in args.layers.split(",")]
+        s = dump_model(model, test, target, layers=layers, dtype=args.dtype, with_out=not args.no_out,
                        with_attn=args.attn, with_images=True, model_name=name,
                        compression=args.compression)
         size = os.path.getsize(target) / 1e6

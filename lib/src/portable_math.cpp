@@ -7,9 +7,20 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace attnscope::portable {
+
+// The elementwise loops below (exp_doubles, erfs) vectorise across independent entries, each
+// entry's operations in their own fixed order: the vector width changes the speed, never a value.
+// GCC's tuning for recent Intel cores prefers 256-bit vectors; on AVX-512 these loops are
+// division- and fma-bound, so they ask for 512-bit ones.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define ATTNSCOPE_WIDE_VECTORS __attribute__((target("prefer-vector-width=512")))
+#else
+#define ATTNSCOPE_WIDE_VECTORS
+#endif
 
 namespace {
 
@@ -87,6 +98,186 @@ double log(double x) {
   const double hfsq = 0.5 * f * f;
   const auto dk = static_cast<double>(k);
   return dk * kLn2Hi - ((hfsq - (s * (hfsq + r) + dk * kLn2Lo)) - f);
+}
+
+namespace {
+
+/// exp's body with its branches as selects, for loops that vectorise: every operation of exp's
+/// path, in its order, so that each result is exp's to the bit. n comes from the bits of
+/// x / ln2 + 1.5 * 2^52 (the integer n sits in its low bits, as exp_float takes it), and the
+/// three scalings of exp (normal, 2^1024 split in two, subnormal in two steps) become one form
+/// (y * 2^ea) * 2^eb, a product by 2^0 being exact.
+inline double exp_inline(double x0) {
+  double x = x0 < kUnderflow ? kUnderflow : x0;  // ternaries, not std::clamp: they vectorise
+  x = x > kOverflow ? kOverflow : x;
+  const double t = x * kInvLn2 + kShift;
+  const double n = t - kShift;
+  const double hi = x - n * kLn2Hi;
+  const double lo = n * kLn2Lo;
+  const double r = hi - lo;
+  const double r2 = r * r;
+  const double c = r - r2 * (kP1 + r2 * (kP2 + r2 * (kP3 + r2 * (kP4 + r2 * kP5))));
+  const double y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi);
+  const auto e = static_cast<std::int64_t>(std::bit_cast<std::uint64_t>(t) - std::bit_cast<std::uint64_t>(kShift));
+  const bool low = e < -1021, high = e > 1023;
+  const std::int64_t ea = low ? e + 1000 : (high ? 1 : e);
+  const std::int64_t eb = low ? -1000 : (high ? e - 1 : 0);
+  const double scaled = (y * pow2(ea)) * pow2(eb);
+  const double out = x0 < kUnderflow ? 0.0 : (x0 > kOverflow ? std::numeric_limits<double>::infinity() : scaled);
+  return x0 != x0 ? x0 : out;
+}
+
+}  // namespace
+
+ATTNSCOPE_WIDE_VECTORS void exp_doubles(double* x, Eigen::Index n, double shift) {
+  for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_inline(x[t] - shift);
+}
+
+namespace {
+
+// The coefficients of erf's three pieces (written by mpmath's chebyfit at 60 digits, then rounded
+// to double; the fit errors below are those of the exact coefficients).
+// kErfSmall: Chebyshev fit on [0.0, 1.0], 13 coefficients, highest degree first; fit error 1.3e-19
+constexpr double kErfSmall[13] = {
+    0x1.05ffd737fb32ep-34,  // 5.9571761477489114044e-11
+    -0x1.389d4f2641625p-30,  // -1.137284885679167367e-9
+    0x1.f7b4bf3b13964p-27,  // 1.4659775274047435814e-8
+    -0x1.5f1ecb6f0764cp-23,  // -1.6350312701054695011e-7
+    0x1.b9df224ca4b97p-20,  // 1.6461000484121368033e-6
+    -0x1.f4d1e3183f7aep-17,  // -0.000014925595266831181565
+    0x1.f9a321d5b8e1ep-14,  // 0.00012055331111642710923
+    -0x1.c02db3dac435fp-11,  // -0.00085483269808337899052
+    0x1.565bcd0dbaa38p-8,  // 0.0052239776248180144673
+    -0x1.b82ce31284e00p-6,  // -0.026866170645076793248
+    0x1.ce2f21a042b30p-4,  // 0.11283791670954878666
+    -0x1.812746b0379e6p-2,  // -0.37612638903183748056
+    0x1.20dd750429b6dp+0,  // 1.1283791670955125738
+};
+// kErfMid: Chebyshev fit on [-1.0, 1.0], 26 coefficients, highest degree first; fit error 6.91e-20
+constexpr double kErfMid[26] = {
+    0x1.52637fe5147e1p-38,  // 4.808792230483701712e-12
+    0x1.662ed12a36b72p-36,  // 2.036033942562474774e-11
+    -0x1.2c4299a101034p-33,  // -1.3654251083212790539e-10
+    -0x1.50c1d65808c5bp-33,  // -1.531394340773252097e-10
+    0x1.1a9a8eb57bc5bp-29,  // 2.0562128343248737657e-9
+    -0x1.1b9d80df7097ep-29,  // -2.0635725209507725128e-9
+    -0x1.3e696e5d8519ap-26,  // -1.8534008430492750763e-8
+    0x1.0268489d719d5p-24,  // 6.0165151492039357465e-8
+    0x1.fc687890e3a7ap-25,  // 5.9186491380767122177e-8
+    -0x1.7802483e583fdp-21,  // -7.0037118131080193852e-7
+    0x1.00fea9f7053abp-20,  // 9.5738016426159564006e-7
+    0x1.0928acb4c23fdp-18,  // 3.9511752916243965604e-6
+    -0x1.108280fc48391p-16,  // -0.000016242848674189222223
+    0x1.5efa38605ee81p-18,  // 5.2299711515952730918e-6
+    0x1.b3399157db497p-14,  // 0.00010376569605137702373
+    -0x1.13917bb1c7eecp-12,  // -0.000262802404096247903
+    -0x1.a46c56b1795b3p-15,  // -0.000050118350724475021567
+    0x1.a1143440ea309p-10,  // 0.0015910298245477868949
+    -0x1.bae0ab9d915c2p-9,  // -0.0033788880817009213761
+    0x1.e1935ea6df4b0p-12,  // 0.0004592663412309001429
+    0x1.ace7404c2b22ap-7,  // 0.013089090724258307539
+    -0x1.1a2c59757abd6p-5,  // -0.034444975590154732156
+    0x1.8b0ae3a478923p-5,  // 0.048222965826214792216
+    -0x1.529b9e8cf9a1bp-5,  // -0.041333970708184084362
+    0x1.529b9e8cf9a1ep-6,  // 0.020666985354092053857
+    0x1.fd9ae142795e3p-1,  // 0.99532226501895273409
+};
+// kErfcTail: Chebyshev fit on [0.166667, 0.333333], 12 coefficients, highest degree first; fit error 4.17e-16
+constexpr double kErfcTail[12] = {
+    -0x1.0e6461e299653p+1,  // -2.1124384266320617559
+    0x1.3bbdfb9f8891dp+2,  // 4.9334706361717307149
+    -0x1.cbc3440685464p+1,  // -3.591896537002456797
+    -0x1.0e87baf1fc492p+0,  // -1.0567585793290031969
+    0x1.c8fbf4104c114p+1,  // 3.5701890067649715797
+    -0x1.2ef82e5009569p+1,  // -2.3669488802722083273
+    0x1.3be9bf9a01cf6p-2,  // 0.30850886704907000481
+    0x1.7e58bc3c8bab0p-2,  // 0.37338537330189591918
+    0x1.68ef51f340ef8p-8,  // 0.0055074286531213640688
+    -0x1.2146f1cc1dbe0p-2,  // -0.28249719436956686821
+    0x1.26653a8e152b7p-16,  // 0.000017547334714445718556
+    0x1.20dd696205d25p-1,  // 0.5641892368466058482
+};
+
+/// p(x) by Horner's rule in fused steps, highest degree first.
+template <int N>
+inline double horner(const double (&c)[N], double x) {
+  double p = c[0];
+#pragma GCC unroll 32
+  for (int i = 1; i < N; ++i) p = std::fma(p, x, c[i]);  // unrolled: the calling loop vectorises
+  return p;
+}
+
+/// erf for |x| <= 1: x P(x^2) (P > 0: the sign is x's). Any other x gives a finite value or NaN
+/// that is replaced.
+inline double erf_small(double x0) {
+  const double a = std::fabs(x0) <= 1.0 ? x0 : 1.0;
+  return a * horner(kErfSmall, a * a);
+}
+
+/// erf for 1 < |x| <= 3: the polynomial about 2, with x's sign. Any other x: a finite value.
+inline double erf_mid(double x0) {
+  const double a0 = std::fabs(x0);
+  const double a = a0 > 3.0 ? 3.0 : (a0 > 1.0 ? a0 : 1.0);
+  return std::copysign(horner(kErfMid, a - 2.0), x0);
+}
+
+/// erf for |x| <= 3, branch-free (selects): the two pieces, for one value (erf() itself).
+inline double erf_body(double x0) {
+  return std::fabs(x0) <= 1.0 ? erf_small(x0) : erf_mid(x0);
+}
+
+/// erf for |x| > 3 and NaN: 1 - erfc, erfc = exp(-x^2) Q(1/|x|) / |x| (Q fits erfc(x) e^(x^2) x).
+double erf_tail(double x) {
+  if (std::isnan(x)) return x;
+  const double a = std::fabs(x);
+  if (a >= 6.0) return std::copysign(1.0, x);  // erfc(6) = 2.2e-17: 1 - erfc rounds to 1
+  const double u = 1.0 / a;
+  const double erfc = (exp(-(a * a)) * horner(kErfcTail, u)) * u;
+  return std::copysign(1.0 - erfc, x);
+}
+
+inline bool erf_needs_tail(double x) { return !(std::fabs(x) <= 3.0); }
+
+}  // namespace
+
+double erf(double x) { return erf_needs_tail(x) ? erf_tail(x) : erf_body(x); }
+
+ATTNSCOPE_WIDE_VECTORS void erfs(const double* x, double* y, Eigen::Index n) {
+  // The small piece for every entry (vectorised), then the others gathered (most GELU inputs
+  // are within 1: the mid piece's longer polynomial runs on those beyond only), each entry's
+  // value that of erf().
+  constexpr Eigen::Index kChunk = 256;
+  alignas(64) std::int64_t idx[kChunk];
+  alignas(64) double gathered[kChunk];
+  for (Eigen::Index c0 = 0; c0 < n; c0 += kChunk) {
+    const Eigen::Index len = std::min(kChunk, n - c0);
+    const double* xc = x + c0;
+    double* yc = y + c0;
+    for (Eigen::Index t = 0; t < len; ++t) yc[t] = erf_small(xc[t]);
+    Eigen::Index count = 0, t = 0;
+#if defined(__AVX512F__)
+    // The indices beyond 1 (or NaN), eight at a time: which indices, not any value, depends on it.
+    const __m512i step = _mm512_set1_epi64(8);
+    __m512i lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512d one = _mm512_set1_pd(1.0);
+    for (; t + 8 <= len; t += 8, lanes = _mm512_add_epi64(lanes, step)) {
+      const __m512d a = _mm512_abs_pd(_mm512_loadu_pd(xc + t));
+      const __mmask8 beyond = _mm512_cmp_pd_mask(a, one, _CMP_NLE_UQ);
+      _mm512_mask_compressstoreu_epi64(idx + count, beyond, lanes);
+      count += __builtin_popcount(static_cast<unsigned>(beyond));
+    }
+#endif
+    for (; t < len; ++t) {  // branch-free gathering of the indices beyond 1
+      idx[count] = t;
+      count += std::fabs(xc[t]) <= 1.0 ? 0 : 1;
+    }
+    for (Eigen::Index i = 0; i < count; ++i) gathered[i] = xc[idx[i]];
+    for (Eigen::Index i = 0; i < count; ++i) gathered[i] = erf_mid(gathered[i]);
+    for (Eigen::Index i = 0; i < count; ++i) {
+      const double v = xc[idx[i]];
+      yc[idx[i]] = erf_needs_tail(v) ? erf_tail(v) : gathered[i];
+    }
+  }
 }
 
 bool polar_normal_pair(double u, double v, double& a, double& b) {
@@ -321,6 +512,167 @@ void gemm_nn(const T* a, Eigen::Index a_row, Eigen::Index a_col, const T* b, Eig
   product(a, a_row, a_col, p.data(), ld, c, ldc, m, n, k);
 }
 
+namespace {
+
+/// The packed products' register tile: kPackedRows rows x kPackedVectors vectors. On AVX-512
+/// (32 registers) ATTNSCOPE_TILE (default 12 x 2) keeps 24 accumulators in flight, enough to
+/// hide the fused multiply-add's latency on both of the core's FMA ports; on AVX2 (16 registers)
+/// 6 x 2, as the products above. Neither changes a value: each c_ij is still one chain of fused
+/// steps over t in increasing order.
+#if defined(__AVX512F__)
+#ifndef ATTNSCOPE_TILE_ROWS
+#define ATTNSCOPE_TILE_ROWS 12
+#define ATTNSCOPE_TILE_VECTORS 2
+#endif
+constexpr Eigen::Index kPackedRows = ATTNSCOPE_TILE_ROWS;
+constexpr Eigen::Index kPackedVectors = ATTNSCOPE_TILE_VECTORS;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr Eigen::Index kPackedRows = 6;
+constexpr Eigen::Index kPackedVectors = 2;
+#else
+constexpr Eigen::Index kPackedRows = 4;
+constexpr Eigen::Index kPackedVectors = 2;
+#endif
+
+/// Where a tile's results go: C itself (T), or widened to double with a bias added (and added to C).
+template <typename T>
+struct StoreTile {
+  T* c;
+  Eigen::Index ldc;
+  StoreTile at(Eigen::Index i, Eigen::Index j) const { return {c + i * ldc + j, ldc}; }
+};
+struct WidenTile {
+  double* c;
+  Eigen::Index ldc;
+  const double* bias;
+  bool accumulate;
+  WidenTile at(Eigen::Index i, Eigen::Index j) const { return {c + i * ldc + j, ldc, bias + j, accumulate}; }
+  /// Row r's first `cols` products: c = double(p) + bias, or c + (double(p) + bias).
+  void row(Eigen::Index r, const float* p, Eigen::Index cols) const {
+    double* out = c + r * ldc;
+    if (accumulate) {
+      for (Eigen::Index j = 0; j < cols; ++j) out[j] += static_cast<double>(p[j]) + bias[j];
+    } else {
+      for (Eigen::Index j = 0; j < cols; ++j) out[j] = static_cast<double>(p[j]) + bias[j];
+    }
+  }
+};
+
+/// C rows [0, R) x the panel's columns [0, cols) = A P: A's R rows at ap (row stride lda), P one
+/// packed panel (k x V W, contiguous).
+template <typename T, Eigen::Index R, typename Out>
+void packed_tile(const T* ap, Eigen::Index lda, const T* panel, const Out& out, Eigen::Index k, Eigen::Index cols) {
+  using S = Simd<T>;
+  constexpr Eigen::Index W = S::W, V = kPackedVectors;
+  typename S::V acc[R][V];
+  for (Eigen::Index r = 0; r < R; ++r)
+    for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::zero();
+  for (Eigen::Index t = 0; t < k; ++t) {
+    typename S::V b[V];
+    for (Eigen::Index v = 0; v < V; ++v) b[v] = S::load(panel + (t * V + v) * W);
+    for (Eigen::Index r = 0; r < R; ++r) {
+      const typename S::V x = S::set1(ap[r * lda + t]);
+      for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::fma(x, b[v], acc[r][v]);
+    }
+  }
+  if constexpr (std::is_same_v<Out, StoreTile<T>>) {
+    if (cols == V * W) {
+      for (Eigen::Index r = 0; r < R; ++r)
+        for (Eigen::Index v = 0; v < V; ++v) S::store(out.c + r * out.ldc + v * W, acc[r][v]);
+      return;
+    }
+  }
+  T tile[V * W];
+  for (Eigen::Index r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < V; ++v) S::store(tile + v * W, acc[r][v]);
+    if constexpr (std::is_same_v<Out, StoreTile<T>>) {
+      std::copy(tile, tile + cols, out.c + r * out.ldc);
+    } else {
+      out.row(r, tile, cols);
+    }
+  }
+}
+
+/// A tile of `rows` (<= R) rows of C against panel j of b: the tile of exactly `rows` rows.
+template <typename T, Eigen::Index R, typename Out>
+void packed_rows(Eigen::Index rows, const T* ap, Eigen::Index lda, const PackedMatrix<T>& b, Eigen::Index j,
+                 const Out& out) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      packed_rows<T, R - 1>(rows, ap, lda, b, j, out);
+      return;
+    }
+  }
+  const Eigen::Index k = b.rows();
+  packed_tile<T, R>(ap, lda, b.data() + j * k, out, k, std::min(PackedMatrix<T>::panel_width(), b.cols() - j));
+}
+
+/// Panel by panel of b, every block of kPackedRows rows of A against it, A read in place (its rows
+/// broadcast entry by entry: a copy into a packed layout cost more than it saved): each panel of
+/// the weights is read once per product, from wherever it is, and A (a few hundred KB at most)
+/// stays in the L2 cache.
+template <typename T, typename Out>
+void packed_product(const T* a, Eigen::Index lda, const PackedMatrix<T>& b, const Out& out, Eigen::Index m) {
+  const Eigen::Index k = b.rows(), J = PackedMatrix<T>::panel_width();
+  // While one panel is in use, the next is prefetched a slice per block of rows (the weights come
+  // from L3 or memory: each panel is read once).
+  const Eigen::Index blocks = (m + kPackedRows - 1) / kPackedRows;
+  const Eigen::Index panel_bytes = k * J * static_cast<Eigen::Index>(sizeof(T));
+  const Eigen::Index slice = (panel_bytes / 64 + blocks - 1) / blocks;  // cache lines per block
+  for (Eigen::Index j = 0; j < b.cols(); j += J) {
+    const char* next = reinterpret_cast<const char*>(b.data() + (j + J) * k);
+    const bool has_next = j + J < b.cols();
+    for (Eigen::Index i0 = 0, blk = 0; i0 < m; i0 += kPackedRows, ++blk) {
+      if (has_next) {
+        for (Eigen::Index l = blk * slice; l < std::min((blk + 1) * slice, panel_bytes / 64); ++l) {
+          __builtin_prefetch(next + l * 64, 0, 2);
+        }
+      }
+      packed_rows<T, kPackedRows>(std::min(kPackedRows, m - i0), a + i0 * lda, lda, b, j, out.at(i0, j));
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+Eigen::Index PackedMatrix<T>::panel_width() {
+  return kPackedVectors * Simd<T>::W;
+}
+
+template <typename T>
+void PackedMatrix<T>::pack(const T* b, Eigen::Index b_row, Eigen::Index b_col, Eigen::Index k, Eigen::Index n) {
+  const Eigen::Index J = panel_width();
+  const Eigen::Index n_pad = (n + J - 1) / J * J;
+  k_ = k, n_ = n;
+  data_.resize(static_cast<std::size_t>(std::max<Eigen::Index>(k * n_pad, 1)));  // reused: no zero fill
+  for (Eigen::Index j0 = 0; j0 < n; j0 += J) {
+    T* panel = data_.data() + j0 * k;
+    const Eigen::Index cols = std::min(J, n - j0);
+    for (Eigen::Index t = 0; t < k; ++t) {
+      for (Eigen::Index jj = 0; jj < cols; ++jj) panel[t * J + jj] = b[t * b_row + (j0 + jj) * b_col];
+      for (Eigen::Index jj = cols; jj < J; ++jj) panel[t * J + jj] = T(0);  // the last panel's padding
+    }
+  }
+}
+
+template <typename T>
+void gemm_packed(const T* a, Eigen::Index lda, const PackedMatrix<T>& b, T* c, Eigen::Index ldc, Eigen::Index m) {
+  packed_product(a, lda, b, StoreTile<T>{c, ldc}, m);
+}
+
+void gemm_packed_widen(const float* a, Eigen::Index lda, const PackedMatrix<float>& b, const double* bias, double* c,
+                       Eigen::Index ldc, Eigen::Index m, bool accumulate) {
+  packed_product(a, lda, b, WidenTile{c, ldc, bias, accumulate}, m);
+}
+
+template class PackedMatrix<float>;
+template class PackedMatrix<double>;
+template void gemm_packed<float>(const float*, Eigen::Index, const PackedMatrix<float>&, float*, Eigen::Index,
+                                 Eigen::Index);
+template void gemm_packed<double>(const double*, Eigen::Index, const PackedMatrix<double>&, double*, Eigen::Index,
+                                  Eigen::Index);
+
 template void gemm_nt<float>(const float*, Eigen::Index, const float*, Eigen::Index, float*, Eigen::Index,
                              Eigen::Index, Eigen::Index, Eigen::Index);
 template void gemm_nt<double>(const double*, Eigen::Index, const double*, Eigen::Index, double*, Eigen::Index,
@@ -329,6 +681,25 @@ template void gemm_nn<float>(const float*, Eigen::Index, Eigen::Index, const flo
                              Eigen::Index, Eigen::Index, Eigen::Index, Eigen::Index);
 template void gemm_nn<double>(const double*, Eigen::Index, Eigen::Index, const double*, Eigen::Index, double*,
                               Eigen::Index, Eigen::Index, Eigen::Index, Eigen::Index);
+
+ATTNSCOPE_WIDE_VECTORS bool all_finite(const double* x, Eigen::Index n) {
+  std::int64_t bad = 0;  // an integer count: a reduction the compiler vectorises
+  for (Eigen::Index t = 0; t < n; ++t) bad += std::fabs(x[t]) <= std::numeric_limits<double>::max() ? 0 : 1;
+  return bad == 0;
+}
+
+ATTNSCOPE_WIDE_VECTORS double max_of(const double* x, Eigen::Index n) {
+  constexpr int kLanes = 16;
+  double lane[kLanes];
+  for (double& l : lane) l = -HUGE_VAL;
+  Eigen::Index t = 0;
+  for (; t + kLanes <= n; t += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] = x[t + l] > lane[l] ? x[t + l] : lane[l];
+  double top = -HUGE_VAL;
+  for (; t < n; ++t) top = x[t] > top ? x[t] : top;
+  for (const double l : lane) top = l > top ? l : top;
+  return top;
+}
 
 float scale_and_max(float* x, Eigen::Index n, float s) {
   using S = Simd<float>;

@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace attnscope::analyses {
 namespace {
@@ -135,6 +137,92 @@ TEST_P(ReplayEveryFamily, EqualsThePlainForwardUnderEveryIntervention) {
 
 INSTANTIATE_TEST_SUITE_P(AllFamilies, ReplayEveryFamily, ::testing::ValuesIn(test::all_variant_specs()),
                          [](const ::testing::TestParamInfo<std::string>& p) { return test::param_name(p.param); });
+
+/// `m` with InLine's local residual in every block (random grouped 1x1 convolutions).
+VitModel with_local_residual(VitModel m, std::uint64_t seed) {
+  m.local_residual = true;
+  const int dim = m.embed_dim, per = m.head_dim;
+  for (VitBlock& b : m.blocks) {
+    b.lr_conv1_w = rnd(dim, per, ++seed), b.lr_conv1_b = rndv(dim, ++seed);
+    b.lr_conv2_w = rnd(9 * dim, per, ++seed), b.lr_conv2_b = rndv(9 * dim, ++seed);
+  }
+  return m;
+}
+
+/// A model of DeiT-T's token count (14 x 14 + CLS from 28 x 28 images, patch 2), narrower:
+/// `heads` heads of `head_dim` (3 of 16 by default), MLP 96, 3 blocks. Every tile and remainder of
+/// the packed products.
+VitModel deit_tokens(const std::string& spec, std::uint64_t seed, int heads = 3, int head_dim = 16) {
+  const int dim = heads * head_dim;
+  VitModel m;
+  m.model_name = "deit-tokens";
+  m.variant = parse_variant(spec, Convention::Code);
+  m.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  m.image_size = 28, m.patch_size = 2, m.in_chans = 1, m.num_classes = 10;
+  m.embed_dim = dim, m.depth = 3, m.num_heads = heads, m.head_dim = head_dim, m.mlp_hidden = 96;
+  m.grid = TokenGrid{1, 14, 14};
+  m.patch_w = rnd(dim, 4, seed), m.patch_b = rndv(dim, seed + 1), m.cls_token = rndv(dim, seed + 2);
+  m.pos_embed = rnd(197, dim, seed + 3);
+  for (int l = 0; l < m.depth; ++l) {
+    const std::uint64_t s = seed + 100 * static_cast<std::uint64_t>(l + 1);
+    VitBlock b;
+    b.norm1_w = rndv(dim, s, 1.0), b.norm1_b = rndv(dim, s + 1), b.qkv_w = rnd(3 * dim, dim, s + 2, 0.3);
+    b.qkv_b = rndv(3 * dim, s + 3), b.proj_w = rnd(dim, dim, s + 4, 0.2), b.proj_b = rndv(dim, s + 5);
+    b.norm2_w = rndv(dim, s + 6, 1.0), b.norm2_b = rndv(dim, s + 7), b.fc1_w = rnd(96, dim, s + 8, 0.2);
+    b.fc1_b = rndv(96, s + 9), b.fc2_w = rnd(dim, 96, s + 10, 0.2), b.fc2_b = rndv(dim, s + 11);
+    m.blocks.push_back(b);
+  }
+  m.norm_w = rndv(dim, seed + 4, 1.0), m.norm_b = rndv(dim, seed + 5), m.head_w = rnd(10, dim, seed + 6);
+  m.head_b = rndv(10, seed + 7);
+  return m;
+}
+
+/// The fast forward pass (the default) and the plain one (ReplayOptions::reference) give the same
+/// logits, bit for bit, under every intervention, on every block or some.
+void expect_fast_equals_reference(const VitModel& m, const MatF& images, const std::vector<int>& ids,
+                                  const std::string& interventions) {
+  const ReplayModel prepared(m);
+  for (const Intervention& iv : parse_interventions(interventions, m, kSeed)) {
+    for (const std::vector<int>& layers : {std::vector<int>{}, std::vector<int>{m.depth - 1}, std::vector<int>{0}}) {
+      ReplayOptions fast, plain;
+      fast.seed = plain.seed = 3;
+      fast.layers = plain.layers = layers;
+      plain.reference = true;
+      const MatF got = replay_logits(prepared, images, ids, iv, fast);
+      const MatF want = replay_logits(prepared, images, ids, iv, plain);
+      ASSERT_EQ(got.rows(), want.rows());
+      for (Eigen::Index i = 0; i < got.rows(); ++i) {
+        for (Eigen::Index c = 0; c < got.cols(); ++c) {
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(got(i, c)), std::bit_cast<std::uint32_t>(want(i, c)))
+              << m.variant.name() << " " << iv.name << " layers " << layers.size() << " image " << i << " class " << c
+              << ": " << got(i, c) << " vs " << want(i, c);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(ReplayEveryFamily, FastForwardEqualsThePlainOneBitForBit) {
+  const MatF images = rnd(3, 72, kSeed + 9, 1.0);
+  const std::string all = "none,local:1,local:3,random:2,f1,f2,l2norm,family=softmax,family=mala,family=linear:relu";
+  expect_fast_equals_reference(tiny(GetParam(), kSeed), images, {0, 5, 9}, all);
+  expect_fast_equals_reference(with_local_residual(tiny(GetParam(), kSeed), kSeed + 50), images, {0, 5, 9}, "none,local:3");
+}
+
+TEST(Replay, FastForwardEqualsThePlainOneAtDeitTokens) {
+  const MatF images = rnd(3, 784, kSeed + 10, 1.0);
+  for (const char* spec : {"softmax", "linear:relu", "inline", "mala", "efficient", "cosformer"}) {
+    const VitModel m = deit_tokens(spec, kSeed + 20);
+    expect_fast_equals_reference(m, images, {0, 1, 2}, "none,local:3,random:9,f2,family=softmax");
+    expect_fast_equals_reference(with_local_residual(m, kSeed + 60), images.topRows(1), {4}, "none");
+  }
+  // Heads of 64 (DeiT-T's): relu_affine's features of the CLS row alone would differ in their last
+  // bits from those among every row (query_features_row_local); the fast pass computes them all.
+  for (const char* spec : {"linear:relu_affine=7", "inline:relu_affine=7", "softmax"}) {
+    expect_fast_equals_reference(deit_tokens(spec, kSeed + 30, 2, 64), images.topRows(2), {0, 1},
+                                 "none,family=mala:relu_affine=7");
+  }
+}
 
 // With the attention's output projection at zero the attention cannot reach the logits: no
 // intervention may change them (the control); with it restored, every one does.

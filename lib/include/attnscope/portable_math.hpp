@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 namespace attnscope::portable {
 
@@ -39,6 +40,17 @@ double exp(double x);
 /// ln x in double, within 1 ulp (x = 2^k y with y in [sqrt(2)/2, sqrt(2)), then a rational
 /// approximation of ln y): -inf at 0, NaN below 0 and for NaN, +inf at +inf. Subnormal x too.
 double log(double x);
+
+/// erf x in double, within 2 ulp (measured: tests/unit/test_replay_fast.cpp), the same bits on
+/// every CPU, unlike std::erf (glibc picks an FMA or an SSE2 build at run time): |x| <= 1 as
+/// x P(x^2), 1 < |x| <= 3 as a polynomial in |x| - 2 (Chebyshev fits, Horner's rule in fused
+/// steps), 3 < |x| < 6 as 1 - exp(-x^2) Q(1/|x|) / |x| with portable::exp, +-1 beyond; NaN for
+/// NaN. For the exact GELU of replay's MLP.
+double erf(double x);
+
+/// y[t] = erf(x[t]) for t < n, the same bits as erf: the polynomials of |x| <= 3 for every entry
+/// in one vectorised pass, then the few entries beyond in a second. y must not overlap x.
+void erfs(const double* x, double* y, Eigen::Index n);
 
 /// Two independent standard normal numbers from two uniform numbers u, v in [-1, 1] (Marsaglia's
 /// polar method, only + * / sqrt and log above): false when (u, v) falls outside the unit disc or
@@ -58,6 +70,18 @@ struct Exp {
 
 /// x[t] = exp_float(x[t] - shift) for t < n (the softmax step, vectorised).
 void exp_floats(float* x, Eigen::Index n, float shift = 0.0F);
+
+/// x[t] = exp(x[t] - shift) for t < n: the same bits as portable::exp of each (its branches made
+/// selects, so that the loop vectorises; tests/unit/test_replay_fast.cpp compares them bit for bit
+/// on every range, edges, subnormal results, infinities and NaN included).
+void exp_doubles(double* x, Eigen::Index n, double shift = 0.0);
+
+/// Whether every x[t], t < n, is finite (a vectorised test; true for n = 0).
+bool all_finite(const double* x, Eigen::Index n);
+
+/// The largest of x[0..n) (-inf for n = 0; NaNs skipped): the same value in any order of search,
+/// so searched in vector lanes.
+double max_of(const double* x, Eigen::Index n);
 
 /// x[t] *= s for t < n, and the largest of the products (-inf for n = 0). The largest value does
 /// not depend on the order it is searched in; 16 lanes let the compiler vectorise the search.
@@ -100,6 +124,41 @@ void product_nt(const A& a, const B& b, C&& c) {
   gemm_nt<T>(a.data(), a.rowStride(), b.data(), b.rowStride(), c.data(), c.rowStride(), a.rows(), b.rows(),
              a.cols());
 }
+
+/// B (k x n) packed once for many products C = A B (a dense layer's weights, reused for every
+/// image): column panels of the product kernel's width (which depends on the build's vector
+/// width), each k x width and contiguous, zero columns past n. Packing moves values only, so
+/// gemm_packed's results do not depend on the layout.
+template <typename T>
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  /// B's element (t, j) at b[t * b_row + j * b_col], t < k, j < n: B itself (b_row = ldb,
+  /// b_col = 1) or a transpose (b_row = 1, b_col = ld of the matrix transposed). Reuses the storage.
+  void pack(const T* b, Eigen::Index b_row, Eigen::Index b_col, Eigen::Index k, Eigen::Index n);
+  [[nodiscard]] Eigen::Index rows() const { return k_; }
+  [[nodiscard]] Eigen::Index cols() const { return n_; }
+  [[nodiscard]] const T* data() const { return data_.data(); }
+  /// Columns per panel (the kernel's width for T on this build).
+  [[nodiscard]] static Eigen::Index panel_width();
+
+ private:
+  std::vector<T, Eigen::aligned_allocator<T>> data_;
+  Eigen::Index k_ = 0, n_ = 0;
+};
+
+/// C (m x b.cols(), row stride ldc) = A B, A m x b.rows() row-major (row stride lda): every
+/// c_ij = fma(a_i,k-1, b_k-1,j, ... fma(a_i0, b_0j, 0)), in that order, as gemm_nt and gemm_nn:
+/// the result does not depend on the CPU, the build, the blocking or the packing. Faster than
+/// gemm_nn for repeated B (no packing per call) and larger register tiles on AVX-512.
+template <typename T>
+void gemm_packed(const T* a, Eigen::Index lda, const PackedMatrix<T>& b, T* c, Eigen::Index ldc, Eigen::Index m);
+
+/// A dense layer's output in double: C (m x b.cols(), row stride ldc) = double(A B) + bias, or with
+/// `accumulate` C + (double(A B) + bias), A B in float exactly as gemm_packed<float> computes it:
+/// the products never leave the registers as a float matrix.
+void gemm_packed_widen(const float* a, Eigen::Index lda, const PackedMatrix<float>& b, const double* bias, double* c,
+                       Eigen::Index ldc, Eigen::Index m, bool accumulate);
 
 /// Eigen's matrix products block their inner dimension by sizes computed from the CPU's cache
 /// sizes, which changes the order of a long sum from one CPU to another. This sets fixed sizes
