@@ -65,15 +65,6 @@ void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
   f.close();
 }
 
-void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r) {
-  ResultFile f(set, "distance_histogram.csv");
-  f.stream() << "variant,layer,head,bin,lo,hi,queries\n" << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) write_histogram_rows(f.stream(), r.variants[v].name(), c, r.layout.bins);
-  }
-  f.close();
-}
-
 /// Per variant: the per-layer means (over heads) and how its weights were taken.
 nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
   nlohmann::json out = nlohmann::json::array();
@@ -168,7 +159,7 @@ int run_distance_cmd(const std::vector<std::string>& args) {
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "distance.json");
     write_csv(set, r);
-    write_histogram(set, r);
+    write_histogram(set, r, "distance_histogram.csv", "queries");
     meta.results() = {{"images", r.images},
                       {"max_distance", geometry.max_distance()},
                       {"uniform_baseline", analyses::uniform_distance(geometry, f.opt.renormalise)},

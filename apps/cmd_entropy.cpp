@@ -66,15 +66,6 @@ void write_csv(ResultSet& set, const analyses::QueryStatsResult& r, double log_n
   f.close();
 }
 
-void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r) {
-  ResultFile f(set, "entropy_histogram.csv");
-  f.stream() << "variant,layer,head,bin,lo,hi,queries\n" << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) write_histogram_rows(f.stream(), r.variants[v].name(), c, r.layout.bins);
-  }
-  f.close();
-}
-
 std::int64_t negative_rows(const std::vector<analyses::QueryStatsCell>& cells) {
   std::int64_t n = 0;
   for (const auto& c : cells) n += c.counters[1];
@@ -160,7 +151,7 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "entropy.json");
     write_csv(set, r, log_n);
-    write_histogram(set, r);
+    write_histogram(set, r, "entropy_histogram.csv", "queries");
     meta.results() = {{"images", r.images},
                       {"log_n", log_n},
                       {"variants", variant_results(r, log_n)},

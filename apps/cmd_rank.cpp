@@ -75,15 +75,6 @@ void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
   f.close();
 }
 
-void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r) {
-  ResultFile f(set, "rank_histogram.csv");
-  f.stream() << "variant,layer,head,bin,lo,hi,images\n" << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) write_histogram_rows(f.stream(), r.variants[v].name(), c, r.layout.bins);
-  }
-  f.close();
-}
-
 nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
   nlohmann::json out = nlohmann::json::array();
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
@@ -170,7 +161,7 @@ int run_rank_cmd(const std::vector<std::string>& args) {
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "rank.json");
     write_csv(set, r);
-    write_histogram(set, r);
+    write_histogram(set, r, "rank_histogram.csv", "images");
     meta.results() = {{"images", r.images}, {"variants", variant_results(r)}, {"ms_per_image", timer.summary()}};
     meta.publish(set);
   };

@@ -95,25 +95,33 @@ inline std::map<int, double> layer_means(const std::vector<analyses::QueryStatsC
   return out;
 }
 
-/// Writes the histogram of quantity 0: one row per (variant, layer, head, bin) with the bin's
-/// label (below, 0..bins-1, above), lower and upper edge, and count.
-/// `columns` is the header's first part ("variant,layer,head").
-inline void write_histogram_rows(std::ostream& os, const std::string& variant,
-                                 const analyses::QueryStatsCell& c,
-                                 const analyses::HistogramBins& bins) {
+/// Writes `file` (a result of `set`): the histogram of quantity 0, one row per (variant, layer,
+/// head, bin) with the bin's label (below, 0..bins-1, above), lower and upper edge, and count;
+/// `count_column` names the count ("queries", "images").
+inline void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r,
+                            const std::string& file, const std::string& count_column) {
   const double inf = std::numeric_limits<double>::infinity();
-  for (std::size_t b = 0; b < bins.slots(); ++b) {
-    os << variant << "," << c.layer << "," << c.head << ",";
-    if (b == 0) {
-      os << "below," << -inf << "," << bins.lo;
-    } else if (b == bins.slots() - 1) {
-      os << "above," << bins.hi << "," << inf;
-    } else {
-      const int i = static_cast<int>(b) - 1;
-      os << i << "," << bins.edge(i) << "," << bins.edge(i + 1);
+  const analyses::HistogramBins& bins = r.layout.bins;
+  ResultFile f(set, file);
+  std::ostream& os = f.stream();
+  os << "variant,layer,head,bin,lo,hi," << count_column << "\n" << std::setprecision(10);
+  for (std::size_t v = 0; v < r.variants.size(); ++v) {
+    for (const auto& c : r.cells[v]) {
+      for (std::size_t b = 0; b < bins.slots(); ++b) {
+        os << r.variants[v].name() << "," << c.layer << "," << c.head << ",";
+        if (b == 0) {
+          os << "below," << -inf << "," << bins.lo;
+        } else if (b == bins.slots() - 1) {
+          os << "above," << bins.hi << "," << inf;
+        } else {
+          const int i = static_cast<int>(b) - 1;
+          os << i << "," << bins.edge(i) << "," << bins.edge(i + 1);
+        }
+        os << "," << c.histogram[b] << "\n";
+      }
     }
-    os << "," << c.histogram[b] << "\n";
   }
+  f.close();
 }
 
 /// The image run of a per-query statistics analysis: computes this process's pending images
