@@ -113,6 +113,12 @@ std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& 
     throw UsageError(v.name() + " (--variant left out: " + o.variant_default.help +
                      ") cannot be computed: " + why + " (" + hint + ")");
   }
+  for (const Variant& v : out) {
+    if (v.rows_sum_to_one()) continue;
+    std::cerr << "attnscope: note: " << v.name()
+              << ": attention rows need not sum to 1; every result uses them as computed, never "
+                 "renormalised\n";
+  }
   return out;
 }
 

@@ -125,7 +125,9 @@ ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, 
 /// list, parsed under the dump's convention with --seed) or, when it was left out, the command's
 /// default (o.variant_default; without --variant, the dump's own). A dump whose own variant the
 /// registry cannot parse is an InputError naming its attribute; a variant this build cannot
-/// compute is a UsageError saying why.
+/// compute is a UsageError saying why. A variant whose rows need not sum to 1
+/// (Variant::rows_sum_to_one() false) gets one note on stderr saying its rows are used as
+/// computed, never renormalised.
 std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema);
 
 /// The arguments of the last parse_args, canonical: every flag by its full name as

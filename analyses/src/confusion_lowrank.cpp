@@ -75,21 +75,28 @@ MatD embed(const LowRank& lr) {
 }  // namespace
 
 LowRank build_low_rank(const ExactRows& rows) {
-  if (!rows.variant().rows_sum_to_one()) {
-    throw UsageError(rows.variant().name() + ": the centred low-rank form needs rows summing to 1");
-  }
+  const MatD& pq = rows.phi_q();
   const MatD& pk = rows.phi_k();
+  const Eigen::Index r = pq.cols();
+  const int n = rows.tokens();
+  // Rows that need not sum to 1 keep their own constant: one more column holding e_i.
+  const bool unit_rows = rows.variant().rows_sum_to_one();
   LowRank lr;
-  lr.z = rows.phi_q();
-  for (int i = 0; i < rows.tokens(); ++i) {
-    if (rows.degenerate(i)) {
-      lr.z.row(i).setZero();
-    } else {
-      lr.z.row(i) *= rows.row_coefficient(i);
+  lr.z = MatD::Zero(n, unit_rows ? r : r + 1);
+  lr.m.resize(lr.z.cols(), n);
+  lr.m.topRows(r) = (pk.rowwise() - pk.colwise().mean()).transpose();
+  if (!unit_rows) lr.m.row(r).setOnes();
+  const VecD key_sum = pk.colwise().sum().transpose();
+  for (int i = 0; i < n; ++i) {
+    if (rows.degenerate(i)) continue;
+    const double a = rows.row_coefficient(i);
+    lr.z.row(i).head(r) = a * pq.row(i);
+    // Row sum / N: a_i f_q(i).sum f_k / N + b_i, which is 1/N where rows sum to 1.
+    if (!unit_rows) {
+      lr.z(i, r) = (a * pq.row(i).dot(key_sum.transpose())) / static_cast<double>(n) + rows.row_offset(i);
     }
   }
-  lr.m = (pk.rowwise() - pk.colwise().mean()).transpose();
-  lr.offset = 1.0 / rows.tokens();
+  lr.offset = unit_rows ? 1.0 / n : 0.0;
   return lr;
 }
 

@@ -104,10 +104,13 @@ bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<doub
 /// the family's RowForm: the b_i term and the mean fold into 1/N), the algebra of
 /// attention.hpp's LowRankForm with the constant column folded into 1/N. Centring keeps M M^T free of the large common-mean direction, which
 /// would otherwise swamp the small row differences in rounding. Degenerate rows hold zeros.
+/// Variants whose rows need not sum to 1 (Variant::rows_sum_to_one() false) keep each row's
+/// constant: z_i = [a_i f_q(i), e_i] with e_i = (row sum)/N = a_i f_q(i).sum f_k / N + b_i,
+/// m_j = [f_k(j) - mean f_k ; 1] and offset 0; the rows are used as they are, never renormalised.
 struct LowRank {
-  MatD z;  ///< N x d'
-  MatD m;  ///< d' x N
-  double offset = 0.0;  ///< 1/N, added to every entry
+  MatD z;  ///< N x d' (N x (d' + 1) where rows need not sum to 1)
+  MatD m;  ///< d' x N (or (d' + 1) x N)
+  double offset = 0.0;  ///< 1/N where rows sum to 1, else 0; added to every entry
 };
 LowRank build_low_rank(const ExactRows& rows);
 

@@ -1,7 +1,8 @@
 // Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry), or
 // the exact double rows for a head outside the float range (confusion_search.hpp's
 // float_rows_fit: large |q| |k| would overflow the float logits); the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
-// columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N.
+// columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N (rows
+// that need not sum to 1 carry their own constant in z and M instead: confusion_search.hpp).
 #include "attnscope/analyses/locality.hpp"
 
 #include "attnscope/analyses/confusion.hpp"

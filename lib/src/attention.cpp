@@ -87,7 +87,7 @@ RowForm kernel_row_form(const Variant& v, double S, int n_kept, double magnitude
   if (!std::isfinite(S) || !std::isfinite(magnitude)) {
     throw NumericalError(v.name() + ": f(q).sum f(k) or its scale |f(q)| |sum f(k)| overflows double");
   }
-  return family.row_form(S, n_kept, magnitude);
+  return family.variant_row_form(v, S, n_kept, magnitude);
 }
 
 namespace {

@@ -73,6 +73,10 @@ void KernelFamily::key_features(const Variant& v, ConstRef<double> k, double sca
   detail::apply_feature_map_into<double>(v.map, k, feature_factor(v, scale, k.rows()), out);
 }
 
+RowForm KernelFamily::variant_row_form(const Variant& /*v*/, double S, int n_kept, double magnitude) const {
+  return row_form(S, n_kept, magnitude);
+}
+
 bool KernelFamily::query_features_homogeneous(const Variant& v) const {
   return v.map.positively_homogeneous();
 }

@@ -18,6 +18,9 @@ m keys, N is the number of keys; with c2 = s / N:
   cosformer  W_ij = ReLU(q_i).ReLU(k_j) cos(pi/2 (i - j)/N) / S_i, S_i the row sum (Qin et al.,
              ICLR 2022, bidirectional); through cos(a - b) = cos a cos b + sin a sin b the
              features are [ReLU(x_t) cos(pi t/(2N)), ReLU(x_t) sin(pi t/(2N))], t the token index
+  relu       W_ij = ReLU(q_i).ReLU(k_j) / (S_i + 1e-15), S_i = sum_m ReLU(q_i).ReLU(k_m): ReLU linear
+             attention as EfficientViT (ICCV 2023) and SANA compute it, no scale; rows sum to
+             S_i/(S_i + 1e-15), not 1, and a row with S_i = 0 is 0 (the code's 0 / eps)
 
 Every family but softmax has the row form of lib/src/linear_rows.hpp, w_ij = a_i A_ij + b_i with
 A_ij = c2 f(q_i).f(k_j) (c2 = s/N for inline and mala, 1 otherwise) and S_i = sum_j A_ij:
@@ -289,8 +292,26 @@ class CosFormer(Linear):
         return reweighted(q), reweighted(k)
 
 
+class Relu(AffineRows):
+    """EfficientViT / SANA's ReLU linear attention as their released code computes it (LiteMLA's
+    relu_linear_att): the numerator over the denominator plus eps = 1e-15, by division, no
+    guard (a row with S = 0 is 0 / eps = 0, with finite gradients)."""
+    name = "relu"
+    guarded = False
+    eps = 1e-15
+
+    def features(self, q, k, phi):
+        return F.relu(q), F.relu(k)
+
+    def coefficients(self, s, n):
+        return 1.0 / (s + self.eps), 0.0
+
+    def explicit(self, a, s, n):
+        return a / (s + self.eps)
+
+
 FAMILY_TABLE: dict[str, Family] = {
-    f.name: f for f in (Softmax(), Linear(), InLine(), Mala(), Efficient(), CosFormer())}
+    f.name: f for f in (Softmax(), Linear(), InLine(), Mala(), Efficient(), CosFormer(), Relu())}
 FAMILIES = tuple(FAMILY_TABLE)
 # The feature map each family uses in this project's models (the dump's `feature_map` attribute).
 FEATURE_MAPS = {name: f.model_map for name, f in FAMILY_TABLE.items()}

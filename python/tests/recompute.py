@@ -106,8 +106,15 @@ def cosformer(q, k, scale, fmap):
     return _normalised(a, a.sum(axis=1), np.linalg.norm(rq, axis=1) * np.linalg.norm(turned))
 
 
+def relu(q, k, scale, fmap):
+    """EfficientViT / SANA code: ReLU(q_i).ReLU(k_j) / (sum_m ReLU(q_i).ReLU(k_m) + 1e-15), no
+    scale; a row with a zero sum stays zero."""
+    a = np.maximum(q, 0.0) @ np.maximum(k, 0.0).T
+    return a / (a.sum(axis=1, keepdims=True) + 1e-15)
+
+
 WEIGHTS = {"softmax": softmax, "linear": linear, "inline": inline, "mala": mala,
-           "efficient": efficient, "cosformer": cosformer}
+           "efficient": efficient, "cosformer": cosformer, "relu": relu}
 # The map a spec without one uses (the project's models' and the library's defaults).
 DEFAULT_MAP = {"linear": "relu", "inline": "identity", "mala": "elu1"}
 

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import recompute
 from attnscope_dump.attention import (FAMILIES, FEATURE_MAPS, MAP_TABLE, attention_outputs,
@@ -373,3 +374,21 @@ def test_families_and_maps_are_refused_by_name():
             assert FEATURE_MAPS[name] == "none"
         else:
             assert attention_weights(name, q, k, 1.0, "focused").shape == (1, 2, 3, 3)
+
+
+def test_relu_family_is_the_released_efficientvit_form():
+    """relu: ReLU(q).ReLU(k) / (S + 1e-15), EfficientViT / SANA's code. Where S is large it equals
+    linear:relu; a query that ReLU zeroes gives a zero row; where S is comparable to 1e-15 the row
+    sums to S / (S + 1e-15), not 1 (never renormalised), which linear:relu would call degenerate."""
+    q, k, _ = _qkv(41, 9, 9, 4, dead_query=True)
+    w = attention_weights("relu", q, k, 0.5)
+    lin = attention_weights("linear", q, k, 0.5, "relu")
+    assert (w - lin).abs().max().item() < 1e-13, "relu: differs from linear:relu at S ~ 1"
+    assert (w[0, 0, 0] == 0).all(), "relu: a query ReLU zeroes must give a zero row"
+    tiny = 1e-8  # S_i ~ tiny^2 = 1e-16, comparable to eps
+    ws = attention_weights("relu", q * tiny, k * tiny, 0.5)
+    sums = ws.sum(-1)[0, 1]
+    s = (F.relu(q * tiny) @ F.relu(k * tiny).transpose(-2, -1)).sum(-1)[0, 1]
+    want = s / (s + 1e-15)
+    assert (sums - want).abs().max().item() < 1e-12, f"relu: row sums {sums} != S/(S+eps) {want}"
+    assert sums.max().item() < 0.9, f"control: rows at S ~ 1e-16 must sum well below 1, got {sums}"

@@ -136,6 +136,40 @@ TEST(Degenerate, ReluKilledQueryIsReportedAndZero) {
   }
 }
 
+// relu: EfficientViT's ReLU linear attention. Its paper form is linear:relu (scale-free rows,
+// the relative tiny rule); its code form divides by S_i + 1e-15, so rows of queries and keys whose
+// ReLU products sum to ~1e-15 sum to S_i/(S_i + 1e-15), not 1, and stay rows (not degenerate).
+TEST(ReluFamily, CodeEpsShrinksTinyRowsPaperFormIsLinearRelu) {
+  const Variant code = parse_variant("relu@code"), paper = parse_variant("relu@paper");
+  EXPECT_FALSE(code.rows_sum_to_one());
+  EXPECT_TRUE(paper.rows_sum_to_one());
+  const test::Qkv in = relu_killed_inputs();
+  const std::vector<int> dead{1, 3};
+  for (double size : {1.0, 1e-8}) {
+    const MatD q = size * in.q, k = size * in.k;
+    const std::string where = "relu N=6 d=5 inputs x " + std::to_string(size);
+    Diagnostics cd, pd;
+    const MatD wc = attention_weights<double>(code, q, k, 0.5, nullptr, &cd);
+    const MatD wp = attention_weights<double>(paper, q, k, 0.5, nullptr, &pd);
+    EXPECT_EQ(cd.degenerate_rows, dead) << where;
+    EXPECT_EQ(pd.degenerate_rows, dead) << where;
+    EXPECT_TRUE(test::matrices_near(wp, attention_weights<double>(parse_variant("linear:relu@code"), q, k,
+                                                                  0.5),
+                                    test::kDoubleTol, where + " paper vs linear:relu"));
+    const MatD rq = q.cwiseMax(0.0), rk = k.cwiseMax(0.0);
+    for (Eigen::Index i = 0; i < q.rows(); ++i) {
+      const double S = rq.row(i).dot(rk.colwise().sum());
+      if (S == 0.0) continue;
+      const double sum = wc.row(i).sum();
+      EXPECT_NEAR(sum, S / (S + 1e-15), 1e-13) << where << " row " << i;
+      EXPECT_NEAR(wp.row(i).sum(), 1.0, 1e-13) << where << " row " << i;
+      if (size < 1e-4) {
+        EXPECT_LT(sum, 0.9) << where << " row " << i << ": the eps must show";
+      }
+    }
+  }
+}
+
 TEST(Degenerate, InlineWithKilledQueryIsUniform) {
   // phi(q) = 0 leaves InLine well defined: every weight is 1/N (eq. 4), nothing degenerate.
   const test::Qkv in = relu_killed_inputs();

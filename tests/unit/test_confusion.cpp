@@ -101,6 +101,34 @@ TEST(Confusion, FastEqualsBruteForceOnRandomHeads) {
   }
 }
 
+// Rows that do not sum to 1 (relu@code with keys so small that the ReLU products sum to ~1e-15:
+// each row sums to S_i/(S_i + 1e-15)) are searched as they are, with each row's own constant: the
+// fast count equals the brute force, planted pairs just below and above eps included. Queries
+// keep an ordinary size (raw queries within 1e-6 of each other would be one query, not confusion).
+TEST(Confusion, RowsNotSummingToOneCountExactly) {
+  const Variant v = parse_variant("relu@code");
+  ASSERT_FALSE(v.rows_sum_to_one());
+  for (auto [n, d] : {std::pair{2, 1}, {50, 7}, {197, 64}}) {
+    const std::uint64_t seed = 5;
+    MatF q = test::random_matrix(n, d, seed).cast<float>();
+    const MatF k = (5e-15 / (n * d) * test::random_matrix(n, d, seed + 1)).cast<float>();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const ExactRows rows(v, q, k, scale);
+    double smallest = 2.0;
+    for (int i = 0; i < n; ++i) {
+      if (!rows.degenerate(i)) smallest = std::min(smallest, rows.row(i).sum());
+    }
+    EXPECT_LT(smallest, 0.99) << config(v, n, d, seed) << ": control, some row must sum below 1";
+    expect_same_count(v, q, q, k, scale, config(v, n, d, seed));
+    if (n < 50) continue;
+    const double eps = ConfusionOptions{}.eps;
+    q.row(3) = q.row(2).cwiseAbs();  // live queries (ReLU keeps them)
+    plant(v, q, k, scale, 3, 7, eps, true, seed + 2);
+    plant(v, q, k, scale, 3, 9, eps, false, seed + 3);
+    expect_same_count(v, q, q, k, scale, config(v, n, d, seed) + " planted", 1);
+  }
+}
+
 // Each thread keeps its search buffers from head to head: heads that grow and shrink, met in
 // different orders on several threads at once, must each still count exactly as the brute force.
 TEST(Confusion, ReusedBuffersAcrossHeadSizesAndThreads) {

@@ -48,6 +48,32 @@ TEST(Locality, FastMatchesBruteForce) {
   }
 }
 
+// relu@code with keys so small that the ReLU products sum to ~1e-15: rows sum well below 1 and the mass is
+// that of the rows as computed (never renormalised), fast equal to the brute force.
+TEST(Locality, RowsNotSummingToOneAreNotRenormalised) {
+  const Variant v = parse_variant("relu@code");
+  const TokenGrid g{1, 7, 7};
+  for (int d : {1, 7, 64}) {
+    const MatF q = test::random_matrix(g.tokens(), d, 27).cast<float>();
+    const MatF k = (5e-15 / (g.tokens() * d) * test::random_matrix(g.tokens(), d, 28)).cast<float>();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    int dead_fast = -1, dead_ref = -2;
+    const auto fast = local_mass(v, q, k, scale, g, 3, &dead_fast);
+    const auto ref = local_mass_reference(v, q, k, scale, g, 3, &dead_ref);
+    const auto whole = local_mass(v, q, k, scale, g, 99, nullptr);  // every grid key
+    const std::string what = config(v.name(), g, d, 3);
+    EXPECT_EQ(dead_fast, dead_ref) << what;
+    double smallest = 2.0;
+    for (std::size_t i = 0; i < fast.size(); ++i) {
+      ASSERT_EQ(std::isnan(fast[i]), std::isnan(ref[i])) << what << " token " << i;
+      if (std::isnan(ref[i])) continue;
+      EXPECT_NEAR(fast[i], ref[i], test::kDoubleTol * std::max(1.0, std::abs(ref[i]))) << what << " token " << i;
+      smallest = std::min(smallest, whole[i]);
+    }
+    EXPECT_LT(smallest, 0.99) << what << ": control, some row's grid mass must stay below 1";
+  }
+}
+
 TEST(Locality, IdenticalKeysGiveTheUniformMass) {
   const TokenGrid g{1, 6, 5};
   for (const char* spec : {"softmax", "linear:elu1", "inline", "mala"}) {

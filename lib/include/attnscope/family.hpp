@@ -6,7 +6,7 @@
 //  * the kernel form, w_ij = a_i f_q(i).f_k(j) + b_i over the kept keys, where f_q, f_k are the
 //    family's query and key features (a feature map, the convention's factor, token positions...)
 //    and (a_i, b_i) come from S_i = f_q(i).sum_kept f_k and the number n_i of kept keys
-//    (KernelFamily): linear, inline, mala, efficient, cosformer. Outputs in linear time as
+//    (KernelFamily): linear, inline, mala, efficient, cosformer, relu. Outputs in linear time as
 //    o_i = a_i f_q(i) [F_k^T V] + b_i sum_j v_j, and W = Z M with z_i = [a_i f_q(i), b_i],
 //    M = [F_k^T ; 1^T].
 //  * the score form of softmax, exp(s q.k_j) over the kept keys (softmax.hpp), which has none.
@@ -93,6 +93,10 @@ class KernelFamily : public AttentionFamily {
   /// a_i, b_i from S = f_q(i).sum_kept f_k, the kept count and magnitude = |f_q(i)| |sum_kept f_k|
   /// (finite: the caller refuses overflow first).
   [[nodiscard]] virtual RowForm row_form(double S, int n_kept, double magnitude) const = 0;
+  /// The row form of variant v, for families whose conventions differ in it (e.g. a denominator
+  /// eps of the released code). Default: row_form(S, n_kept, magnitude) in every convention.
+  [[nodiscard]] virtual RowForm variant_row_form(const Variant& v, double S, int n_kept,
+                                                 double magnitude) const;
   /// Whether b_i can be non-zero: the low-rank form then carries the constant column.
   [[nodiscard]] virtual bool has_offset() const = 0;
   /// Whether f_q(a q) = a f_q(q) for every a > 0 (query-space magnitude sweeps). Default: the
