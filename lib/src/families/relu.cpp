@@ -6,8 +6,11 @@
 //          denominator eps: rows sum to S_i / (S_i + 1e-15), not 1, and a row with a tiny S_i is a
 //          small row, not a degenerate one. Only S_i = 0 (ReLU kills the query, or no key shares a
 //          live feature with it) is degenerate; its weights are 0, as the code's 0 / eps gives.
-// The released code runs this in float32 (it turns autocast off and casts half inputs up); the
-// library computes it in double like every family, so its rows are the exact rows of that formula.
+// Arithmetic of the released code: EfficientViT's LiteMLA turns autocast off and divides in
+// float32; SANA's LiteLA forms the products in float32 where its fp32_attention flag is set and in
+// the model's half type otherwise, dividing in float32 either way (SANA can also rotate q and k
+// before the ReLU, inside both sums: not this family). The library computes the formula in
+// double like every family, so its rows are the exact rows of that formula.
 #include "attnscope/family.hpp"
 
 #include "attnscope/variant.hpp"
