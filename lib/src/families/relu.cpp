@@ -1,7 +1,8 @@
 // relu (ReLU linear attention as EfficientViT, Cai et al. ICCV 2023, and SANA, Xie et al. ICLR
 // 2025, compute it): features ReLU(x), no scale (it would cancel), no feature map in the spec.
 //   paper: ReLU(q_i).ReLU(k_j) / sum_m ReLU(q_i).ReLU(k_m)   (EfficientViT eq. 2), the weights of
-//          linear:relu, with its degenerate rule (S zero or below kTinyDenominator |f_q| |sum f_k|).
+//          linear:relu, with its degenerate rule (S zero or below kTinyDenominator |f_q| |sum
+//          f_k|).
 //   code:  ReLU(q_i).ReLU(k_j) / (sum_m ReLU(q_i).ReLU(k_m) + 1e-15), the released LiteMLA's
 //          denominator eps: rows sum to S_i / (S_i + 1e-15), not 1, and a row with a tiny S_i is a
 //          small row, not a degenerate one. Only S_i = 0 (ReLU kills the query, or no key shares a
@@ -29,11 +30,16 @@ class ReluLinear final : public KernelFamily {
            "EfficientViT eq. 2; SANA)";
   }
   MapRule map_rule() const override { return MapRule::None; }
-  bool rows_sum_to_one(const Variant& v) const override { return v.convention == Convention::Paper; }
-  std::vector<MagnitudeLaw> magnitude_laws() const override { return {MagnitudeLaw::LinearInvariant}; }
+  bool rows_sum_to_one(const Variant& v) const override {
+    return v.convention == Convention::Paper;
+  }
+  std::vector<MagnitudeLaw> magnitude_laws() const override {
+    return {MagnitudeLaw::LinearInvariant};
+  }
   int feature_dim(const Variant& /*v*/, int d) const override { return d; }
   void query_features(const Variant& /*v*/, ConstRef<double> q, TokenPositions /*positions*/,
-                      Eigen::Index /*n_keys*/, double /*scale*/, Eigen::Ref<MatD> out) const override {
+                      Eigen::Index /*n_keys*/, double /*scale*/,
+                      Eigen::Ref<MatD> out) const override {
     out = q.cwiseMax(0.0);
   }
   void key_features(const Variant& /*v*/, ConstRef<double> k, double /*scale*/,
@@ -43,7 +49,8 @@ class ReluLinear final : public KernelFamily {
   RowForm row_form(double S, int n_kept, double magnitude) const override {
     return normalised_row(S, n_kept, magnitude);
   }
-  RowForm variant_row_form(const Variant& v, double S, int n_kept, double magnitude) const override {
+  RowForm variant_row_form(const Variant& v, double S, int n_kept,
+                           double magnitude) const override {
     if (v.convention == Convention::Paper) return row_form(S, n_kept, magnitude);
     if (n_kept == 0 || S == 0.0) return {};  // S >= 0: ReLU features
     return {1.0 / (S + kCodeEps), 0.0, false};

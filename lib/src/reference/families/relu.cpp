@@ -6,8 +6,8 @@
 
 namespace attnscope::reference {
 
-MatD weights_relu(const Variant& v, const MatD& q, const MatD& k, double /*scale*/, const Mask* mask,
-                  std::vector<int>& degenerate) {
+MatD weights_relu(const Variant& v, const MatD& q, const MatD& k, double /*scale*/,
+                  const Mask* mask, std::vector<int>& degenerate) {
   using namespace support;
   const bool code = v.convention != Convention::Paper;
   MatD rq(q.rows(), q.cols()), rk(k.rows(), k.cols());
