@@ -1,8 +1,8 @@
 // relu (ReLU linear attention as EfficientViT, Cai et al. ICCV 2023, and SANA, Xie et al. ICLR
 // 2025, compute it): features ReLU(x), no scale (it would cancel), no feature map in the spec.
 //   paper: ReLU(q_i).ReLU(k_j) / sum_m ReLU(q_i).ReLU(k_m)   (EfficientViT eq. 2), the weights of
-//          linear:relu, with its degenerate rule (S zero or below kTinyDenominator |f_q| |sum
-//          f_k|).
+//          linear:relu, with its degenerate rule (S zero or below kTinyDenominator times
+//          |f_q| |sum f_k|).
 //   code:  ReLU(q_i).ReLU(k_j) / (sum_m ReLU(q_i).ReLU(k_m) + 1e-15), the released LiteMLA's
 //          denominator eps: rows sum to S_i / (S_i + 1e-15), not 1, and a row with a tiny S_i is a
 //          small row, not a degenerate one. Only S_i = 0 (ReLU kills the query, or no key shares a
