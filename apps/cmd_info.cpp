@@ -32,6 +32,16 @@ std::string variant_name(const DumpSchema& s) {
   }
 }
 
+/// "per layer    0: inline:identity@code, ..." where the layers differ in family, else nothing.
+std::string per_layer_variants(const DumpSchema& s) {
+  if (!s.variants_differ()) return "";
+  std::string out = "per layer   ";
+  for (int l = 0; l < s.attrs.num_layers; ++l) {
+    out += (l ? ", " : "") + std::to_string(s.model_layer(l)) + ": " + s.layer_variant(l).name();
+  }
+  return out + "\n";
+}
+
 std::string layers_with(const std::vector<bool>& has) {
   std::string out;
   int count = 0;
@@ -63,14 +73,15 @@ void print_schema(const DumpReader& r, std::ostream& os) {
      << "model       " << a.model_name << "\n"
      << "variant     " << variant_name(s) << " (attention_family " << a.attention_family
      << ", feature_map " << a.feature_map << ", convention " << a.convention << ")\n"
-     << "scale       " << a.scale << "\n"
+     << per_layer_variants(s) << "scale       " << a.scale << "\n"
      << "shape       " << s.num_images << " images x " << a.num_layers << " layers x "
      << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
      << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + " << a.grid.height
      << "x" << a.grid.width << " grid\n"
      << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
      << "optional    attn: " << layers_with(s.layer_has_attn)
-     << "; out: " << layers_with(s.layer_has_out) << "; labels: " << (s.has_labels ? "yes" : "no")
+     << "; out: " << layers_with(s.layer_has_out)
+     << "; local: " << layers_with(s.layer_has_local) << "; labels: " << (s.has_labels ? "yes" : "no")
      << "; logits: " << (s.has_logits ? "yes" : "no")
      << "; images: " << (s.has_images ? "yes" : "no") << "\n"
      << "datasets\n";

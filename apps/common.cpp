@@ -74,6 +74,16 @@ void add_out_option(po::options_description& d, CommonOptions& o, const std::str
 
 VariantDefault dumps_own_variant() {
   return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed) {
+            if (schema.variants_differ()) {
+              std::string layers;
+              for (int l = 0; l < schema.attrs.num_layers; ++l) {
+                layers += (l ? ", " : "") + std::to_string(schema.model_layer(l)) + ": " +
+                          schema.layer_variant(l).name();
+              }
+              throw UsageError(schema.path + ": its layers differ in attention family (" + layers +
+                               "); this command applies one variant to every layer: give "
+                               "--variant (recompute uses each layer's own)");
+            }
             try {
               return std::vector<Variant>{schema.attrs.variant(seed)};
             } catch (const UsageError& e) {

@@ -183,3 +183,57 @@ def test_the_released_inline_deit_class(tmp_path, attnscope_bin):
     with h5py.File(path) as f:
         assert f.attrs["attention_family"] == "inline" and "local" in f["layers/0"]
     info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=5e-3)
+
+
+def _run(attnscope_bin, *args):
+    import subprocess
+    return subprocess.run([attnscope_bin, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_locality_reports_the_local_terms_share(tmp_path, attnscope_bin):
+    from attnscope_dump.figures import read_csv
+    torch.manual_seed(4)
+    path = tmp_path / "inline.h5"
+    dump_model(InLineDeiT(depth=2).eval(), image_loader(3, size=28, batch=3), str(path),
+               dtype="float32")
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "loc", "--threads", 1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    csv = read_csv(str(tmp_path / "loc" / "local_share.csv"))
+    with h5py.File(path) as f:
+        for row in range(len(csv["layer"])):
+            layer, head = int(csv["layer"][row]), int(csv["head"][row])
+            local = f[f"layers/{layer}/local"][:, head, 1:].astype(np.float64)
+            out = f[f"layers/{layer}/out"][:, head, 1:].astype(np.float64)
+            a = np.linalg.norm(local.reshape(3, -1), axis=1)
+            b = np.linalg.norm(out.reshape(3, -1), axis=1)
+            want = np.mean(a / (a + b))
+            assert abs(float(csv["mean"][row]) - want) < 1e-9, (layer, head)
+            assert 0 < want < 1
+    info = _run(attnscope_bin, "info", path)
+    assert "local: all layers" in info.stdout, info.stdout
+
+
+def test_a_hybrid_dump_says_its_layers_and_single_variant_commands_refuse(tmp_path, attnscope_bin):
+    path = tmp_path / "hybrid.h5"
+    dump_model(InLineDeiT(depth=2, softmax_from=1).eval(), image_loader(2, size=28), str(path))
+    info = _run(attnscope_bin, "info", path)
+    assert info.returncode == 0 and "per layer   0: inline:identity@code, 1: softmax@code" \
+        in info.stdout, info.stdout
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "loc")
+    assert r.returncode != 0 and "its layers differ in attention family (0: inline:identity@code, " \
+        "1: softmax@code); this command applies one variant to every layer: give --variant" \
+        in r.stderr, r.stderr
+    ok = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "l2", "--variant",
+              "softmax")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_layer_attribute_naming_no_family_is_an_error(tmp_path, attnscope_bin):
+    path = tmp_path / "d.h5"
+    dump_model(InLineDeiT(depth=2).eval(), image_loader(2, size=28), str(path))
+    with h5py.File(path, "a") as f:
+        f["layers/1"].attrs["attention_family"] = "agent"
+    r = _run(attnscope_bin, "info", path)
+    assert r.returncode != 0 and "/layers/1 attribute 'attention_family'" in r.stderr \
+        and "'agent:identity@code'" in r.stderr, r.stderr
