@@ -103,6 +103,11 @@ void check_values(DumpReader& r) {
   analyses::for_each_head(
       r, every, [](const analyses::HeadView&) {}, [&](int) { progress.tick(); });
   progress.finish();
+  for (int l = 0; l < s.attrs.num_layers; ++l) {  // the local terms (not read by the loop)
+    if (!s.layer_has_local[static_cast<std::size_t>(l)]) continue;
+    for (int i = 0; i < s.num_images; ++i)
+      for (int h = 0; h < s.attrs.num_heads; ++h) (void)r.read_local(i, l, h);
+  }
   (void)r.read_logits();
   (void)r.read_images(nullptr);
 }
