@@ -8,6 +8,7 @@
 #include "attnscope/analyses/recompute.hpp"
 
 #include <iomanip>
+#include <map>
 #include <iostream>
 #include <sstream>
 
@@ -56,14 +57,15 @@ void merge_record(int image, const nlohmann::json& r, std::vector<analyses::Reco
   }
 }
 
-void write_csv(ResultSet& set, const std::vector<std::string>& variant_of_layer,
+/// `variant_of_layer`: each row's variant by its (model) layer index.
+void write_csv(ResultSet& set, const std::map<int, std::string>& variant_of_layer,
                const std::vector<analyses::RecomputeCell>& cells) {
   ResultFile f(set, "recompute.csv");
   f.stream() << "variant,layer,head,images,out_max_abs_error,out_max_rel_error,"
                 "out_mean_abs_error,attn_max_abs_error,degenerate_rows\n"
              << std::setprecision(9);
   for (const auto& c : cells) {
-    f.stream() << variant_of_layer[static_cast<std::size_t>(c.layer)] << "," << c.layer << ","
+    f.stream() << variant_of_layer.at(c.layer) << "," << c.layer << ","
                << c.head << "," << c.images << ",";
     if (c.has_out) f.stream() << c.out_max_abs << "," << c.out_max_rel << "," << c.out_mean_abs();
     else f.stream() << ",,";
@@ -106,6 +108,7 @@ int run_recompute(const std::vector<std::string>& args) {
                                                    : resolve_variants(f.common, schema).front();
   std::vector<Variant> per_layer;
   std::vector<std::string> names;
+  std::map<int, std::string> by_model_layer;  // the CSV's rows carry model layer indices
   for (int l = 0; l < schema.attrs.num_layers; ++l) {
     per_layer.push_back(f.common.variant.empty() ? schema.layer_variant(l, f.common.seed) : variant);
     std::string why;
@@ -114,6 +117,7 @@ int run_recompute(const std::vector<std::string>& args) {
                        per_layer.back().name() + ": " + why);
     }
     names.push_back(per_layer.back().name());
+    by_model_layer[schema.model_layer(l)] = names.back();
   }
   std::string described;  // "inline:identity@code" or "inline:identity@code, softmax@code"
   for (const std::string& n : names) {
@@ -150,7 +154,7 @@ int run_recompute(const std::vector<std::string>& args) {
   auto publish = [&] {
     ResultSet set(dir, "recompute.json");
     report_model_layers(cells, schema);
-    write_csv(set, names, cells);
+    write_csv(set, by_model_layer, cells);
     for (const auto& c : cells) {
       has_out = has_out || c.has_out;
       has_attn = has_attn || c.has_attn;

@@ -73,19 +73,26 @@ void add_out_option(po::options_description& d, CommonOptions& o, const std::str
 }
 
 VariantDefault dumps_own_variant() {
-  return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed) {
-            if (schema.variants_differ()) {
-              std::string layers;
-              for (int l = 0; l < schema.attrs.num_layers; ++l) {
-                layers += (l ? ", " : "") + std::to_string(schema.model_layer(l)) + ": " +
-                          schema.layer_variant(l).name();
+  return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed,
+                               const std::vector<int>& layers) {
+            if (schema.variants_differ(layers)) {
+              std::vector<int> read = layers;
+              if (read.empty()) {
+                for (int l = 0; l < schema.attrs.num_layers; ++l) read.push_back(l);
               }
-              throw UsageError(schema.path + ": its layers differ in attention family (" + layers +
+              std::string each;
+              for (int l : read) {
+                each += (each.empty() ? "" : ", ") + std::to_string(schema.model_layer(l)) + ": " +
+                        schema.layer_variant(l).name();
+              }
+              throw UsageError(schema.path + ": its layers differ in attention family (" + each +
                                "); this command applies one variant to every layer: give "
-                               "--variant (recompute uses each layer's own)");
+                               "--variant, or --layers of one family (recompute uses each "
+                               "layer's own)");
             }
             try {
-              return std::vector<Variant>{schema.attrs.variant(seed)};
+              return std::vector<Variant>{
+                  schema.layer_variant(layers.empty() ? 0 : layers.front(), seed)};
             } catch (const UsageError& e) {
               throw InputError(schema.path, "attribute 'feature_map'", "a known feature-map spec",
                                e.what());
@@ -95,7 +102,7 @@ VariantDefault dumps_own_variant() {
 
 VariantDefault variants_under_dump_convention(const std::string& specs) {
   return {specs + " under the dump's convention",
-          [specs](const DumpSchema& schema, std::uint64_t seed) {
+          [specs](const DumpSchema& schema, std::uint64_t seed, const std::vector<int>&) {
             return parse_variants(specs, parse_convention(schema.attrs.convention), seed);
           }};
 }
@@ -108,11 +115,12 @@ void add_variant_option(po::options_description& d, CommonOptions& o, const Vari
   d.add_options()("variant", po::value(&o.variant)->value_name("SPEC[,SPEC...]"), help.c_str());
 }
 
-std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema) {
+std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema,
+                                      const std::vector<int>& layers) {
   const bool given = !o.variant.empty();
   const std::vector<Variant> out =
       given ? parse_variants(o.variant, parse_convention(schema.attrs.convention), o.seed)
-            : o.variant_default.variants(schema, o.seed);
+            : o.variant_default.variants(schema, o.seed, layers);
   for (const Variant& v : out) {
     std::string why;
     if (v.supports(&why)) continue;

@@ -308,10 +308,18 @@ def _attention_site(attn: nn.Module, layer: int, families, layout_hint=None):
     stated = _stated(families, layer)
     own = getattr(attn, "attention_family", None)  # the project's models say their family
     structure = recognise(attn)
-    if structure is not None and stated is None:
-        site = site_for(structure, attn, layer, layout_hint)
-        site.layout_hint = layout_hint
-        return site
+    if structure is not None:
+        try:
+            site = site_for(structure, attn, layer, layout_hint)
+        except ValueError:
+            if stated is None:
+                raise
+        else:  # its capture (local term apart), with the user's family where stated
+            site.layout_hint = layout_hint
+            if stated is not None:
+                site.info.family, site.info.feature_map, site.info.convention = stated
+                site.info.structure += ", family as stated"
+            return site
     if not hasattr(attn, "qkv"):
         raise ValueError(f"layer {layer}: {type(attn).__name__} has no fused `qkv` projection; "
                          "the dumper cannot read its q, k, v" + (

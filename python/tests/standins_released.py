@@ -243,9 +243,10 @@ class FLattenPVT(nn.Module):
 
 # ----------------------------------------------------------------------------- Agent (DeiT)
 class AgentAttention(nn.Module):
-    """The structure the dumper sees (agent tokens pooled from q, their biases); the forward
-    stands in with the depthwise local term on top of softmax attention only, because the dumper
-    refuses the family before any image runs."""
+    """The structure the dumper sees (agent tokens pooled from q, their biases). The forward
+    keeps the released depthwise term `dwc` of V's grid added after the attention, but plain
+    softmax attention stands in for the two agent softmaxes: the dumper refuses the family before
+    any image runs, and a user's statement of another family is caught by the self-check."""
 
     def __init__(self, dim, num_heads=8, agent_num=4, window=4):
         super().__init__()
@@ -264,9 +265,13 @@ class AgentAttention(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d((side, side))
 
     def forward(self, x):
+        b, n, c = x.shape
+        side = int(math.isqrt(n - 1))
         q, k, v = (_split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
-        w = self.softmax(self.scale * q @ k.transpose(-2, -1))
-        return self.proj(_join_heads(w @ v))
+        y = _join_heads(self.softmax(self.scale * q @ k.transpose(-2, -1)) @ v)
+        grid = _join_heads(v)[:, 1:].transpose(1, 2).reshape(b, c, side, side)
+        local = self.dwc(grid).flatten(2).transpose(1, 2)
+        return self.proj(torch.cat([y[:, :1], y[:, 1:] + local], dim=1))
 
 
 class AgentBlock(InLineBlock):

@@ -84,10 +84,29 @@ def test_the_issue_deit_t_shape(tmp_path, attnscope_bin):
 @pytest.mark.parametrize("spec", ["softmax", "linear:relu"])
 def test_a_wrong_statement_is_caught_by_the_self_check(tmp_path, spec):
     model = InLineDeiT(depth=1).eval()
-    with pytest.raises(ValueError, match=r"layer 0 \(InLineAttention \(family as stated\)\): the "
-                                         r"model's attention output is not " + re.escape(spec)):
+    with pytest.raises(ValueError, match=r"layer 0 \(InLine DeiT \(InLineAttention\), family as "
+                                         r"stated\): the model's attention output is not "
+                                         + re.escape(spec)):
         dump_model(model, image_loader(2, size=28), str(tmp_path / "d.h5"), families={0: spec})
     assert not os.path.exists(tmp_path / "d.h5")
+
+
+def test_a_right_statement_keeps_the_recognised_capture(tmp_path):
+    model = InLineDeiT(depth=2).eval()
+    path = tmp_path / "d.h5"
+    dump_model(model, image_loader(2, size=28), str(path), families={1: "inline:identity@code"})
+    with h5py.File(path) as f:
+        assert "local" in f["layers/1"] and f["layers/1"].attrs["attention_family"] == "inline"
+
+
+def test_a_statement_for_a_refused_family_uses_timm_names_and_is_checked(tmp_path):
+    """Agent attention is refused by name; stating softmax for it takes its timm-named q, k, v,
+    and the self-check then finds that its output is not softmax of them."""
+    model = AgentDeiT(agent_layer=1, depth=2).eval()
+    with pytest.raises(ValueError, match=r"layer 0 \(AgentAttention \(family as stated\)\): the "
+                                         r"model's attention output is not softmax"):
+        dump_model(model, image_loader(2, size=28), str(tmp_path / "d.h5"),
+                   families={0: "softmax"})
 
 
 def test_an_unknown_module_with_timm_names_is_refused_not_softmax(tmp_path):
@@ -227,6 +246,12 @@ def test_a_hybrid_dump_says_its_layers_and_single_variant_commands_refuse(tmp_pa
     ok = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "l2", "--variant",
               "softmax")
     assert ok.returncode == 0, ok.stderr
+    from attnscope_dump.figures import read_csv
+    for layer, variant in ((0, "inline:identity@code"), (1, "softmax@code")):  # the layer's own
+        out = tmp_path / f"l{layer}"
+        one = _run(attnscope_bin, "locality", "--dump", path, "--out", out, "--layers", layer)
+        assert one.returncode == 0, one.stderr
+        assert set(read_csv(str(out / "locality.csv"))["variant"]) == {variant}
 
 
 def test_a_layer_attribute_naming_no_family_is_an_error(tmp_path, attnscope_bin):
