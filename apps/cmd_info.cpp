@@ -34,12 +34,7 @@ std::string variant_name(const DumpSchema& s) {
 
 /// "per layer    0: inline:identity@code, ..." where the layers differ in family, else nothing.
 std::string per_layer_variants(const DumpSchema& s) {
-  if (!s.variants_differ()) return "";
-  std::string out = "per layer   ";
-  for (int l = 0; l < s.attrs.num_layers; ++l) {
-    out += (l ? ", " : "") + std::to_string(s.model_layer(l)) + ": " + s.layer_variant(l).name();
-  }
-  return out + "\n";
+  return s.variants_differ() ? "per layer   " + s.layer_variants_text() + "\n" : "";
 }
 
 std::string layers_with(const std::vector<bool>& has) {

@@ -76,16 +76,8 @@ VariantDefault dumps_own_variant() {
   return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed,
                                const std::vector<int>& layers) {
             if (schema.variants_differ(layers)) {
-              std::vector<int> read = layers;
-              if (read.empty()) {
-                for (int l = 0; l < schema.attrs.num_layers; ++l) read.push_back(l);
-              }
-              std::string each;
-              for (int l : read) {
-                each += (each.empty() ? "" : ", ") + std::to_string(schema.model_layer(l)) + ": " +
-                        schema.layer_variant(l).name();
-              }
-              throw UsageError(schema.path + ": its layers differ in attention family (" + each +
+              throw UsageError(schema.path + ": its layers differ in attention family (" +
+                               schema.layer_variants_text(layers) +
                                "); this command applies one variant to every layer: give "
                                "--variant, or --layers of one family (recompute uses each "
                                "layer's own)");

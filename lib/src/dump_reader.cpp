@@ -636,6 +636,25 @@ std::string joined_name(const std::vector<std::string>& files) {
   return s;
 }
 
+namespace {
+
+/// A layer's family, feature map and convention as one text (what must agree).
+std::string variant_attributes(const DumpSchema& s, int layer) {
+  const DumpAttributes& a = static_cast<std::size_t>(layer) < s.layer_attrs.size()
+                                ? s.layer_attrs[static_cast<std::size_t>(layer)]
+                                : s.attrs;
+  return a.attention_family + ":" + a.feature_map + "@" + a.convention;
+}
+
+std::vector<int> all_or(const std::vector<int>& layers, int num_layers) {
+  if (!layers.empty()) return layers;
+  std::vector<int> all;
+  for (int l = 0; l < num_layers; ++l) all.push_back(l);
+  return all;
+}
+
+}  // namespace
+
 /// Refuses `b` unless it holds the same kind of data as `a` (the first file): every attribute an
 /// analysis reads, the layers' optional tensors, the dtype, and the optional datasets.
 void check_compatible(const FileReader& a, const FileReader& b) {
@@ -668,11 +687,8 @@ void check_compatible(const FileReader& a, const FileReader& b) {
   differ("/layers/*/local (per layer)", bools_text(x.layer_has_local),
          bools_text(y.layer_has_local));
   for (int l = 0; l < p.num_layers; ++l) {
-    const auto spec = [l](const DumpSchema& sc) {
-      const DumpAttributes& la = sc.layer_attrs[static_cast<std::size_t>(l)];
-      return la.attention_family + ":" + la.feature_map + "@" + la.convention;
-    };
-    differ("/layers/" + std::to_string(l) + " family, feature_map, convention", spec(x), spec(y));
+    differ("/layers/" + std::to_string(l) + " family, feature_map, convention",
+           variant_attributes(x, l), variant_attributes(y, l));
   }
   const auto present = [](bool has) { return std::string(has ? "present" : "absent"); };
   differ("/labels", present(x.has_labels), present(y.has_labels));
@@ -866,17 +882,20 @@ Variant DumpSchema::layer_variant(int layer, std::uint64_t seed) const {
   return layer_attrs[static_cast<std::size_t>(layer)].variant(seed);
 }
 
+
 bool DumpSchema::variants_differ(const std::vector<int>& layers) const {
-  std::vector<int> all = layers;
-  if (all.empty()) {
-    for (int l = 0; l < attrs.num_layers; ++l) all.push_back(l);
+  const std::vector<int> all = all_or(layers, attrs.num_layers);
+  return std::any_of(all.begin(), all.end(), [&](int l) {
+    return variant_attributes(*this, l) != variant_attributes(*this, all.front());
+  });
+}
+
+std::string DumpSchema::layer_variants_text(const std::vector<int>& layers) const {
+  std::string out;
+  for (int l : all_or(layers, attrs.num_layers)) {
+    out += (out.empty() ? "" : ", ") + std::to_string(model_layer(l)) + ": " + layer_variant(l).name();
   }
-  const auto spec = [this](int l) {
-    const DumpAttributes& a =
-        static_cast<std::size_t>(l) < layer_attrs.size() ? layer_attrs[static_cast<std::size_t>(l)] : attrs;
-    return a.attention_family + ":" + a.feature_map + "@" + a.convention;
-  };
-  return std::any_of(all.begin(), all.end(), [&](int l) { return spec(l) != spec(all.front()); });
+  return out;
 }
 
 std::vector<std::int64_t> DumpReader::read_labels() {

@@ -109,8 +109,10 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     released structures of released.STRUCTURES (InLine, FLatten, ...), the project's own models,
     or timm's, Hugging Face's and torchvision's softmax attention. Any other module is refused,
     never taken for softmax. families= states them instead: one spec "family[:map][@convention]"
-    for every layer, or a dict {model layer: spec} (attention_family= / feature_map= /
-    convention= are the same statement for every layer). Each /layers/L group records its own
+    for every layer, or a dict {model layer: spec} (attention_family= with feature_map= and
+    convention= is the same statement for every layer; convention= alone sets every layer's
+    convention). A statement keeps a recognised structure's capture and changes its family; the
+    self-check judges it. Each /layers/L group records its own
     `attention_family`, `feature_map` and `convention`; the root attributes are those of the
     first dumped layer. A module's local term (InLine's local residual, FLatten's depthwise
     convolution) is written apart, as /layers/L/local, so that out is exactly W V.

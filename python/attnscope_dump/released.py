@@ -82,6 +82,11 @@ class _LocalSite:
     def restore(self) -> None:
         pass
 
+    def _refuse_weights(self, want_attn: bool) -> None:
+        if want_attn:
+            raise ValueError(f"{self.info.structure}: the module never forms the attention "
+                             "weights (linear-time form); dump without with_attn")
+
     def _finish(self, store: dict, before_proj: torch.Tensor, local: torch.Tensor) -> None:
         """local: [B, H, N, d]; out = proj's input minus it."""
         store["local"] = local
@@ -96,9 +101,7 @@ class InLineDeiTSite(_LocalSite):
 
     def install(self, store, want_attn, want_out):
         m, h = self.m, self.info.num_heads
-        if want_attn:
-            raise ValueError(f"{self.info.structure}: the module never forms the attention "
-                             "weights (linear-time form); dump without with_attn")
+        self._refuse_weights(want_attn)
 
         def on_qkv(_mod, _inp, o):
             q, k, v = o.chunk(3, dim=-1)
@@ -137,9 +140,7 @@ class FLattenSite(_LocalSite):
 
     def install(self, store, want_attn, want_out):
         m, h = self.m, self.info.num_heads
-        if want_attn:
-            raise ValueError(f"{self.info.structure}: the module never forms the attention "
-                             "weights (linear-time form); dump without with_attn")
+        self._refuse_weights(want_attn)
 
         def on_q(_mod, _inp, o):
             store["q"] = _heads(self._prepared(o), h)

@@ -262,3 +262,10 @@ def test_a_layer_attribute_naming_no_family_is_an_error(tmp_path, attnscope_bin)
     r = _run(attnscope_bin, "info", path)
     assert r.returncode != 0 and "/layers/1 attribute 'attention_family'" in r.stderr \
         and "'agent:identity@code'" in r.stderr, r.stderr
+
+
+def test_weights_are_refused_for_the_linear_time_modules(tmp_path):
+    with pytest.raises(ValueError, match=r"InLine DeiT \(InLineAttention\): the module never forms "
+                                         r"the attention weights"):
+        dump_model(InLineDeiT(depth=1).eval(), image_loader(2, size=28), str(tmp_path / "d.h5"),
+                   with_attn=True)

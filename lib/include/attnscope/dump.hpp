@@ -70,6 +70,9 @@ struct DumpSchema {
   [[nodiscard]] Variant layer_variant(int layer, std::uint64_t seed = 0) const;
   /// Whether the given dump layers (empty = all) differ in family, feature map or convention.
   [[nodiscard]] bool variants_differ(const std::vector<int>& layers = {}) const;
+  /// "0: inline:identity@code, 1: softmax@code" for the given dump layers (empty = all), each
+  /// by its model layer index.
+  [[nodiscard]] std::string layer_variants_text(const std::vector<int>& layers = {}) const;
 };
 
 /// Receives every warning a DumpReader gives while opening a file (one line each, naming the
