@@ -269,3 +269,13 @@ def test_weights_are_refused_for_the_linear_time_modules(tmp_path):
                                          r"the attention weights"):
         dump_model(InLineDeiT(depth=1).eval(), image_loader(2, size=28), str(tmp_path / "d.h5"),
                    with_attn=True)
+
+
+def test_the_refusals_registry_is_the_builds(attnscope_bin):
+    """The dumper refuses a recognised family that attention.FAMILY_TABLE lacks; that table must
+    list exactly the families of `attnscope info --families`, so the refusal is the build's."""
+    from attnscope_dump.attention import FAMILY_TABLE
+    r = _run(attnscope_bin, "info", "--families")
+    assert r.returncode == 0, r.stderr
+    built = [line.strip() for line in r.stdout.splitlines() if line and not line[0].isspace()]
+    assert sorted(built) == sorted(FAMILY_TABLE), (built, list(FAMILY_TABLE))
