@@ -71,12 +71,12 @@ void print_schema(const DumpReader& r, std::ostream& os) {
      << per_layer_variants(s) << "scale       " << a.scale << "\n"
      << "shape       " << s.num_images << " images x " << a.num_layers << " layers x "
      << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
-     << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + " << a.grid.height
-     << "x" << a.grid.width << " grid\n"
+     << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix
+     << " prefix + " << a.grid.height << "x" << a.grid.width << " grid\n"
      << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
      << "optional    attn: " << layers_with(s.layer_has_attn)
-     << "; out: " << layers_with(s.layer_has_out)
-     << "; local: " << layers_with(s.layer_has_local) << "; labels: " << (s.has_labels ? "yes" : "no")
+     << "; out: " << layers_with(s.layer_has_out) << "; local: " << layers_with(s.layer_has_local)
+     << "; labels: " << (s.has_labels ? "yes" : "no")
      << "; logits: " << (s.has_logits ? "yes" : "no")
      << "; images: " << (s.has_images ? "yes" : "no") << "\n"
      << "datasets\n";

@@ -8,8 +8,8 @@
 #include "attnscope/analyses/recompute.hpp"
 
 #include <iomanip>
-#include <map>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 namespace attnscope::app {
@@ -65,8 +65,8 @@ void write_csv(ResultSet& set, const std::map<int, std::string>& variant_of_laye
                 "out_mean_abs_error,attn_max_abs_error,degenerate_rows\n"
              << std::setprecision(9);
   for (const auto& c : cells) {
-    f.stream() << variant_of_layer.at(c.layer) << "," << c.layer << ","
-               << c.head << "," << c.images << ",";
+    f.stream() << variant_of_layer.at(c.layer) << "," << c.layer << "," << c.head << "," << c.images
+               << ",";
     if (c.has_out) f.stream() << c.out_max_abs << "," << c.out_max_rel << "," << c.out_mean_abs();
     else f.stream() << ",,";
     f.stream() << ",";
@@ -110,7 +110,8 @@ int run_recompute(const std::vector<std::string>& args) {
   std::vector<std::string> names;
   std::map<int, std::string> by_model_layer;  // the CSV's rows carry model layer indices
   for (int l = 0; l < schema.attrs.num_layers; ++l) {
-    per_layer.push_back(f.common.variant.empty() ? schema.layer_variant(l, f.common.seed) : variant);
+    per_layer.push_back(f.common.variant.empty() ? schema.layer_variant(l, f.common.seed)
+                                                 : variant);
     std::string why;
     if (!per_layer.back().supports(&why)) {
       throw UsageError("layer " + std::to_string(schema.model_layer(l)) + ": " +
@@ -129,8 +130,8 @@ int run_recompute(const std::vector<std::string>& args) {
 
   RunMetadata meta("recompute");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variant", described}, {"tol", tol}, {"threads", threads},
-                   {"images", sel.images.size()}};
+  meta.params() = {
+      {"variant", described}, {"tol", tol}, {"threads", threads}, {"images", sel.images.size()}};
   meta.params()["device"] = device.description;
   ImageRun run(f.control, "recompute", args, dir,
                run_fingerprint("recompute", f.common.dump, meta.params()),
@@ -168,9 +169,10 @@ int run_recompute(const std::vector<std::string>& args) {
     meta.publish(set);
   };
   if (!run.finish(apply, publish)) return 0;
-  std::cout << "recomputed " << (names.size() > 1 && described != names.front() ? "each layer's own: " : "")
-            << described << " over " << sel.images.size() << " images, "
-            << cells.size() << " heads\n";
+  std::cout << "recomputed "
+            << (names.size() > 1 && described != names.front() ? "each layer's own: " : "")
+            << described << " over " << sel.images.size() << " images, " << cells.size()
+            << " heads\n";
   if (has_out) {
     std::cout << "  outputs: worst error " << worst_rel << " of the head's largest |out| (tol "
               << tol << ") " << (pass ? "PASS" : "FAIL") << "\n";

@@ -73,8 +73,8 @@ void add_out_option(po::options_description& d, CommonOptions& o, const std::str
 }
 
 VariantDefault dumps_own_variant() {
-  return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed,
-                               const std::vector<int>& layers) {
+  return {"the dump's own",
+          [](const DumpSchema& schema, std::uint64_t seed, const std::vector<int>& layers) {
             if (schema.variants_differ(layers)) {
               throw UsageError(schema.path + ": its layers differ in attention family (" +
                                schema.layer_variants_text(layers) +

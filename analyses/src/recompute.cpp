@@ -77,8 +77,8 @@ std::vector<RecomputeCell> recompute_cells(const DumpSchema& s) {
 void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
                       const std::function<void(RecomputeImage&&)>& sink,
                       const Selection& streaming) {
-  const std::vector<Variant> per_layer(
-      static_cast<std::size_t>(reader.schema().attrs.num_layers), variant);
+  const std::vector<Variant> per_layer(static_cast<std::size_t>(reader.schema().attrs.num_layers),
+                                       variant);
   recompute_images(reader, per_layer, images, sink, streaming);
 }
 
@@ -110,8 +110,8 @@ void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
   for_each_head(
       reader, sel,
       [&](const HeadView& hv) {
-        compare_head(per_layer[static_cast<std::size_t>(hv.layer)], hv.q, hv.k, hv.v,
-                     s.attrs.scale, hv.out, hv.attn,
+        compare_head(per_layer[static_cast<std::size_t>(hv.layer)], hv.q, hv.k, hv.v, s.attrs.scale,
+                     hv.out, hv.attn,
                      current.cells[static_cast<std::size_t>(hv.layer * heads + hv.head)]);
       },
       [&](int image) {

@@ -544,9 +544,9 @@ std::optional<MatF> FileReader::read_head(int image, int layer, int head, const 
   if (!ds.valid()) return std::nullopt;
   const auto N = static_cast<hsize_t>(schema.attrs.num_tokens);
   const auto cols = attn ? N : static_cast<hsize_t>(schema.attrs.head_dim);
-  const float* p = read_block(ds.get(), layer_path(layer, name), image,
-                              {static_cast<hsize_t>(head), 0, 0}, {1, N, cols},
-                              {"head", attn ? "query" : "token", attn ? "key" : "dim"});
+  const float* p =
+      read_block(ds.get(), layer_path(layer, name), image, {static_cast<hsize_t>(head), 0, 0},
+                 {1, N, cols}, {"head", attn ? "query" : "token", attn ? "key" : "dim"});
   return MatF(
       Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(cols)));
 }
@@ -882,7 +882,6 @@ Variant DumpSchema::layer_variant(int layer, std::uint64_t seed) const {
   return layer_attrs[static_cast<std::size_t>(layer)].variant(seed);
 }
 
-
 bool DumpSchema::variants_differ(const std::vector<int>& layers) const {
   const std::vector<int> all = all_or(layers, attrs.num_layers);
   return std::any_of(all.begin(), all.end(), [&](int l) {
@@ -893,7 +892,8 @@ bool DumpSchema::variants_differ(const std::vector<int>& layers) const {
 std::string DumpSchema::layer_variants_text(const std::vector<int>& layers) const {
   std::string out;
   for (int l : all_or(layers, attrs.num_layers)) {
-    out += (out.empty() ? "" : ", ") + std::to_string(model_layer(l)) + ": " + layer_variant(l).name();
+    out +=
+        (out.empty() ? "" : ", ") + std::to_string(model_layer(l)) + ": " + layer_variant(l).name();
   }
   return out;
 }

@@ -24,6 +24,10 @@ and leaves the captured tensors, shaped [B, H, N, d] (weights [B, H, N, N]), in 
   are wanted its forward is wrapped for the run to ask for per-head weights, and the per-head
   output is those weights times v, checked against the module's own (projected) output.
 
+The papers' released attention modules (InLine, FLatten, ...) are recognised, captured or
+refused by the table of released.py; any other module with timm's names but more than timm's
+Attention holds is refused (its family is unknown) unless the user states it (`families=`).
+
 q and k are captured before any scale is applied; the scale is recorded separately.
 """
 from __future__ import annotations

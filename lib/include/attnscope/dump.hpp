@@ -50,7 +50,7 @@ struct DumpSchema {
   bool has_labels = false, has_logits = false, has_images = false;
   std::vector<bool> layer_has_attn;  ///< per layer: /layers/L/attn present
   std::vector<bool> layer_has_out;   ///< per layer: /layers/L/out present
-  std::vector<bool> layer_has_local; ///< per layer: /layers/L/local present (the local term)
+  std::vector<bool> layer_has_local;  ///< per layer: /layers/L/local present (the local term)
   /// Per layer: its attention_family, feature_map and convention, each the /layers/L group's own
   /// attribute where it has one and the root's otherwise (docs/dump-format.md). The other
   /// fields of each entry are the root's.
