@@ -7,8 +7,9 @@ their structure (attribute names, submodules, shapes) and their forward computat
   a PVT (`block1`.., `patch_embed1`.. with H and W), stages 'L' (FLatten) or 'S' (PVT softmax);
 * Agent attention (LeapLabTHU/Agent-Attention, agent_transformer/models/agent_deit.py): the
   DeiT whose first `agent_layer` blocks use `AgentAttention` and the others DeiT's softmax;
-* PolaFormer (PolaLinearAttention, PVT form) and RALA (RAVLT's `RALA`, `qkvo` Conv2d): their
-  attributes only, enough for the dumper to recognise and refuse them (it never calls them).
+* PolaFormer (PolaLinearAttention, PVT form), RALA (RAVLT's `RALA`, `qkvo` Conv2d) and
+  InLine-Swin's window attention (models/inline_swin.py): their attributes only, enough for the
+  dumper to recognise and refuse them (it never calls them).
 
 Only what the dumper touches is kept, and the code is this project's own: the forward passes
 compute the same quantities in other words (e.g. InLine's W V through the row sums S_i).
@@ -339,3 +340,14 @@ class OneBlockModel(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList([nn.Module()])
         self.blocks[0].attn = attn
+
+
+class InLineWindowAttention(InLineAttention):
+    """InLine-Swin's attention (models/inline_swin.py): InLine's structure called once per window,
+    with `window_size`, `shift_size` and a `kernel_func` name (`phi` None for identity)."""
+
+    def __init__(self, dim, window_size=(4, 4), num_heads=2, shift_size=0):
+        super().__init__(dim, num_heads, qkv_bias=True)
+        del self.window
+        self.window_size, self.shift_size = window_size, shift_size
+        self.kernel_func, self.phi = "identity", None

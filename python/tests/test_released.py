@@ -16,8 +16,8 @@ from attnscope_dump.released import STRUCTURES
 from cli_check import info_and_recompute
 from conftest import REPO, image_loader
 from standins import TimmAttention
-from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, OneBlockModel,
-                               PolaLinearAttention, RAVLT)
+from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, InLineWindowAttention,
+                               OneBlockModel, PolaLinearAttention, RAVLT)
 
 
 def _proj_inputs(attns, x, model, *args):
@@ -169,6 +169,9 @@ def test_agent_attention_is_refused_by_name_and_its_softmax_layers_dump(tmp_path
 
 
 @pytest.mark.parametrize("model,match", [
+    (OneBlockModel(InLineWindowAttention(16)), r"layer 0: InLineWindowAttention is InLine Swin / "
+                                               r"CSwin / PVT attention: not supported: window "
+                                               r"attention"),
     (OneBlockModel(PolaLinearAttention(16)), r"layer 0: PolaLinearAttention is PolaFormer .*"
                                              r"family 'polaformer', which this build's registry"),
     (RAVLT(), r"module layers.0.blocks.0.attn: RALA is RALA .*family 'rala', which this build's"),
