@@ -271,7 +271,10 @@ def site_for(structure: Structure, m: nn.Module, layer: int, layout_hint=None):
                          f"lacks (attnscope info --families: {', '.join(FAMILY_TABLE)}); it "
                          "cannot be dumped")
     if structure.refusal is not None or structure.site is None:
-        raise ValueError(f"{where}: not supported: {structure.refusal}")
+        why = structure.refusal or ("the dumper has no capture for it yet (a Site in "
+                                    "released.py); state a family with families= to read it "
+                                    "as timm's names, checked by the self-check")
+        raise ValueError(f"{where}: not supported: {why}")
     fmap = structure.feature_map(m) if callable(structure.feature_map) else structure.feature_map
     h = int(m.num_heads)
     proj = m.qkv if _is(m, "qkv") else m.q
