@@ -29,7 +29,7 @@ po::options_description census_options(CensusFlags& f) {
   add_variant_option(d, f.common,
                      {"inline and mala under the dump's convention, the dump's own map where its "
                       "model is one of them",
-                      [](const DumpSchema& schema, std::uint64_t) {
+                      [](const DumpSchema& schema, std::uint64_t, const std::vector<int>&) {
                         return analyses::default_census_variants(schema.attrs);
                       }});
   add_selection_options(d, f.sel, false);
@@ -166,7 +166,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
   sel.need_v = false;  // the census looks at attention weights only
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

@@ -203,7 +203,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   analyses::check_token_filter(reader, f.opt.exclude);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

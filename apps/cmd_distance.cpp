@@ -123,7 +123,7 @@ int run_distance_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const analyses::PatchSize patch = analyses::patch_size_of(reader, f.patch_size);
   const analyses::PatchGeometry geometry(schema.attrs.grid, patch.height, patch.width);
   const analyses::QueryStatsLayout layout = analyses::distance_layout(geometry, f.bins);

@@ -119,7 +119,7 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int tokens = schema.attrs.num_tokens;
   const double log_n = analyses::max_entropy(tokens);
   const analyses::QueryStatsLayout layout = analyses::entropy_layout(tokens, f.bins);

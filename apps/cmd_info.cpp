@@ -32,6 +32,11 @@ std::string variant_name(const DumpSchema& s) {
   }
 }
 
+/// "per layer    0: inline:identity@code, ..." where the layers differ in family, else nothing.
+std::string per_layer_variants(const DumpSchema& s) {
+  return s.variants_differ() ? "per layer   " + s.layer_variants_text() + "\n" : "";
+}
+
 std::string layers_with(const std::vector<bool>& has) {
   std::string out;
   int count = 0;
@@ -63,14 +68,15 @@ void print_schema(const DumpReader& r, std::ostream& os) {
      << "model       " << a.model_name << "\n"
      << "variant     " << variant_name(s) << " (attention_family " << a.attention_family
      << ", feature_map " << a.feature_map << ", convention " << a.convention << ")\n"
-     << "scale       " << a.scale << "\n"
+     << per_layer_variants(s) << "scale       " << a.scale << "\n"
      << "shape       " << s.num_images << " images x " << a.num_layers << " layers x "
      << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
-     << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix << " prefix + " << a.grid.height
-     << "x" << a.grid.width << " grid\n"
+     << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix
+     << " prefix + " << a.grid.height << "x" << a.grid.width << " grid\n"
      << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
      << "optional    attn: " << layers_with(s.layer_has_attn)
-     << "; out: " << layers_with(s.layer_has_out) << "; labels: " << (s.has_labels ? "yes" : "no")
+     << "; out: " << layers_with(s.layer_has_out) << "; local: " << layers_with(s.layer_has_local)
+     << "; labels: " << (s.has_labels ? "yes" : "no")
      << "; logits: " << (s.has_logits ? "yes" : "no")
      << "; images: " << (s.has_images ? "yes" : "no") << "\n"
      << "datasets\n";
@@ -92,6 +98,11 @@ void check_values(DumpReader& r) {
   analyses::for_each_head(
       r, every, [](const analyses::HeadView&) {}, [&](int) { progress.tick(); });
   progress.finish();
+  for (int l = 0; l < s.attrs.num_layers; ++l) {  // the local terms (not read by the loop)
+    if (!s.layer_has_local[static_cast<std::size_t>(l)]) continue;
+    for (int i = 0; i < s.num_images; ++i)
+      for (int h = 0; h < s.attrs.num_heads; ++h) (void)r.read_local(i, l, h);
+  }
   (void)r.read_logits();
   (void)r.read_images(nullptr);
 }

@@ -5,6 +5,7 @@
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
 
+#include "attnscope/analyses/local_share.hpp"
 #include "attnscope/analyses/locality.hpp"
 
 #include <iomanip>
@@ -89,6 +90,19 @@ void write_csv(ResultSet& set, const analyses::LocalityResult& r) {
   f.close();
 }
 
+/// local_share.csv: the local term's share per (layer, head), for dumps holding local terms.
+void write_local_share(ResultSet& set, const std::vector<analyses::LocalShareHead>& rows) {
+  ResultFile f(set, "local_share.csv");
+  f.stream() << "layer,head,images,mean,std,min,max\n" << std::setprecision(10);
+  for (const auto& h : rows) {
+    f.stream() << h.layer << "," << h.head << "," << h.share.count << ","
+               << (h.share.count ? h.share.mean : 0.0) << "," << h.share.stddev() << ","
+               << (h.share.count ? h.share.min : 0.0) << "," << (h.share.count ? h.share.max : 0.0)
+               << "\n";
+  }
+  f.close();
+}
+
 /// Per layer, the mean over heads of each variant's mean local mass.
 void print_summary(const analyses::LocalityResult& r) {
   std::cout << "mean attention mass in the " << r.window << "x" << r.window << " window (" << r.images
@@ -119,7 +133,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("locality");
@@ -158,8 +172,18 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     for (auto& heads : r.per_head) report_model_layers(heads, schema);
     ResultSet set(dir, "locality.json");
     write_csv(set, r);
-    meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
-                      {"ms_per_image", timer.summary()}};
+    // The local term (/layers/L/local) is apart from W V in the dump: its share of the output.
+    std::vector<analyses::LocalShareHead> shares = analyses::local_share(reader, sel);
+    if (!shares.empty()) {
+      report_model_layers(shares, schema);
+      write_local_share(set, shares);
+      double mean = 0.0;
+      for (const auto& h : shares) mean += h.share.mean / static_cast<double>(shares.size());
+      meta.results()["local_share_mean"] = mean;
+    }
+    meta.results()["images"] = r.images;
+    meta.results()["uniform_baseline"] = r.uniform_baseline;
+    meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };
   if (!run.finish(apply, publish)) return 0;

@@ -88,7 +88,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   const DumpSchema& schema = reader.schema();
   const TokenGrid grid = schema.attrs.grid;
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const std::vector<int> tokens = analyses::parse_tokens(f.tokens, grid);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

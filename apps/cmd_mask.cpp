@@ -166,7 +166,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   analyses::MaskCollector collector(variants, masks, sel, schema.attrs.grid, schema.attrs.scale,
                                     f.common.seed);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);

@@ -124,7 +124,7 @@ int run_rank_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int tokens = schema.attrs.num_tokens;
   const analyses::QueryStatsLayout layout = analyses::rank_layout(tokens);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);

@@ -9,6 +9,7 @@
 
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 namespace attnscope::app {
@@ -56,14 +57,16 @@ void merge_record(int image, const nlohmann::json& r, std::vector<analyses::Reco
   }
 }
 
-void write_csv(ResultSet& set, const std::string& variant,
+/// `variant_of_layer`: each row's variant by its (model) layer index.
+void write_csv(ResultSet& set, const std::map<int, std::string>& variant_of_layer,
                const std::vector<analyses::RecomputeCell>& cells) {
   ResultFile f(set, "recompute.csv");
   f.stream() << "variant,layer,head,images,out_max_abs_error,out_max_rel_error,"
                 "out_mean_abs_error,attn_max_abs_error,degenerate_rows\n"
              << std::setprecision(9);
   for (const auto& c : cells) {
-    f.stream() << variant << "," << c.layer << "," << c.head << "," << c.images << ",";
+    f.stream() << variant_of_layer.at(c.layer) << "," << c.layer << "," << c.head << "," << c.images
+               << ",";
     if (c.has_out) f.stream() << c.out_max_abs << "," << c.out_max_rel << "," << c.out_mean_abs();
     else f.stream() << ",,";
     f.stream() << ",";
@@ -99,15 +102,36 @@ int run_recompute(const std::vector<std::string>& args) {
 
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const Variant variant = resolve_variants(f.common, schema).front();
+  // Without --variant each layer is recomputed with its own (a dump whose layers differ in family
+  // records each layer's on its /layers/L group).
+  const Variant variant = f.common.variant.empty() ? schema.layer_variant(0, f.common.seed)
+                                                   : resolve_variants(f.common, schema).front();
+  std::vector<Variant> per_layer;
+  std::vector<std::string> names;
+  std::map<int, std::string> by_model_layer;  // the CSV's rows carry model layer indices
+  for (int l = 0; l < schema.attrs.num_layers; ++l) {
+    per_layer.push_back(f.common.variant.empty() ? schema.layer_variant(l, f.common.seed)
+                                                 : variant);
+    std::string why;
+    if (!per_layer.back().supports(&why)) {
+      throw UsageError("layer " + std::to_string(schema.model_layer(l)) + ": " +
+                       per_layer.back().name() + ": " + why);
+    }
+    names.push_back(per_layer.back().name());
+    by_model_layer[schema.model_layer(l)] = names.back();
+  }
+  std::string described;  // "inline:identity@code" or "inline:identity@code, softmax@code"
+  for (const std::string& n : names) {
+    if (described.find(n) == std::string::npos) described += (described.empty() ? "" : ", ") + n;
+  }
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   const double tol = f.tol >= 0.0 ? f.tol : default_tolerance(schema.dtype);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("recompute");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variant", variant.name()}, {"tol", tol}, {"threads", threads},
-                   {"images", sel.images.size()}};
+  meta.params() = {
+      {"variant", described}, {"tol", tol}, {"threads", threads}, {"images", sel.images.size()}};
   meta.params()["device"] = device.description;
   ImageRun run(f.control, "recompute", args, dir,
                run_fingerprint("recompute", f.common.dump, meta.params()),
@@ -115,7 +139,7 @@ int run_recompute(const std::vector<std::string>& args) {
   run.compute([&] {
     Progress progress("recompute", run.pending().size());
     analyses::recompute_images(
-        reader, variant, run.pending(),
+        reader, per_layer, run.pending(),
         [&](analyses::RecomputeImage&& img) {
           run.record(img.image, to_record(img));
           progress.tick();
@@ -131,7 +155,7 @@ int run_recompute(const std::vector<std::string>& args) {
   auto publish = [&] {
     ResultSet set(dir, "recompute.json");
     report_model_layers(cells, schema);
-    write_csv(set, variant.name(), cells);
+    write_csv(set, by_model_layer, cells);
     for (const auto& c : cells) {
       has_out = has_out || c.has_out;
       has_attn = has_attn || c.has_attn;
@@ -145,8 +169,10 @@ int run_recompute(const std::vector<std::string>& args) {
     meta.publish(set);
   };
   if (!run.finish(apply, publish)) return 0;
-  std::cout << "recomputed " << variant.name() << " over " << sel.images.size() << " images, "
-            << cells.size() << " heads\n";
+  std::cout << "recomputed "
+            << (names.size() > 1 && described != names.front() ? "each layer's own: " : "")
+            << described << " over " << sel.images.size() << " images, " << cells.size()
+            << " heads\n";
   if (has_out) {
     std::cout << "  outputs: worst error " << worst_rel << " of the head's largest |out| (tol "
               << tol << ") " << (pass ? "PASS" : "FAIL") << "\n";

@@ -75,7 +75,7 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
                      "at least 1: a CLS token, whose row of the rollout is the map", "0");
   }
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("rollout");

@@ -321,7 +321,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
       f.synthetic ? analyses::HeadSource::synthetic(so) : analyses::HeadSource::dump(*reader);
   const DumpSchema& schema = source.schema();
   const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  const std::vector<Variant> variants = resolve_variants(f.common, schema);
+  const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int n_tokens = schema.attrs.num_tokens;
   const auto samples =
       f.tokens.empty()

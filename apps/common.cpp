@@ -73,9 +73,18 @@ void add_out_option(po::options_description& d, CommonOptions& o, const std::str
 }
 
 VariantDefault dumps_own_variant() {
-  return {"the dump's own", [](const DumpSchema& schema, std::uint64_t seed) {
+  return {"the dump's own",
+          [](const DumpSchema& schema, std::uint64_t seed, const std::vector<int>& layers) {
+            if (schema.variants_differ(layers)) {
+              throw UsageError(schema.path + ": its layers differ in attention family (" +
+                               schema.layer_variants_text(layers) +
+                               "); this command applies one variant to every layer: give "
+                               "--variant, or --layers of one family (recompute uses each "
+                               "layer's own)");
+            }
             try {
-              return std::vector<Variant>{schema.attrs.variant(seed)};
+              return std::vector<Variant>{
+                  schema.layer_variant(layers.empty() ? 0 : layers.front(), seed)};
             } catch (const UsageError& e) {
               throw InputError(schema.path, "attribute 'feature_map'", "a known feature-map spec",
                                e.what());
@@ -85,7 +94,7 @@ VariantDefault dumps_own_variant() {
 
 VariantDefault variants_under_dump_convention(const std::string& specs) {
   return {specs + " under the dump's convention",
-          [specs](const DumpSchema& schema, std::uint64_t seed) {
+          [specs](const DumpSchema& schema, std::uint64_t seed, const std::vector<int>&) {
             return parse_variants(specs, parse_convention(schema.attrs.convention), seed);
           }};
 }
@@ -98,11 +107,12 @@ void add_variant_option(po::options_description& d, CommonOptions& o, const Vari
   d.add_options()("variant", po::value(&o.variant)->value_name("SPEC[,SPEC...]"), help.c_str());
 }
 
-std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema) {
+std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema,
+                                      const std::vector<int>& layers) {
   const bool given = !o.variant.empty();
   const std::vector<Variant> out =
       given ? parse_variants(o.variant, parse_convention(schema.attrs.convention), o.seed)
-            : o.variant_default.variants(schema, o.seed);
+            : o.variant_default.variants(schema, o.seed, layers);
   for (const Variant& v : out) {
     std::string why;
     if (v.supports(&why)) continue;

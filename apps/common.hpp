@@ -72,9 +72,13 @@ inline constexpr int kMaxThreads = 1024;
 /// and the variants it stands for in a given dump (seeded like the given ones).
 struct VariantDefault {
   std::string help;
-  std::function<std::vector<Variant>(const DumpSchema&, std::uint64_t seed)> variants;
+  /// `layers`: the dump layers the command reads (empty: all).
+  std::function<std::vector<Variant>(const DumpSchema&, std::uint64_t seed,
+                                     const std::vector<int>& layers)>
+      variants;
 };
-/// The dump's own variant (its attention_family, feature_map and convention attributes).
+/// The dump's own variant (its attention_family, feature_map and convention attributes; those
+/// of the layers read, which must agree where the dump's layers differ in family).
 VariantDefault dumps_own_variant();
 /// A fixed list of variant names, parsed under the dump's convention.
 VariantDefault variants_under_dump_convention(const std::string& specs);
@@ -128,7 +132,9 @@ ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, 
 /// compute is a UsageError saying why. A variant whose rows need not sum to 1
 /// (Variant::rows_sum_to_one() false) gets one note on stderr saying its rows are used as
 /// computed, never renormalised.
-std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema);
+/// `layers`: the dump layers the command reads (empty: all), whose own variant is the default.
+std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema,
+                                      const std::vector<int>& layers = {});
 
 /// The arguments of the last parse_args, canonical: every flag by its full name as
 /// `--name=value` (an abbreviation such as `--ou` becomes `--out=...`), positional values as given.

@@ -77,7 +77,20 @@ std::vector<RecomputeCell> recompute_cells(const DumpSchema& s) {
 void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
                       const std::function<void(RecomputeImage&&)>& sink,
                       const Selection& streaming) {
+  const std::vector<Variant> per_layer(static_cast<std::size_t>(reader.schema().attrs.num_layers),
+                                       variant);
+  recompute_images(reader, per_layer, images, sink, streaming);
+}
+
+void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
+                      const std::vector<int>& images,
+                      const std::function<void(RecomputeImage&&)>& sink,
+                      const Selection& streaming) {
   const DumpSchema& s = reader.schema();
+  if (per_layer.size() != static_cast<std::size_t>(s.attrs.num_layers)) {
+    throw UsageError("recompute: " + std::to_string(per_layer.size()) + " variants for the " +
+                     std::to_string(s.attrs.num_layers) + " layers of " + s.path);
+  }
   const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
   bool any = false;
   for (int l = 0; l < layers; ++l) any = any || s.layer_has_out[l] || s.layer_has_attn[l];
@@ -97,7 +110,8 @@ void recompute_images(DumpReader& reader, const Variant& variant, const std::vec
   for_each_head(
       reader, sel,
       [&](const HeadView& hv) {
-        compare_head(variant, hv.q, hv.k, hv.v, s.attrs.scale, hv.out, hv.attn,
+        compare_head(per_layer[static_cast<std::size_t>(hv.layer)], hv.q, hv.k, hv.v, s.attrs.scale,
+                     hv.out, hv.attn,
                      current.cells[static_cast<std::size_t>(hv.layer * heads + hv.head)]);
       },
       [&](int image) {

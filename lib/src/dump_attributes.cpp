@@ -192,6 +192,35 @@ DumpAttributes read_attributes(hid_t root, const std::string& file) {
   return a;
 }
 
+DumpAttributes read_layer_attributes(hid_t file_id, const std::string& group,
+                                     const DumpAttributes& root, const std::string& file) {
+  DumpAttributes a = root;
+  h5::Handle g = h5::group(H5Gopen2(file_id, group.c_str(), H5P_DEFAULT));
+  if (!g.valid()) throw InputError(file, group, "a readable group", h5::last_error());
+  const std::pair<const char*, std::string*> own[] = {{"attention_family", &a.attention_family},
+                                                      {"feature_map", &a.feature_map},
+                                                      {"convention", &a.convention}};
+  bool any = false;
+  for (const auto& [name, value] : own) {
+    if (H5Aexists(g.get(), name) <= 0) continue;
+    try {
+      *value = root_string(g.get(), name, file);
+    } catch (const InputError& e) {
+      throw InputError(file, group + " " + e.object(), "a string", e.what());
+    }
+    any = true;
+  }
+  if (!any) return a;
+  try {
+    validate_attributes(a, file);
+  } catch (const InputError& e) {
+    throw InputError(file, group + " " + e.object(),
+                     "a variant of the registry (attnscope info --families) for this layer",
+                     "'" + a.attention_family + ":" + a.feature_map + "@" + a.convention + "'");
+  }
+  return a;
+}
+
 std::vector<int> read_source_layers(hid_t root, const std::string& file, int num_layers) {
   const char* name = "source_layers";
   if (H5Aexists(root, name) <= 0) return {};

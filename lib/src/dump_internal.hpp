@@ -37,6 +37,11 @@ double root_double(hid_t root, const char* name, const std::string& file);
 
 /// Reads and validates the root attributes. Throws InputError naming the attribute.
 DumpAttributes read_attributes(hid_t root, const std::string& file);
+/// A layer's attributes: the root's, with attention_family, feature_map and convention replaced
+/// by the group's own (`group` is "/layers/L") where it has them; InputError naming the group and
+/// attribute when one is not a string or the three do not name a variant of the registry.
+DumpAttributes read_layer_attributes(hid_t file_id, const std::string& group,
+                                     const DumpAttributes& root, const std::string& file);
 /// The optional `source_layers` attribute: num_layers distinct model layer indices, each >= 0 and
 /// below 2^30 (empty when absent). Throws InputError naming the attribute.
 std::vector<int> read_source_layers(hid_t root, const std::string& file, int num_layers);

@@ -21,7 +21,7 @@ using dump_detail::read_floats;
 namespace {
 
 struct LayerSets {
-  h5::Handle q, k, v, attn, out;
+  h5::Handle q, k, v, attn, out, local;
 };
 
 constexpr const char* kQkvLayout = "[images, heads, tokens, dim]";
@@ -275,7 +275,8 @@ struct FileReader {
   /// one chunk): applies a new size, and drops whatever the old caches held.
   void reopen_datasets();
   void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers, bool with_v);
-  std::optional<MatF> read_head(int image, int layer, int head, bool attn);
+  /// One head of /layers/L/attn, out or local (`name`); nullopt when the dataset is absent.
+  std::optional<MatF> read_head(int image, int layer, int head, const char* name);
   /// One image of /images (present), C*H*W floats; its shape (C, H, W) in `shape`.
   VecF read_input_image(int image, std::vector<int>* shape);
   /// The token mask `name` of this file's images (DumpReader::read_token_masks), into `out`.
@@ -302,6 +303,7 @@ void FileReader::open_layers() {
       throw InputError(path, group,
                        "a layer group (num_layers = " + std::to_string(a.num_layers) + ")", "none");
     }
+    schema.layer_attrs.push_back(dump_detail::read_layer_attributes(file.get(), group, a, path));
     LayerSets& ls = layers[static_cast<std::size_t>(l)];
     h5::Handle* sets[3] = {&ls.q, &ls.k, &ls.v};
     const char* names[3] = {"q", "k", "v"};
@@ -341,6 +343,7 @@ void FileReader::open_optional() {
              d = static_cast<hsize_t>(schema.attrs.head_dim);
   schema.layer_has_attn.assign(layers.size(), false);
   schema.layer_has_out.assign(layers.size(), false);
+  schema.layer_has_local.assign(layers.size(), false);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const std::string an = layer_path(static_cast<int>(l), "attn");
     if (h5::exists(file.get(), an.substr(1))) {
@@ -356,6 +359,13 @@ void FileReader::open_optional() {
       check_shape(layers[l].out.get(), on, path, {n, H, N, d}, false, kQkvLayout);
       check_float_class(layers[l].out.get(), on, path);
       schema.layer_has_out[l] = true;
+    }
+    const std::string ln = layer_path(static_cast<int>(l), "local");
+    if (h5::exists(file.get(), ln.substr(1))) {
+      layers[l].local = open_dataset(file.get(), ln, path);
+      check_shape(layers[l].local.get(), ln, path, {n, H, N, d}, false, kQkvLayout);
+      check_float_class(layers[l].local.get(), ln, path);
+      schema.layer_has_local[l] = true;
     }
   }
   if (h5::exists(file.get(), "labels")) {
@@ -479,6 +489,7 @@ void FileReader::reopen_datasets() {
     reopen(ls.v, layer_path(li, "v"));
     reopen(ls.attn, layer_path(li, "attn"));
     reopen(ls.out, layer_path(li, "out"));
+    reopen(ls.local, layer_path(li, "local"));
   }
   reopen(labels, "/labels");
   reopen(logits, "/logits");
@@ -523,18 +534,19 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
   }
 }
 
-std::optional<MatF> FileReader::read_head(int image, int layer, int head, bool attn) {
+std::optional<MatF> FileReader::read_head(int image, int layer, int head, const char* name) {
   check_image(image);
   check_layer(layer);
   check_head(head);
   const LayerSets& ls = layers[static_cast<std::size_t>(layer)];
-  const h5::Handle& ds = attn ? ls.attn : ls.out;
+  const bool attn = std::string_view(name) == "attn";
+  const h5::Handle& ds = attn ? ls.attn : std::string_view(name) == "out" ? ls.out : ls.local;
   if (!ds.valid()) return std::nullopt;
   const auto N = static_cast<hsize_t>(schema.attrs.num_tokens);
   const auto cols = attn ? N : static_cast<hsize_t>(schema.attrs.head_dim);
-  const float* p = read_block(ds.get(), layer_path(layer, attn ? "attn" : "out"), image,
-                              {static_cast<hsize_t>(head), 0, 0}, {1, N, cols},
-                              {"head", attn ? "query" : "token", attn ? "key" : "dim"});
+  const float* p =
+      read_block(ds.get(), layer_path(layer, name), image, {static_cast<hsize_t>(head), 0, 0},
+                 {1, N, cols}, {"head", attn ? "query" : "token", attn ? "key" : "dim"});
   return MatF(
       Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(cols)));
 }
@@ -624,6 +636,25 @@ std::string joined_name(const std::vector<std::string>& files) {
   return s;
 }
 
+namespace {
+
+/// A layer's family, feature map and convention as one text (what must agree).
+std::string variant_attributes(const DumpSchema& s, int layer) {
+  const DumpAttributes& a = static_cast<std::size_t>(layer) < s.layer_attrs.size()
+                                ? s.layer_attrs[static_cast<std::size_t>(layer)]
+                                : s.attrs;
+  return a.attention_family + ":" + a.feature_map + "@" + a.convention;
+}
+
+std::vector<int> all_or(const std::vector<int>& layers, int num_layers) {
+  if (!layers.empty()) return layers;
+  std::vector<int> all;
+  for (int l = 0; l < num_layers; ++l) all.push_back(l);
+  return all;
+}
+
+}  // namespace
+
 /// Refuses `b` unless it holds the same kind of data as `a` (the first file): every attribute an
 /// analysis reads, the layers' optional tensors, the dtype, and the optional datasets.
 void check_compatible(const FileReader& a, const FileReader& b) {
@@ -653,6 +684,12 @@ void check_compatible(const FileReader& a, const FileReader& b) {
   differ("dtype of /layers/*/q, k, v", dtype_name(x.dtype), dtype_name(y.dtype));
   differ("/layers/*/attn (per layer)", bools_text(x.layer_has_attn), bools_text(y.layer_has_attn));
   differ("/layers/*/out (per layer)", bools_text(x.layer_has_out), bools_text(y.layer_has_out));
+  differ("/layers/*/local (per layer)", bools_text(x.layer_has_local),
+         bools_text(y.layer_has_local));
+  for (int l = 0; l < p.num_layers; ++l) {
+    differ("/layers/" + std::to_string(l) + " family, feature_map, convention",
+           variant_attributes(x, l), variant_attributes(y, l));
+  }
   const auto present = [](bool has) { return std::string(has ? "present" : "absent"); };
   differ("/labels", present(x.has_labels), present(y.has_labels));
   differ("/logits", present(x.has_logits), present(y.has_logits));
@@ -823,13 +860,42 @@ void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int
 std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {
   h5::quiet_hdf5();
   int local = 0;
-  return impl_->locate(image, &local).read_head(local, layer, head, true);
+  return impl_->locate(image, &local).read_head(local, layer, head, "attn");
 }
 
 std::optional<MatF> DumpReader::read_out(int image, int layer, int head) {
   h5::quiet_hdf5();
   int local = 0;
-  return impl_->locate(image, &local).read_head(local, layer, head, false);
+  return impl_->locate(image, &local).read_head(local, layer, head, "out");
+}
+
+std::optional<MatF> DumpReader::read_local(int image, int layer, int head) {
+  h5::quiet_hdf5();
+  int local = 0;
+  return impl_->locate(image, &local).read_head(local, layer, head, "local");
+}
+
+Variant DumpSchema::layer_variant(int layer, std::uint64_t seed) const {
+  if (layer < 0 || static_cast<std::size_t>(layer) >= layer_attrs.size()) {
+    return attrs.variant(seed);
+  }
+  return layer_attrs[static_cast<std::size_t>(layer)].variant(seed);
+}
+
+bool DumpSchema::variants_differ(const std::vector<int>& layers) const {
+  const std::vector<int> all = all_or(layers, attrs.num_layers);
+  return std::any_of(all.begin(), all.end(), [&](int l) {
+    return variant_attributes(*this, l) != variant_attributes(*this, all.front());
+  });
+}
+
+std::string DumpSchema::layer_variants_text(const std::vector<int>& layers) const {
+  std::string out;
+  for (int l : all_or(layers, attrs.num_layers)) {
+    out +=
+        (out.empty() ? "" : ", ") + std::to_string(model_layer(l)) + ": " + layer_variant(l).name();
+  }
+  return out;
 }
 
 std::vector<std::int64_t> DumpReader::read_labels() {
@@ -939,8 +1005,9 @@ std::vector<DatasetInfo> DumpReader::datasets() const {
     std::vector<std::pair<std::string, hid_t>> all;
     for (std::size_t l = 0; l < m.layers.size(); ++l) {
       const LayerSets& ls = m.layers[l];
-      const std::pair<const char*, const h5::Handle*> sets[5] = {
-          {"q", &ls.q}, {"k", &ls.k}, {"v", &ls.v}, {"attn", &ls.attn}, {"out", &ls.out}};
+      const std::pair<const char*, const h5::Handle*> sets[6] = {
+          {"q", &ls.q},       {"k", &ls.k},     {"v", &ls.v},
+          {"attn", &ls.attn}, {"out", &ls.out}, {"local", &ls.local}};
       for (const auto& [name, h] : sets) {
         if (h->valid()) all.emplace_back(layer_path(static_cast<int>(l), name), h->get());
       }

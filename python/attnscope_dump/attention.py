@@ -337,3 +337,18 @@ def attention_outputs(family_name: str, q: torch.Tensor, k: torch.Tensor, v: tor
     """O = W V, [B, H, n, dv]; in linear time for every family but softmax."""
     f = family(family_name)
     return f.outputs(q, k, v, scale, f.resolve_map(fmap))
+
+
+def parse_variant_spec(spec: str) -> tuple[str, str, str]:
+    """"family[:map][@convention]" as the C++ registry names variants ("inline",
+    "linear:focused=3", "mala:elu1@code") -> (family, feature map or "none", convention; "code"
+    when not given). ValueError naming what is known on an unknown family, map or convention."""
+    text, _, convention = str(spec).partition("@")
+    name, _, fmap = text.partition(":")
+    f = family(name.strip())
+    convention = convention.strip() or "code"
+    if convention not in ("code", "paper", "code+rope"):
+        raise ValueError(f"variant '{spec}': convention must be code, paper or code+rope, not "
+                         f"'{convention}'")
+    phi = f.resolve_map(fmap.strip() or None)
+    return f.name, (phi.name if phi is not None else "none"), convention

@@ -14,8 +14,9 @@ import h5py
 import numpy as np
 import torch
 
+from .attention import attention_outputs
 from .attention import family as family_entry
-from .hooks import call_kwargs, check_rotary, check_supported, find_sites, token_layout
+from .hooks import call_kwargs, check_rotary, find_sites, rotary_sources, token_layout
 
 _DTYPES = {"float16": np.float16, "float32": np.float32}
 _F16_MAX = float(np.finfo(np.float16).max)
@@ -95,7 +96,8 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
                prefix_tokens: int | None = None, compression: int = 4,
                device: str | torch.device | None = None,
                allow_rotary: bool = False, shard: int | None = None,
-               num_shards: int | None = None) -> DumpSummary:
+               num_shards: int | None = None, families=None,
+               self_check: bool = True) -> DumpSummary:
     """Writes the dump of `model` over `loader` to `path` (atomically: a temporary name, renamed
     when complete). `loader` yields tensors, (images, labels) pairs or dicts with pixel_values.
 
@@ -103,8 +105,27 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     source indices are stored in the `source_layers` attribute. grid / prefix_tokens override
     what is read from the model ((height, width) and the number of prefix tokens).
 
+    Each layer's family, feature map and convention come from its attention module: the
+    released structures of released.STRUCTURES (InLine, FLatten, ...), the project's own models,
+    or timm's, Hugging Face's and torchvision's softmax attention. Any other module is refused,
+    never taken for softmax. families= states them instead: one spec "family[:map][@convention]"
+    for every layer, or a dict {model layer: spec} (attention_family= with feature_map= and
+    convention= is the same statement for every layer; convention= alone sets every layer's
+    convention). A statement keeps a recognised structure's capture and changes its family; the
+    self-check judges it. Each /layers/L group records its own
+    `attention_family`, `feature_map` and `convention`; the root attributes are those of the
+    first dumped layer. A module's local term (InLine's local residual, FLatten's depthwise
+    convolution) is written apart, as /layers/L/local, so that out is exactly W V.
+
+    self_check (default on): on the first batch, every layer's W V is recomputed from the
+    captured q, k, v with the layer's family (attention.attention_outputs, the Python mirror of
+    the registry) and compared with the model's own; a worst difference above 1e-3 of the
+    head's largest output stops the dump with a ValueError naming the layer, its structure and
+    its family.
+
     A model that rotates q and k (RoPE) is refused: q and k are read before the rotation, so they
-    are not the vectors the attention used. allow_rotary=True dumps them anyway, with a warning.
+    are not the vectors the attention used. allow_rotary=True dumps them anyway, with a warning
+    and without the self-check.
 
     shard=i, num_shards=n: data-parallel dumping. Of the T images the loader yields (the first
     max_images when given), this call writes the i-th contiguous block, images
@@ -118,20 +139,37 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float16 or float32, not {dtype!r}")
     np_dtype = _DTYPES[dtype]
-    style, sites = find_sites(model)
-    check_supported(sites)
+    if attention_family is not None or feature_map is not None:
+        if families is not None:
+            raise ValueError("give families= or attention_family= / feature_map=, not both")
+        if attention_family is None:
+            raise ValueError("feature_map= states a family's map: give attention_family= with it "
+                             "(or families=)")
+        families = attention_family + (f":{feature_map}" if feature_map else "") \
+            + f"@{convention}"
+    style, sites = find_sites(model, families)
+    if convention != "code":  # the convention alone: every layer's, whatever its family
+        for site in sites:
+            site.info.convention = convention
     check_rotary(model, sites, allow_rotary)
+    if allow_rotary and rotary_sources(model, sites):
+        self_check = False  # the warning says it: the dumped q and k are not the model's
     keep = list(range(len(sites))) if layers is None else [int(i) for i in layers]
     for i in keep:
         if not 0 <= i < len(sites):
             raise ValueError(f"layer {i} out of range: the model has {len(sites)} layers")
+    for i in keep:
+        if getattr(sites[i], "reason", None) is not None:  # hooks.RefusedSite
+            raise ValueError(sites[i].reason)
     if len(set(keep)) != len(keep):
         raise ValueError(f"layers {keep} name a layer twice: each model layer can be dumped once")
     if not keep:
         raise ValueError("layers is empty: name at least one model layer to dump")
-    attrs = _attributes(model, style, [sites[i] for i in keep], model_name, attention_family,
-                        feature_map, convention, grid, prefix_tokens)
+    attrs = _attributes(model, style, [sites[i] for i in keep], model_name, grid, prefix_tokens)
     attrs["num_layers"] = len(keep)
+    for i in keep:
+        if hasattr(sites[i], "set_layout"):
+            sites[i].set_layout((attrs["grid_height"], attrs["grid_width"], attrs["prefix_tokens"]))
     first, stop = 0, max_images
     if shard is not None or num_shards is not None:
         first, stop, total = _shard_block(loader, shard, num_shards, max_images)
@@ -145,13 +183,20 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     model.eval()
     try:
         for slot, i in enumerate(keep):
-            handles += sites[i].install(stores[slot], with_attn, with_out)
+            handles += sites[i].install(stores[slot], with_attn, with_out or self_check)
         with h5py.File(tmp, "w", libver=_LIBVER) as f:
             f.attrs.update(attrs)
             f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
+            for slot, i in enumerate(keep):
+                info = sites[i].info
+                f.require_group(f"layers/{slot}").attrs.update(
+                    attention_family=info.family, convention=info.convention,
+                    feature_map=_layer_map(info))
+            check = [sites[i] for i in keep] if self_check else None
             n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop,
                         with_out, with_attn, with_labels, with_logits, with_images, device,
-                        call_kwargs(model, style, with_attn), [sites[i].hint for i in keep])
+                        call_kwargs(model, style, with_attn), [sites[i].hint for i in keep],
+                        check)
             if n == 0:
                 raise ValueError("the loader yielded no images")
         os.replace(tmp, path)
@@ -197,8 +242,10 @@ def _shard_block(loader, shard, num_shards, max_images):
 
 
 def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
-            with_attn, with_labels, with_logits, with_images, device, kwargs, hints) -> int:
-    """Writes the loader's images [first, stop) (stop None: to the end); returns how many."""
+            with_attn, with_labels, with_logits, with_images, device, kwargs, hints,
+            check=None) -> int:
+    """Writes the loader's images [first, stop) (stop None: to the end); returns how many.
+    check: the sites of the dumped layers, for the self-check on the first batch, or None."""
     w = _Writer(f, np_dtype, compression)
     shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
     n = 0
@@ -218,9 +265,15 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
             for s in stores:
                 s.clear()
             output = model(x.to(device) if device is not None else x, **kwargs)
+            if check is not None and n == 0:
+                for src, site, s in zip(keep, check, stores):
+                    _self_check(src, site.info, s)
             names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
             for slot, (src, s) in enumerate(zip(keep, stores)):
-                for name in names:
+                local = ("local",) if with_out and "local" in s else ()
+                if with_out and n > 0 and ("local" in s) != (f"layers/{slot}/local" in f):
+                    raise ValueError(f"layer {src}: its local term came in some batches only")
+                for name in names + local:
                     if name not in s:
                         raise ValueError(f"layer {src}: no '{name}' was captured ({hints[slot]})")
                     a = _checked(name, src, s[name], np_dtype)
@@ -242,27 +295,53 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
     return n
 
 
-def _attributes(model, style, sites, model_name, family, fmap, convention, grid, prefix):
+def _layer_map(info) -> str:
+    return info.feature_map if family_entry(info.family).takes_map else "none"
+
+
+def _self_check(layer: int, info, store: dict, tol: float = 1e-3) -> None:
+    """The model's own W V against the layer's family recomputed from its q, k, v (in float64)."""
+    if info.convention != "code" and info.family != "softmax":  # softmax: one form in both
+        raise ValueError(f"layer {layer}: self_check recomputes the code convention only, the "
+                         f"layer states '{info.convention}'; dump with self_check=False")
+    if "out" not in store:
+        raise ValueError(f"layer {layer}: no per-head output was captured for the self-check")
+    q, k, v, out = (store[n].detach().double().cpu() for n in ("q", "k", "v", "out"))
+    mine = attention_outputs(info.family, q, k, v, info.scale, _layer_map(info))
+    worst = ((mine - out).abs().amax(dim=(-2, -1)) / out.abs().amax(dim=(-2, -1)).clamp_min(1e-30))
+    if worst.max().item() > tol:
+        b, h = divmod(int(worst.argmax()), worst.shape[1])
+        raise ValueError(
+            f"layer {layer} ({info.structure}): the model's attention output is not "
+            f"{info.family}:{_layer_map(info)}@{info.convention} of the captured q, k, v: worst "
+            f"difference {worst.max().item():.3g} of the head's largest output (image {b}, head "
+            f"{h}; tolerance {tol:g}); the family is wrong or the module computes more than it "
+            "(state the family with families=, or dump with self_check=False)")
+
+
+def _attributes(model, style, sites, model_name, grid, prefix):
     infos = [s.info for s in sites]
     first = infos[0]
     for i in infos[1:]:
         if (i.num_heads, i.head_dim, i.scale) != (first.num_heads, first.head_dim, first.scale):
-            raise ValueError("layers differ in heads, head_dim or scale; dump them separately")
+            raise ValueError("layers differ in heads, head_dim or scale (e.g. the stages of a "
+                             "hierarchical model); dump them separately with layers=")
     layout = token_layout(model, style)
+    hints = {s.layout_hint for s in sites if s.layout_hint is not None}
+    if layout is None and len(hints) == 1:
+        layout = hints.pop()
     if grid is None or prefix is None:
         if layout is None:
             raise ValueError("cannot read the token grid from the model: pass grid=(h, w) and "
                              "prefix_tokens=")
     gh, gw = (grid if grid is not None else layout[:2])
     prefix = prefix if prefix is not None else layout[2]
-    family = family or first.family
-    takes_map = family_entry(family).takes_map  # ValueError on a family the C++ does not know
     return {
         "format": "attnscope-dump", "format_version": 1,
         "model_name": model_name or type(model).__name__,
-        "attention_family": family,
-        "convention": convention,
-        "feature_map": fmap or (first.feature_map if takes_map else "none"),
+        "attention_family": first.family,
+        "convention": first.convention,
+        "feature_map": _layer_map(first),
         "scale": float(first.scale), "num_heads": int(first.num_heads),
         "head_dim": int(first.head_dim), "num_tokens": int(prefix + gh * gw),
         "grid_height": int(gh), "grid_width": int(gw), "prefix_tokens": int(prefix),

@@ -24,46 +24,37 @@ and leaves the captured tensors, shaped [B, H, N, d] (weights [B, H, N, N]), in 
   are wanted its forward is wrapped for the run to ask for per-head weights, and the per-head
   output is those weights times v, checked against the module's own (projected) output.
 
+The papers' released attention modules (InLine, FLatten, ...) are recognised, captured or
+refused by the table of released.py; any other module with timm's names but more than timm's
+Attention holds is refused (its family is unknown) unless the user states it (`families=`).
+
 q and k are captured before any scale is applied; the scale is recorded separately.
 """
 from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass
-class LayerInfo:
-    num_heads: int
-    head_dim: int
-    scale: float
-    family: str
-    feature_map: str
-
-
-def _heads(t: torch.Tensor, h: int) -> torch.Tensor:
-    """[B, N, H*d] -> [B, H, N, d]."""
-    b, n, c = t.shape
-    return t.reshape(b, n, h, c // h).transpose(1, 2)
+from .attention import parse_variant_spec
+from .released import LayerInfo, _heads, recognise, site_for
 
 
 class TimmSite:
     """One timm-style attention module (`blocks[i].attn`)."""
 
     hint = "the model took a path the hooks do not see, e.g. fused attention"
+    layout_hint = None
 
-    def __init__(self, attn: nn.Module):
+    def __init__(self, attn: nn.Module, family: str, feature_map: str, convention: str = "code",
+                 structure: str = "timm-style attention"):
         self.m = attn
         h = int(attn.num_heads)
         d = int(getattr(attn, "head_dim", attn.qkv.out_features // 3 // h))
-        self.info = LayerInfo(h, d, float(attn.scale),
-                              getattr(attn, "attention_family", "softmax"),
-                              getattr(attn, "feature_map", "none"))
+        self.info = LayerInfo(h, d, float(attn.scale), family, feature_map, convention, structure)
         self._saved_fused = None
 
     def install(self, store: dict, want_attn: bool, want_out: bool) -> list:
@@ -92,11 +83,16 @@ class TimmSite:
                 lambda _m, inp, _o: store.update(attn=inp[0])))
         if want_out:
             # timm >= 0.9 may normalise the merged heads (`norm`) before `proj`; a local residual
-            # (the project's InLine models) is added to W V before either.
-            tail = next(t for t in (getattr(m, "local_residual", None), getattr(m, "norm", None),
-                                    m.proj) if isinstance(t, nn.Module))
+            # (the project's InLine models) is added to W V before either: its input is W V, its
+            # output minus its input the local term.
+            local = getattr(m, "local_residual", None)
+            tail = next(t for t in (local, getattr(m, "norm", None), m.proj)
+                        if isinstance(t, nn.Module))
             hooks.append(tail.register_forward_pre_hook(
                 lambda _m, inp: store.update(out=_heads(inp[0], h))))
+            if isinstance(local, nn.Module):
+                hooks.append(local.register_forward_hook(
+                    lambda _m, inp, o: store.update(local=_heads(o - inp[0], h))))
         if hasattr(m, "fused_attn"):
             self._saved_fused = m.fused_attn
             m.fused_attn = False  # the fused kernel never forms the weights
@@ -114,6 +110,7 @@ class HFViTSite:
     (transformers 5: `layers[i].attention` with q_proj, k_proj, v_proj, and an o_proj applied
     inside, whose input is the per-head context)."""
 
+    layout_hint = None
     hint = ("Hugging Face attention returned no weights: load the model with "
             "attn_implementation=\"eager\"")
 
@@ -130,7 +127,7 @@ class HFViTSite:
         d = int(getattr(sa, "attention_head_size", None) or getattr(sa, "head_dim", None)
                 or getattr(sa, self.proj[0]).out_features // h)
         scale = float(getattr(sa, "scaling", d ** -0.5))
-        self.info = LayerInfo(h, d, scale, "softmax", "none")
+        self.info = LayerInfo(h, d, scale, "softmax", "none", "code", "Hugging Face ViT attention")
         self._configs = [c for c in (config, getattr(sa, "config", None)) if c is not None]
         self._saved_impl = []
 
@@ -182,6 +179,7 @@ class TorchvisionSite:
     """One nn.MultiheadAttention of torchvision's ViT (`encoder.layers[i].self_attention`)."""
 
     hint = "the MultiheadAttention was not called"
+    layout_hint = None
 
     def __init__(self, mha: nn.MultiheadAttention):
         if mha.bias_k is not None or mha.bias_v is not None or mha.add_zero_attn:
@@ -189,7 +187,8 @@ class TorchvisionSite:
                              "extra key tokens; not supported")
         self.m = mha
         h, d = int(mha.num_heads), int(mha.head_dim)
-        self.info = LayerInfo(h, d, d ** -0.5, "softmax", "none")  # F.multi_head_attention_forward
+        self.info = LayerInfo(h, d, d ** -0.5, "softmax", "none", "code",  # F.multi_head_attention_forward
+                              "torchvision MultiheadAttention")
         self._own_forward = None  # a forward the instance already had, put back by restore()
 
     def _qkv(self, x: torch.Tensor):
@@ -284,12 +283,120 @@ def _hf_self_attention(layer: nn.Module):
     return None
 
 
-def find_sites(model: nn.Module):
-    """Returns (style, [site per layer]) for a supported model; ValueError otherwise."""
+# The children of timm's Attention (and of the project's models, which keep its names): a module
+# with others computes something more than softmax attention and is not taken as timm's.
+_TIMM_CHILDREN = {"qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop"}
+
+
+def _plain_timm(attn: nn.Module) -> bool:
+    return {n for n, _ in attn.named_children()} <= _TIMM_CHILDREN \
+        and not any(True for _ in attn.named_parameters(recurse=False))
+
+
+def _stated(families, layer: int):
+    """The user's statement for one layer: families is None, a spec for every layer, or a dict
+    {layer: spec}; a spec is "family[:map][@convention]" (attention.parse_variant_spec)."""
+    if families is None:
+        return None
+    spec = families.get(layer) if isinstance(families, dict) else families
+    return None if spec is None else parse_variant_spec(spec)
+
+
+def _attention_site(attn: nn.Module, layer: int, families, layout_hint=None):
+    """The site of one attention module of a block: what the user stated, else a recognised
+    released structure, else the project's own or timm's plain softmax attention; anything else
+    is refused by name."""
+    if hasattr(attn, "lambda_q1") or hasattr(attn, "lambda_init"):
+        raise ValueError(f"layer {layer}: {type(attn).__name__} is differential attention "
+                         "(two softmax maps subtracted), not one of the attention families")
+    stated = _stated(families, layer)
+    own = getattr(attn, "attention_family", None)  # the project's models say their family
+    structure = recognise(attn)
+    if structure is not None:
+        try:
+            site = site_for(structure, attn, layer, layout_hint)
+        except ValueError:
+            if stated is None:
+                raise
+        else:  # its capture (local term apart), with the user's family where stated
+            site.layout_hint = layout_hint
+            if stated is not None:
+                site.info.family, site.info.feature_map, site.info.convention = stated
+                site.info.structure += ", family as stated"
+            return site
+    if not hasattr(attn, "qkv"):
+        raise ValueError(f"layer {layer}: {type(attn).__name__} has no fused `qkv` projection; "
+                         "the dumper cannot read its q, k, v" + (
+                             f" (it is {structure.name}, stated as {stated[0]})"
+                             if structure is not None else ""))
+    if stated is not None:
+        return TimmSite(attn, *stated, structure=f"{type(attn).__name__} (family as stated)")
+    if own is not None:
+        return TimmSite(attn, own, getattr(attn, "feature_map", "none"),
+                        structure="the project's attention")
+    if _plain_timm(attn):
+        return TimmSite(attn, "softmax", "none", structure="timm Attention")
+    extra = sorted({n for n, _ in attn.named_children()} - _TIMM_CHILDREN
+                   | {n for n, _ in attn.named_parameters(recurse=False)})
+    raise ValueError(f"layer {layer}: {type(attn).__name__} has timm's names but also "
+                     f"{', '.join(extra)}: it is none of the structures the dumper recognises "
+                     "(python/README.md), so its family is unknown; state it with "
+                     "families={" + str(layer) + ": 'FAMILY[:MAP][@CONVENTION]'} (the self-check "
+                     "then compares the model's output with that family)")
+
+
+class RefusedSite:
+    """A layer the dumper cannot capture: dump_model raises `reason` when the layer is kept, so
+    that the other layers of a hybrid model can still be dumped with layers=."""
+    info = None
+    layout_hint = None
+
+    def __init__(self, m: nn.Module, reason: str):
+        self.m, self.reason = m, reason
+
+    def install(self, store, want_attn, want_out):
+        raise ValueError(self.reason)
+
+    def restore(self) -> None:
+        pass
+
+
+def _site_or_refusal(attn, layer, families, layout_hint=None):
+    try:
+        return _attention_site(attn, layer, families, layout_hint)
+    except ValueError as e:
+        return RefusedSite(attn, str(e))
+
+
+def _stages(model: nn.Module):
+    """PVT-style models: `block1`, `block2`, ... ModuleLists of blocks with `attn`, each stage's
+    grid in `patch_embed1`, ... (H, W); [(blocks, layout or None)] or None."""
+    stages, i = [], 1
+    while isinstance(getattr(model, f"block{i}", None), nn.ModuleList):
+        pe = getattr(model, f"patch_embed{i}", None)
+        hw = (getattr(pe, "H", None), getattr(pe, "W", None))
+        stages.append((getattr(model, f"block{i}"), None if None in hw else (*hw, 0)))
+        i += 1
+    return stages or None
+
+
+def find_sites(model: nn.Module, families=None):
+    """Returns (style, [site per layer]) for a supported model; ValueError otherwise.
+    families: the user's statement of each layer's family (see _stated)."""
     blocks = getattr(model, "blocks", None)
-    if blocks is not None and len(blocks) and hasattr(blocks[0], "attn") \
-            and hasattr(blocks[0].attn, "qkv"):
-        return "timm", [TimmSite(b.attn) for b in blocks]
+    if blocks is not None and len(blocks) and all(hasattr(b, "attn") for b in blocks):
+        return "timm", [_site_or_refusal(b.attn, i, families) for i, b in enumerate(blocks)]
+    stages = _stages(model)
+    if stages is not None and all(hasattr(b, "attn") for blk, _ in stages for b in blk):
+        sites = []
+        for blk, layout in stages:
+            sites += [_site_or_refusal(b.attn, len(sites) + j, families, layout)
+                      for j, b in enumerate(blk)]
+        return "stages", sites
+    if families is not None:
+        raise ValueError("families= is for models whose blocks have an `attn` module "
+                         "(blocks[i].attn or block1..N[i].attn); Hugging Face and torchvision "
+                         "ViTs are softmax")
     root = getattr(model, "vit", model)  # ViTForImageClassification wraps a ViTModel
     enc = getattr(root, "encoder", None)
     # transformers 4: root.encoder.layer; transformers 5: root.layers, no encoder module.
@@ -302,9 +409,17 @@ def find_sites(model: nn.Module):
     if layers is not None and len(layers) \
             and isinstance(getattr(layers[0], "self_attention", None), nn.MultiheadAttention):
         return "torchvision", [TorchvisionSite(layer.self_attention) for layer in layers]
+    for name, m in model.named_modules():
+        structure = recognise(m)
+        if structure is not None:  # a released attention where the dumper does not look
+            site_for(structure, m, f"module {name}", None)  # refuses it by name where it must
+            raise ValueError(f"{type(model).__name__}.{name} is {structure.name}, but the model "
+                             "holds its attention modules where the dumper does not look "
+                             "(blocks[i].attn or block1..N[i].attn)")
     raise ValueError(f"{type(model).__name__}: no supported attention layers found (expected "
-                     "blocks[i].attn.qkv (timm style), encoder.layer[i].attention.attention or "
-                     "layers[i].attention with q_proj, k_proj, v_proj (Hugging Face ViT) "
+                     "blocks[i].attn (timm style and the released InLine, FLatten, Agent "
+                     "models), block1..N[i].attn (PVT style), encoder.layer[i].attention.attention "
+                     "or layers[i].attention with q_proj, k_proj, v_proj (Hugging Face ViT) "
                      "or encoder.layers[i].self_attention (torchvision ViT))")
 
 
@@ -359,20 +474,15 @@ def check_rotary(model: nn.Module, sites, allow: bool) -> None:
                   "analysis of q and k will not match the model)", stacklevel=3)
 
 
-def check_supported(sites) -> None:
-    """Attention modules that have timm's names but compute something else."""
-    for i, site in enumerate(sites):
-        if hasattr(site.m, "lambda_q1") or hasattr(site.m, "lambda_init"):
-            raise ValueError(f"layer {i}: {type(site.m).__name__} is differential attention "
-                             "(two softmax maps subtracted), not one of the attention families")
-
-
 def token_layout(model: nn.Module, style: str):
     """(grid_height, grid_width, prefix_tokens) read from the model, or None where unknown."""
     if style == "timm":
         pe = getattr(model, "patch_embed", None)
         grid = getattr(pe, "grid_size", None) or getattr(model, "grid_size", None)
         prefix = getattr(model, "num_prefix_tokens", None)
+        if prefix is None and isinstance(getattr(model, "cls_token", None), nn.Parameter):
+            # older timm and the papers' DeiT classes: a CLS token and maybe a distillation one
+            prefix = 1 + isinstance(getattr(model, "dist_token", None), nn.Parameter)
         if grid is not None and prefix is not None:
             return int(grid[0]), int(grid[1]), int(prefix)
         return None

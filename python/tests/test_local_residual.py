@@ -127,6 +127,10 @@ def test_dump_out_is_w_v_and_attnscope_recompute_passes(tmp_path, attnscope_bin)
             assert gap[:, 0].max() < 1e-5, f"layer {layer}: CLS got a residual"
             assert gap[:, 1:].max() > 1e-2 * merged.abs().max(), \
                 f"layer {layer}: the local residual changes nothing; the test cannot tell"
+            local = torch.from_numpy(f[f"layers/{layer}/local"][()])
+            whole = (out + local).transpose(1, 2).reshape(out.shape[0], 50, 32)
+            err = (whole - before_proj[layer]).abs().max().item()
+            assert err < 1e-5, f"layer {layer}: out + local is not the projection's input ({err})"
     info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=1e-5)
 
 

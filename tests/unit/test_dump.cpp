@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,19 @@ class RawFile {
     std::string buf = v + std::string(4, '\0');
     set_attr(name, t, buf.data());
     H5Tclose(t);
+  }
+  /// A fixed-length string attribute on the group `group` ("/layers/1").
+  void set_group_string(const std::string& group, const char* name, const std::string& v) {
+    const hid_t g = H5Gopen2(id_, group.c_str(), H5P_DEFAULT);
+    const hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, v.size() + 1);
+    const hid_t s = H5Screate(H5S_SCALAR);
+    const hid_t a = H5Acreate2(g, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(H5Awrite(a, t, v.c_str()), 0) << group << " " << name;
+    H5Aclose(a);
+    H5Sclose(s);
+    H5Tclose(t);
+    H5Gclose(g);
   }
   void unlink(const std::string& obj) {
     EXPECT_GE(H5Ldelete(id_, obj.c_str(), H5P_DEFAULT), 0) << obj;
@@ -519,6 +533,54 @@ TEST_F(DumpTest, FixedLengthStringsAreAccepted) {
   }
   DumpReader r(p);
   EXPECT_EQ(r.schema().attrs.model_name, "fixed_name");
+}
+
+// A layer group's attention_family, feature_map and convention override the root's for that
+// layer only; the rest of the dump reads as before.
+TEST_F(DumpTest, PerLayerFamilyOverridesTheRoot) {
+  const std::string p = valid_dump();
+  {
+    RawFile f(p);
+    f.set_group_string("/layers/1", "attention_family", "inline");
+    f.set_group_string("/layers/1", "feature_map", "identity");
+    f.set_group_string("/layers/1", "convention", "code");
+  }
+  DumpReader r(p);
+  const DumpSchema& s = r.schema();
+  EXPECT_EQ(s.layer_variant(0).name(), s.attrs.variant().name());
+  EXPECT_EQ(s.layer_variant(1).name(), "inline:identity@code");
+  EXPECT_EQ(s.layer_variant(2).name(), s.attrs.variant().name());
+  EXPECT_TRUE(s.variants_differ());
+  EXPECT_FALSE(s.variants_differ({0, 2}));
+  EXPECT_FALSE(DumpReader(valid_dump("plain.h5")).schema().variants_differ());
+}
+
+TEST_F(DumpTest, PerLayerFamilyNamingNoVariantIsAnInputError) {
+  const std::string p = valid_dump();
+  RawFile(p).set_group_string("/layers/2", "attention_family", "agent");
+  expect_input_error(
+      p, "/layers/2 attribute 'attention_family'", "found 'agent:none@paper'",
+      [&] { open_only(p); }, "family agent on layer 2");
+}
+
+TEST_F(DumpTest, LocalTermIsReadAndItsShapeChecked) {
+  const std::string p = valid_dump();
+  const DumpAttributes a = small_attrs();
+  const std::vector<hsize_t> shape = {3, 2, 7, 5};
+  RawFile(p).replace("/layers/1/local", H5T_NATIVE_FLOAT, shape);
+  {
+    DumpReader r(p);
+    EXPECT_EQ(r.schema().layer_has_local, (std::vector<bool>{false, true, false}));
+    const std::optional<MatF> m = r.read_local(2, 1, 1);
+    ASSERT_TRUE(m.has_value());
+    EXPECT_EQ(m->rows(), a.num_tokens);
+    EXPECT_EQ(m->cols(), a.head_dim);
+    EXPECT_EQ(m->cwiseAbs().maxCoeff(), 0.0f);
+    EXPECT_FALSE(r.read_local(0, 0, 0).has_value());
+  }
+  RawFile(p).replace("/layers/1/local", H5T_NATIVE_FLOAT, {3, 2, 7, 4});
+  expect_input_error(
+      p, "/layers/1/local", "[3, 2, 7, 5]", [&] { open_only(p); }, "local of head_dim 4");
 }
 
 TEST_F(DumpTest, InconsistentNumTokens) {

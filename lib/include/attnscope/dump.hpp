@@ -50,6 +50,11 @@ struct DumpSchema {
   bool has_labels = false, has_logits = false, has_images = false;
   std::vector<bool> layer_has_attn;  ///< per layer: /layers/L/attn present
   std::vector<bool> layer_has_out;   ///< per layer: /layers/L/out present
+  std::vector<bool> layer_has_local;  ///< per layer: /layers/L/local present (the local term)
+  /// Per layer: its attention_family, feature_map and convention, each the /layers/L group's own
+  /// attribute where it has one and the root's otherwise (docs/dump-format.md). The other
+  /// fields of each entry are the root's.
+  std::vector<DumpAttributes> layer_attrs;
   /// The model's layer index of each dump layer (the optional `source_layers` attribute, written
   /// when a subset of the model's layers was dumped): /layers/L holds model layer
   /// source_layers[L]. Empty when the attribute is absent: dump layer L is model layer L.
@@ -61,6 +66,13 @@ struct DumpSchema {
   [[nodiscard]] int model_layer(int layer) const;
   /// The dump layer holding model layer `model_layer_index`, or -1 when the dump lacks it.
   [[nodiscard]] int dump_layer(int model_layer_index) const;
+  /// Dump layer `layer`'s own variant (layer_attrs; the root's where the schema has none).
+  [[nodiscard]] Variant layer_variant(int layer, std::uint64_t seed = 0) const;
+  /// Whether the given dump layers (empty = all) differ in family, feature map or convention.
+  [[nodiscard]] bool variants_differ(const std::vector<int>& layers = {}) const;
+  /// "0: inline:identity@code, 1: softmax@code" for the given dump layers (empty = all), each
+  /// by its model layer index.
+  [[nodiscard]] std::string layer_variants_text(const std::vector<int>& layers = {}) const;
 };
 
 /// Receives every warning a DumpReader gives while opening a file (one line each, naming the
@@ -118,6 +130,9 @@ class DumpReader {
   /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent).
   [[nodiscard]] std::optional<MatF> read_attn(int image, int layer, int head);  ///< N x N
   [[nodiscard]] std::optional<MatF> read_out(int image, int layer, int head);   ///< N x head_dim
+  /// The layer's local term (InLine's local residual, FLatten's depthwise convolution), which the
+  /// model adds to `out` = W V before its output projection.
+  [[nodiscard]] std::optional<MatF> read_local(int image, int layer, int head);  ///< N x head_dim
   [[nodiscard]] std::vector<std::int64_t> read_labels();
   [[nodiscard]] MatF read_logits();  ///< images x classes
   /// Input images as images x (C*H*W) with their shape in `shape` (C, H, W).

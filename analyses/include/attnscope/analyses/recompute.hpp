@@ -57,6 +57,13 @@ struct RecomputeImage {
 void recompute_images(DumpReader& reader, const Variant& variant, const std::vector<int>& images,
                       const std::function<void(RecomputeImage&&)>& sink,
                       const Selection& streaming = {});
+/// The same with one variant per dump layer (`per_layer[L]` for /layers/L, e.g. each layer's own
+/// DumpSchema::layer_variant in a dump whose layers differ in family). UsageError when the count
+/// is not the dump's number of layers.
+void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
+                      const std::vector<int>& images,
+                      const std::function<void(RecomputeImage&&)>& sink,
+                      const Selection& streaming = {});
 
 /// Empty cells, one per (layer, head) of the dump, layer-major (the order of RecomputeImage).
 [[nodiscard]] std::vector<RecomputeCell> recompute_cells(const DumpSchema& schema);

@@ -1,0 +1,284 @@
+"""The attention modules of the papers' released code, recognised by their structure.
+
+STRUCTURES is the recognition table: one entry per released structure, each with the rule that
+recognises it (written out in `rule`, the text python/README.md lists), the family, feature map
+and convention the dump records, and either a Site class that captures it or the reason it is
+refused. `recognise(module)` walks the table in order and answers the first entry whose rule
+holds; a family missing from the registry (attention.FAMILY_TABLE, the mirror of
+`attnscope info --families`) is refused by name, so a family added to the registry later makes
+its entry work with no other change.
+
+The sites capture q, k, v as the family's formula sees them (after whatever the module does to
+them before the map), `out` = W V exactly, and the module's local term (InLine's local residual,
+FLatten's depthwise convolution) apart as `local`: the module adds out + local before its output
+projection, whose input the site reads; `local` is computed from the module's own kernels and v,
+and `out` is that input minus `local`. The dumper's self-check then compares `out` with the
+family recomputed from q, k, v.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import FAMILY_TABLE
+
+
+@dataclass
+class LayerInfo:
+    num_heads: int
+    head_dim: int
+    scale: float
+    family: str
+    feature_map: str
+    convention: str = "code"
+    structure: str = ""  # the name of the recognised structure, for messages
+
+
+def _heads(t: torch.Tensor, h: int) -> torch.Tensor:
+    """[B, N, H*d] -> [B, H, N, d]."""
+    b, n, c = t.shape
+    return t.reshape(b, n, h, c // h).transpose(1, 2)
+
+
+def _merged(t: torch.Tensor) -> torch.Tensor:
+    """[B, H, N, d] -> [B, N, H*d]."""
+    b, h, n, d = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * d)
+
+
+def _is(m, name, kind=nn.Module) -> bool:
+    return isinstance(getattr(m, name, None), kind)
+
+
+def _kernel_generator(m) -> bool:
+    """InLine's `residual`: Conv1d (C -> C), GELU, Conv1d (C -> 9 C), grouped by head."""
+    r = getattr(m, "residual", None)
+    if not isinstance(r, nn.Sequential) or len(r) != 3:
+        return False
+    first, last = r[0], r[-1]
+    return isinstance(first, nn.Conv1d) and isinstance(last, nn.Conv1d) \
+        and last.out_channels == 9 * first.in_channels
+
+
+class _LocalSite:
+    """Shared by the released structures whose local term is added to W V before `proj`:
+    hooks on the projections that give q, k, v, on whatever gives the local term's kernels, and
+    on proj's input (W V + local)."""
+
+    hint = "the attention module was not called"
+
+    def __init__(self, m: nn.Module, info: LayerInfo, layout_hint=None):
+        self.m, self.info = m, info
+        self.layout_hint = layout_hint  # (grid_h, grid_w, prefix) where the model tells it
+        self.layout = None  # the dump's, set by the dumper before install()
+
+    def set_layout(self, layout) -> None:
+        self.layout = tuple(int(x) for x in layout)
+
+    def restore(self) -> None:
+        pass
+
+    def _refuse_weights(self, want_attn: bool) -> None:
+        if want_attn:
+            raise ValueError(f"{self.info.structure}: the module never forms the attention "
+                             "weights (linear-time form); dump without with_attn")
+
+    def _finish(self, store: dict, before_proj: torch.Tensor, local: torch.Tensor) -> None:
+        """local: [B, H, N, d]; out = proj's input minus it."""
+        store["local"] = local
+        store["out"] = _heads(before_proj, self.info.num_heads) - local
+
+
+class InLineDeiTSite(_LocalSite):
+    """InLine's DeiT attention (`InLineAttention` of models/inline_deit.py): fused `qkv`, no
+    kernel function (phi = identity), W V in the inline family's code form with c2 = scale / N,
+    and the local residual: per image and channel a 3x3 kernel from `residual` applied to the
+    token mean, convolved (zero padding 1) with V's grid tokens; prefix tokens get none."""
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_qkv(_mod, _inp, o):
+            q, k, v = o.chunk(3, dim=-1)
+            store.update(q=_heads(q, h), k=_heads(k, h), v=_heads(v, h))
+
+        hooks = [m.qkv.register_forward_hook(on_qkv),
+                 m.residual.register_forward_hook(lambda _m, _i, o: store.update(kernels=o))]
+        if want_out:
+            hooks.append(m.proj.register_forward_pre_hook(
+                lambda _m, inp: self._finish(store, inp[0], self.local(store))))
+        return hooks
+
+    def local(self, store) -> torch.Tensor:
+        v, kernels = store["v"], store["kernels"]
+        b, h, n, d = v.shape
+        gh, gw, prefix = self.layout
+        if n != prefix + gh * gw:
+            raise ValueError(f"{self.info.structure}: {n} tokens, not {prefix} prefix + "
+                             f"{gh}x{gw} grid; pass grid= and prefix_tokens=")
+        c = h * d
+        img = _merged(v)[:, prefix:].transpose(1, 2).reshape(1, b * c, gh, gw)
+        res = F.conv2d(img, kernels.reshape(b * c, 1, 3, 3), padding=1, groups=b * c)
+        grid_part = res.reshape(b, c, gh * gw).transpose(1, 2)
+        full = torch.cat([grid_part.new_zeros(b, prefix, c), grid_part], dim=1)
+        return _heads(full, h)
+
+
+class FLattenSite(_LocalSite):
+    """FLatten's FocusedLinearAttention in the PVT form (models/flatten_pvt.py) without spatial
+    reduction: `q` and `kv` Linears, a learned positional encoding added to k, ReLU + 1e-6, both
+    divided by softplus(`scale`), the focused map of power `focusing_factor`, linear attention;
+    and `dwc`, a depthwise convolution over V's grid (its kernel shared by the heads)."""
+
+    def _prepared(self, t: torch.Tensor) -> torch.Tensor:
+        return (F.relu(t) + 1e-6) / F.softplus(self.m.scale)
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_q(_mod, _inp, o):
+            store["q"] = _heads(self._prepared(o), h)
+
+        def on_kv(_mod, _inp, o):
+            k, v = o.chunk(2, dim=-1)
+            store.update(k=_heads(self._prepared(k + m.positional_encoding), h), v=_heads(v, h))
+
+        hooks = [m.q.register_forward_hook(on_q), m.kv.register_forward_hook(on_kv)]
+        if want_out:
+            hooks.append(m.proj.register_forward_pre_hook(
+                lambda _m, inp: self._finish(store, inp[0], self.local(store["v"]))))
+        return hooks
+
+    def local(self, v: torch.Tensor) -> torch.Tensor:
+        b, h, n, d = v.shape
+        gh, gw, prefix = self.layout
+        if prefix != 0 or n != gh * gw:
+            raise ValueError(f"{self.info.structure}: {n} tokens, not a {gh}x{gw} grid without "
+                             f"prefix tokens (prefix_tokens={prefix} given)")
+        img = v.reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)
+        return self.m.dwc(img).reshape(b, h, d, n).transpose(-2, -1)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """One released structure: `rule` in words; `matches(module)`; the family, map and
+    convention to record (map: a spec, or a function of the module giving one); `site(module,
+    info, layout_hint)` builds the capture; `refusal`, when set, is why it cannot be dumped."""
+    name: str
+    rule: str
+    matches: Callable[[nn.Module], bool]
+    family: str
+    feature_map: str | Callable[[nn.Module], str] = "none"
+    convention: str = "code"
+    site: Callable | None = None
+    refusal: str | None = None
+
+
+def _windowed_or_reduced(m) -> bool:
+    return any(hasattr(m, a) for a in ("window_size", "split_size", "H_sp")) \
+        or int(getattr(m, "sr_ratio", 1)) > 1
+
+
+def _inline_windowed(m) -> bool:
+    return _kernel_generator(m) and _windowed_or_reduced(m)
+
+
+def _inline_deit(m) -> bool:
+    return _kernel_generator(m) and _is(m, "qkv") and _is(m, "proj") and hasattr(m, "num_heads") \
+        and not _windowed_or_reduced(m) and getattr(m, "phi", None) is None
+
+
+def _flatten(m) -> bool:
+    return hasattr(m, "focusing_factor") and _is(m, "dwc", nn.Conv2d) \
+        and isinstance(getattr(m, "scale", None), nn.Parameter)
+
+
+def _flatten_pvt(m) -> bool:
+    return _flatten(m) and _is(m, "q", nn.Linear) and _is(m, "kv", nn.Linear) \
+        and isinstance(getattr(m, "positional_encoding", None), nn.Parameter) \
+        and int(getattr(m, "sr_ratio", 1)) == 1
+
+
+def _agent(m) -> bool:
+    return hasattr(m, "agent_num") and isinstance(getattr(m, "an_bias", None), nn.Parameter)
+
+
+def _polaformer(m) -> bool:
+    return isinstance(getattr(m, "power", None), nn.Parameter) and hasattr(m, "alpha") \
+        and (_is(m, "qg", nn.Linear) or _is(m, "qkvg", nn.Linear))
+
+
+def _rala(m) -> bool:
+    qkvo = getattr(m, "qkvo", None)
+    return isinstance(qkvo, nn.Conv2d) and qkvo.out_channels == 4 * qkvo.in_channels \
+        and _is(m, "elu", nn.ELU)
+
+
+_WINDOWS = ("window attention (one call per window, the shifted-window mask between calls) or "
+            "keys from a spatially reduced grid: the dump format holds one token grid per layer, "
+            "the same for queries and keys")
+
+STRUCTURES: tuple[Structure, ...] = (
+    Structure("InLine DeiT (InLineAttention)",
+              "`qkv` Linear, `proj`, `num_heads`, `residual` = Sequential(Conv1d C->C, GELU, "
+              "Conv1d C->9C), no `phi` kernel, none of the window or reduction attributes below",
+              _inline_deit, "inline", "identity", "code", site=InLineDeiTSite),
+    Structure("InLine Swin / CSwin / PVT attention",
+              "`residual` as in InLine DeiT with `window_size` (Swin), `split_size` or `H_sp` "
+              "(CSwin), or `sr_ratio` > 1 (PVT)",
+              _inline_windowed, "inline", "identity", refusal=_WINDOWS),
+    Structure("FLatten PVT (FocusedLinearAttention, sr_ratio 1)",
+              "`focusing_factor`, `dwc` Conv2d, `scale` Parameter, `q` and `kv` Linears, "
+              "`positional_encoding` Parameter, `sr_ratio` 1",
+              _flatten_pvt, "linear", lambda m: f"focused={float(m.focusing_factor):g}", "code",
+              site=FLattenSite),
+    Structure("FLatten (spatial reduction, Swin or CSwin form)",
+              "`focusing_factor`, `dwc` Conv2d and `scale` Parameter, with `sr_ratio` > 1 or "
+              "windows",
+              _flatten, "linear", lambda m: f"focused={float(m.focusing_factor):g}",
+              refusal="keys from a spatially reduced grid (fewer key tokens than queries) or "
+                      "windows: the dump format holds one token grid per layer for both"),
+    Structure("Agent attention (AgentAttention)",
+              "`agent_num` and an `an_bias` Parameter",
+              _agent, "agent"),
+    Structure("PolaFormer (PolaLinearAttention)",
+              "a `power` Parameter, `alpha`, and a `qg` (PVT form) or `qkvg` (Swin form) Linear",
+              _polaformer, "polaformer"),
+    Structure("RALA (RAVLT's rank-augmented linear attention)",
+              "`qkvo` Conv2d C->4C and an `elu` ELU module",
+              _rala, "rala"),
+)
+
+
+def recognise(m: nn.Module) -> Structure | None:
+    """The first entry of STRUCTURES whose rule holds for `m`, or None."""
+    return next((s for s in STRUCTURES if s.matches(m)), None)
+
+
+def site_for(structure: Structure, m: nn.Module, layer: int, layout_hint=None):
+    """The capture of one recognised module; ValueError naming the layer, the structure and why
+    when it is refused (or its family is not in the registry)."""
+    where = f"{f'layer {layer}' if isinstance(layer, int) else layer}: {type(m).__name__} is " \
+        f"{structure.name}"
+    if structure.family not in FAMILY_TABLE:
+        raise ValueError(f"{where}, family '{structure.family}', which this build's registry "
+                         f"lacks (attnscope info --families: {', '.join(FAMILY_TABLE)}); it "
+                         "cannot be dumped")
+    if structure.refusal is not None or structure.site is None:
+        why = structure.refusal or ("the dumper has no capture for it yet (a Site in "
+                                    "released.py); state a family with families= to read it "
+                                    "as timm's names, checked by the self-check")
+        raise ValueError(f"{where}: not supported: {why}")
+    fmap = structure.feature_map(m) if callable(structure.feature_map) else structure.feature_map
+    h = int(m.num_heads)
+    proj = m.qkv if _is(m, "qkv") else m.q
+    d = proj.out_features // (3 if proj is getattr(m, "qkv", None) else 1) // h
+    scale = float(m.scale) if isinstance(getattr(m, "scale", None), float) else d ** -0.5
+    info = LayerInfo(h, d, scale, structure.family, fmap, structure.convention, structure.name)
+    return structure.site(m, info, layout_hint)

@@ -1,0 +1,284 @@
+"""The papers' released attention modules (stand-ins in standins_released.py): each is dumped
+with its own family, map and convention per layer and its local term apart (/layers/L/local, out
+exactly W V, `attnscope recompute` passing), or refused with one error naming it; unknown modules
+are never taken for softmax; a user's wrong statement of the family is caught by the self-check."""
+import os
+import re
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from attnscope_dump import dump_model
+from attnscope_dump.attention import attention_outputs
+from attnscope_dump.released import STRUCTURES
+from cli_check import info_and_recompute
+from conftest import REPO, image_loader
+from standins import TimmAttention
+from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, InLineWindowAttention,
+                               OneBlockModel, PolaLinearAttention, RAVLT)
+
+
+def _proj_inputs(attns, x, model, *args):
+    got = []
+    hooks = [a.proj.register_forward_pre_hook(lambda _m, inp: got.append(inp[0])) for a in attns]
+    with torch.no_grad():
+        model(x, *args)
+    for h in hooks:
+        h.remove()
+    return got
+
+
+def _check_layers(path, model, attns, x, families, tol=1e-5):
+    """Per layer: its attributes, out = W V of its family, out + local = the module's own input
+    of proj, and a local term that matters (else the test could not tell)."""
+    before = _proj_inputs(attns, x, model)
+    with h5py.File(path) as f:
+        for layer, (fam, fmap) in enumerate(families):
+            g = f[f"layers/{layer}"]
+            assert (g.attrs["attention_family"], g.attrs["feature_map"], g.attrs["convention"]) \
+                == (fam, fmap, "code"), dict(g.attrs)
+            q, k, v, out = (torch.from_numpy(g[n][()]).double() for n in ("q", "k", "v", "out"))
+            want = attention_outputs(fam, q, k, v, float(f.attrs["scale"]), fmap)
+            err = ((out - want).abs().max() / out.abs().max()).item()
+            assert err < tol, f"layer {layer} {fam}:{fmap}: out is not W V (worst {err:.3g})"
+            merged = (out + torch.from_numpy(g["local"][()]).double()).transpose(1, 2)
+            merged = merged.reshape(before[layer].shape)
+            gap = (merged - before[layer].double()).abs().max().item()
+            assert gap < tol * before[layer].abs().max().item(), f"layer {layer}: out + local"
+            local = np.abs(g["local"][()])
+            assert local.max() > 1e-2 * np.abs(g["out"][()]).max(), f"layer {layer}: no local"
+    return before
+
+
+def test_inline_deit_dumps_as_inline_with_its_local_residual(tmp_path, attnscope_bin):
+    torch.manual_seed(0)
+    model = InLineDeiT(depth=2, embed_dim=48, num_heads=3).eval()  # 14x14 + CLS = 197 tokens
+    batches = image_loader(4, size=28, batch=2)
+    path = tmp_path / "inline.h5"
+    dump_model(model, batches, str(path), dtype="float32")  # grid and CLS read from the model
+    x = torch.cat([b[0] for b in batches])
+    _check_layers(path, model, [b.attn for b in model.blocks], x, [("inline", "identity")] * 2)
+    with h5py.File(path) as f:
+        assert (f.attrs["attention_family"], f.attrs["num_tokens"], f.attrs["prefix_tokens"]) \
+            == ("inline", 197, 1)
+        assert np.all(f["layers/1/local"][:, :, 0] == 0), "CLS got a local residual"
+    info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=1e-4)
+
+
+def test_the_issue_deit_t_shape(tmp_path, attnscope_bin):
+    """DeiT-T as the released class builds it: 12 layers, 6 heads of 32, 224 px, 197 tokens."""
+    torch.manual_seed(1)
+    model = InLineDeiT(img_size=224, patch_size=16, in_chans=3, embed_dim=192, depth=12,
+                       num_heads=6).eval()
+    path = tmp_path / "deit_t.h5"
+    s = dump_model(model, image_loader(2, size=224, channels=3, batch=2), str(path),
+                   dtype="float16")
+    assert s.attributes["attention_family"] == "inline" and s.attributes["head_dim"] == 32
+    with h5py.File(path) as f:
+        assert f["layers/11/local"].shape == (2, 6, 197, 32)
+    info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=5e-3)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear:relu"])
+def test_a_wrong_statement_is_caught_by_the_self_check(tmp_path, spec):
+    model = InLineDeiT(depth=1).eval()
+    with pytest.raises(ValueError, match=r"layer 0 \(InLine DeiT \(InLineAttention\), family as "
+                                         r"stated\): the model's attention output is not "
+                                         + re.escape(spec)):
+        dump_model(model, image_loader(2, size=28), str(tmp_path / "d.h5"), families={0: spec})
+    assert not os.path.exists(tmp_path / "d.h5")
+
+
+def test_a_right_statement_keeps_the_recognised_capture(tmp_path):
+    model = InLineDeiT(depth=2).eval()
+    path = tmp_path / "d.h5"
+    dump_model(model, image_loader(2, size=28), str(path), families={1: "inline:identity@code"})
+    with h5py.File(path) as f:
+        assert "local" in f["layers/1"] and f["layers/1"].attrs["attention_family"] == "inline"
+
+
+def test_a_statement_for_a_refused_family_uses_timm_names_and_is_checked(tmp_path):
+    """Agent attention is refused by name; stating softmax for it takes its timm-named q, k, v,
+    and the self-check then finds that its output is not softmax of them."""
+    model = AgentDeiT(agent_layer=1, depth=2).eval()
+    with pytest.raises(ValueError, match=r"layer 0 \(AgentAttention \(family as stated\)\): the "
+                                         r"model's attention output is not softmax"):
+        dump_model(model, image_loader(2, size=28), str(tmp_path / "d.h5"),
+                   families={0: "softmax"})
+
+
+def test_an_unknown_module_with_timm_names_is_refused_not_softmax(tmp_path):
+    attn = TimmAttention(16, 2)
+    attn.gate = torch.nn.Linear(16, 16)  # something softmax attention does not have
+    model = OneBlockModel(attn)
+    with pytest.raises(ValueError, match=r"layer 0: TimmAttention has timm's names but also gate: "
+                                         r"it is none of the structures .* families="):
+        dump_model(model, image_loader(2), str(tmp_path / "d.h5"), grid=(4, 4), prefix_tokens=1)
+
+
+def test_hybrid_records_each_layers_family(tmp_path, attnscope_bin):
+    torch.manual_seed(2)
+    model = InLineDeiT(depth=4, softmax_from=2).eval()  # layers 0-1 InLine, 2-3 softmax
+    batches = image_loader(3, size=28, batch=3)
+    path = tmp_path / "hybrid.h5"
+    dump_model(model, batches, str(path), dtype="float32")
+    with h5py.File(path) as f:
+        fams = [f[f"layers/{i}"].attrs["attention_family"] for i in range(4)]
+        assert fams == ["inline", "inline", "softmax", "softmax"]
+        assert "local" in f["layers/1"] and "local" not in f["layers/2"]
+        assert f.attrs["attention_family"] == "inline"  # the root: the first layer's
+    out, csv = info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=1e-4)
+    assert list(csv["variant"]) == ["inline:identity@code"] * 6 + ["softmax@code"] * 6, csv
+
+
+def test_flatten_pvt_stage_dumps_as_linear_focused(tmp_path, attnscope_bin):
+    torch.manual_seed(3)
+    model = FLattenPVT().eval()  # stage 1: 2 FLatten layers on 8x8; stage 2: PVT softmax
+    batches = image_loader(4, size=32, batch=2)
+    path = tmp_path / "flatten.h5"
+    dump_model(model, batches, str(path), dtype="float32", layers=[0, 1])
+    x = torch.cat([b[0] for b in batches])
+    _check_layers(path, model, [b.attn for b in model.block1], x, [("linear", "focused=3")] * 2,
+                  tol=1e-4)
+    with h5py.File(path) as f:
+        assert (f.attrs["num_tokens"], f.attrs["grid_height"], f.attrs["prefix_tokens"]) == \
+            (64, 8, 0)
+    info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=1e-4)
+
+
+def test_pvt_softmax_stage_and_spatial_reduction_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="layer 2: PVTAttention has no fused `qkv` projection"):
+        dump_model(FLattenPVT(), image_loader(2, size=32), str(tmp_path / "a.h5"), layers=[2])
+    with pytest.raises(ValueError, match=r"differ in heads, head_dim or scale .* layers="):
+        dump_model(FLattenPVT(attn_type="LL"), image_loader(2, size=32), str(tmp_path / "b.h5"))
+    reduced = FLattenPVT(sr_ratios=(2, 1))
+    with pytest.raises(ValueError, match=r"layer 0: FocusedLinearAttention is FLatten \(spatial "
+                                         r"reduction.*not supported: keys from a spatially"):
+        dump_model(reduced, image_loader(2, size=32), str(tmp_path / "c.h5"), layers=[0])
+
+
+def test_agent_attention_is_refused_by_name_and_its_softmax_layers_dump(tmp_path):
+    model = AgentDeiT(agent_layer=2, depth=4).eval()
+    with pytest.raises(ValueError, match=r"layer 0: AgentAttention is Agent attention .*family "
+                                         r"'agent', which this build's registry lacks"):
+        dump_model(model, image_loader(2, size=28), str(tmp_path / "a.h5"))
+    s = dump_model(model, image_loader(2, size=28), str(tmp_path / "b.h5"), layers=[2, 3])
+    assert s.attributes["attention_family"] == "softmax"
+
+
+@pytest.mark.parametrize("model,match", [
+    (OneBlockModel(InLineWindowAttention(16)), r"layer 0: InLineWindowAttention is InLine Swin / "
+                                               r"CSwin / PVT attention: not supported: window "
+                                               r"attention"),
+    (OneBlockModel(PolaLinearAttention(16)), r"layer 0: PolaLinearAttention is PolaFormer .*"
+                                             r"family 'polaformer', which this build's registry"),
+    (RAVLT(), r"module layers.0.blocks.0.attn: RALA is RALA .*family 'rala', which this build's"),
+])
+def test_other_released_families_are_refused_by_name(tmp_path, model, match):
+    with pytest.raises(ValueError, match=match):
+        dump_model(model, image_loader(2), str(tmp_path / "d.h5"), grid=(4, 4), prefix_tokens=0)
+
+
+def test_the_readme_lists_every_structure_with_its_rule():
+    with open(os.path.join(REPO, "python", "README.md")) as f:
+        text = f.read()
+    for s in STRUCTURES:
+        assert s.name in text and s.rule in text, f"python/README.md lacks {s.name}: {s.rule}"
+
+
+@pytest.mark.skipif(not os.environ.get("ATTNSCOPE_INLINE_REPO"),
+                    reason="ATTNSCOPE_INLINE_REPO (a checkout of the InLine repository) not set")
+def test_the_released_inline_deit_class(tmp_path, attnscope_bin):
+    """The released class itself, where timm and a checkout of its repository are present."""
+    pytest.importorskip("timm")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "inline_deit", os.path.join(os.environ["ATTNSCOPE_INLINE_REPO"], "models",
+                                    "inline_deit.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = mod.VisionTransformer(embed_dim=192, depth=12, num_heads=6, num_classes=10).eval()
+    path = tmp_path / "real.h5"
+    dump_model(model, image_loader(2, size=224, channels=3, batch=2), str(path))
+    with h5py.File(path) as f:
+        assert f.attrs["attention_family"] == "inline" and "local" in f["layers/0"]
+    info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=5e-3)
+
+
+def _run(attnscope_bin, *args):
+    import subprocess
+    return subprocess.run([attnscope_bin, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_locality_reports_the_local_terms_share(tmp_path, attnscope_bin):
+    from attnscope_dump.figures import read_csv
+    torch.manual_seed(4)
+    path = tmp_path / "inline.h5"
+    dump_model(InLineDeiT(depth=2).eval(), image_loader(3, size=28, batch=3), str(path),
+               dtype="float32")
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "loc", "--threads", 1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    csv = read_csv(str(tmp_path / "loc" / "local_share.csv"))
+    with h5py.File(path) as f:
+        for row in range(len(csv["layer"])):
+            layer, head = int(csv["layer"][row]), int(csv["head"][row])
+            local = f[f"layers/{layer}/local"][:, head, 1:].astype(np.float64)
+            out = f[f"layers/{layer}/out"][:, head, 1:].astype(np.float64)
+            a = np.linalg.norm(local.reshape(3, -1), axis=1)
+            b = np.linalg.norm(out.reshape(3, -1), axis=1)
+            want = np.mean(a / (a + b))
+            assert abs(float(csv["mean"][row]) - want) < 1e-9, (layer, head)
+            assert 0 < want < 1
+    info = _run(attnscope_bin, "info", path)
+    assert "local: all layers" in info.stdout, info.stdout
+
+
+def test_a_hybrid_dump_says_its_layers_and_single_variant_commands_refuse(tmp_path, attnscope_bin):
+    path = tmp_path / "hybrid.h5"
+    dump_model(InLineDeiT(depth=2, softmax_from=1).eval(), image_loader(2, size=28), str(path))
+    info = _run(attnscope_bin, "info", path)
+    assert info.returncode == 0 and "per layer   0: inline:identity@code, 1: softmax@code" \
+        in info.stdout, info.stdout
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "loc")
+    assert r.returncode != 0 and "its layers differ in attention family (0: inline:identity@code, " \
+        "1: softmax@code); this command applies one variant to every layer: give --variant" \
+        in r.stderr, r.stderr
+    ok = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "l2", "--variant",
+              "softmax")
+    assert ok.returncode == 0, ok.stderr
+    from attnscope_dump.figures import read_csv
+    for layer, variant in ((0, "inline:identity@code"), (1, "softmax@code")):  # the layer's own
+        out = tmp_path / f"l{layer}"
+        one = _run(attnscope_bin, "locality", "--dump", path, "--out", out, "--layers", layer)
+        assert one.returncode == 0, one.stderr
+        assert set(read_csv(str(out / "locality.csv"))["variant"]) == {variant}
+
+
+def test_a_layer_attribute_naming_no_family_is_an_error(tmp_path, attnscope_bin):
+    path = tmp_path / "d.h5"
+    dump_model(InLineDeiT(depth=2).eval(), image_loader(2, size=28), str(path))
+    with h5py.File(path, "a") as f:
+        f["layers/1"].attrs["attention_family"] = "agent"
+    r = _run(attnscope_bin, "info", path)
+    assert r.returncode != 0 and "/layers/1 attribute 'attention_family'" in r.stderr \
+        and "'agent:identity@code'" in r.stderr, r.stderr
+
+
+def test_weights_are_refused_for_the_linear_time_modules(tmp_path):
+    with pytest.raises(ValueError, match=r"InLine DeiT \(InLineAttention\): the module never forms "
+                                         r"the attention weights"):
+        dump_model(InLineDeiT(depth=1).eval(), image_loader(2, size=28), str(tmp_path / "d.h5"),
+                   with_attn=True)
+
+
+def test_the_refusals_registry_is_the_builds(attnscope_bin):
+    """The dumper refuses a recognised family that attention.FAMILY_TABLE lacks; that table must
+    list exactly the families of `attnscope info --families`, so the refusal is the build's."""
+    from attnscope_dump.attention import FAMILY_TABLE
+    r = _run(attnscope_bin, "info", "--families")
+    assert r.returncode == 0, r.stderr
+    built = [line.strip() for line in r.stdout.splitlines() if line and not line[0].isspace()]
+    assert sorted(built) == sorted(FAMILY_TABLE), (built, list(FAMILY_TABLE))
