@@ -81,6 +81,17 @@ for m in "${MODELS[@]}"; do
       --variant "$ALL_VARIANTS" --eps "$eps" "${SWEEP[@]}"
   done
 done
+# The ViT diagnostics of each model under its own attention: mean attention distance (pixels of the
+# 28 x 28 image, patch 2), entropy, rank (16 images: an SVD per head) and rollout.
+RANK_IMAGES=(--images "0-$(( ${FIG_IMAGES:-16} < 16 ? ${FIG_IMAGES:-16} - 1 : 15 ))")
+for m in "${MODELS[@]}"; do
+  d="$DUMPS/$PREFIX-$m-fmnist.h5"
+  v="${VARIANT[$m]}"
+  run "$A" distance --dump "$d" --out "$R/distance-$m" --variant "$v" "${SWEEP[@]}"
+  run "$A" entropy --dump "$d" --out "$R/entropy-$m" --variant "$v" "${SWEEP[@]}"
+  run "$A" rank --dump "$d" --out "$R/rank-$m" --variant "$v" "${RANK_IMAGES[@]}"
+  run "$A" rollout --dump "$d" --out "$R/rollout-$m" --variant "$v" "${SWEEP[@]}"
+done
 run "$PYTHON" python/inline_fig1.py --dump "$DUMPS/$PREFIX-linear-fmnist.h5" --out "$R/inline-fig1" \
   --layer 2 --head 0 --image 0 --token "$QUERY"
 
