@@ -2,9 +2,11 @@
 // the double references: measured errors on DeiT-T-shaped heads below a named tolerance far
 // inside the proven bound; heads outside the float range (large |q| |k|) take the double path and
 // agree with the reference to double precision; a thread's buffers reused across head sizes
-// give the same bits as fresh ones.
+// give the same bits as fresh ones; a sink threshold within the float error of a weight is
+// decided on the double path.
 #include "attnscope/analyses/distance.hpp"
 #include "attnscope/analyses/entropy.hpp"
+#include "attnscope/analyses/sinks.hpp"
 #include "attnscope/attention.hpp"
 #include "float_rows_bound.hpp"
 #include "random_inputs.hpp"
@@ -134,7 +136,30 @@ TEST(DiagnosticsFloat, WeightsWithinBoundOfTheDoubleWeights) {
           EXPECT_LE(err, kMeasuredWeightTol * ref(i, j) + 1e-37) << what << " (" << i << ", " << j << ")";
         }
       }
-      if (g.tokens() > 1) EXPECT_GT(worst, 0.0) << what << ": the float weights are not the double ones";
+      if (g.tokens() > 1) {
+        EXPECT_GT(worst, 0.0) << what << ": the float weights are not the double ones";
+      }
+    }
+  }
+}
+
+// A threshold within the float weights' error of a key's smallest weight: the head is measured
+// again in double, so the sink test agrees with the reference on both sides of that weight. (With
+// the float weights alone, off by ~1e-6 relative, one of the two thresholds would be misjudged.)
+TEST(DiagnosticsFloat, SinkTestNearTheThresholdIsTheExactOne) {
+  const Variant v = parse_variant("softmax");
+  const Head h = head(TokenGrid{1, 14, 14}, 64, 95, 1.0);
+  ASSERT_TRUE(test::float_rows_bound(v, h.q, h.k, h.scale).used);
+  const MatD w = attention_weights<double>(v, h.q.cast<double>(), h.k.cast<double>(), h.scale);
+  for (Eigen::Index j : {Eigen::Index{0}, Eigen::Index{17}, Eigen::Index{196}}) {
+    const double low = w.col(j).minCoeff();
+    for (double factor : {1.0 - 1e-9, 1.0 + 1e-9}) {
+      const double threshold = low * factor;
+      const HeadSinks fast = head_sinks(v, h.q, h.k, h.scale, threshold);
+      const HeadSinks ref = head_sinks_reference(v, h.q, h.k, h.scale, threshold);
+      EXPECT_EQ(fast.sink_keys, ref.sink_keys) << "key " << j << " threshold " << threshold;
+      const bool sink = std::find(ref.sink_keys.begin(), ref.sink_keys.end(), j) != ref.sink_keys.end();
+      EXPECT_EQ(sink, factor < 1.0) << "key " << j << ": the reference's own test";
     }
   }
 }
