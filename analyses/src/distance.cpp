@@ -76,7 +76,8 @@ DistanceRows float_distance(const detail::FloatSoftmaxRows& ws, const PatchGeome
     const int ri = grid.row(i), ci = grid.col(i);
     for (int r = 0; r < grid.height; ++r) {
       const double* from = g.centred_row(std::abs(r - ri), ci);
-      std::copy(from, from + grid.width, dist.begin() + static_cast<std::ptrdiff_t>(r) * grid.width);
+      std::copy(from, from + grid.width,
+                dist.begin() + static_cast<std::ptrdiff_t>(r) * grid.width);
     }
     const Eigen::Index row = i - grid.prefix;
     const float* e = ws.e.row(row).data() + grid.prefix;
@@ -115,11 +116,12 @@ PatchGeometry::PatchGeometry(const TokenGrid& grid, double patch_height, double 
     }
   }
   const int span = 2 * grid.width - 1;
-  centred_.resize(static_cast<std::size_t>(grid.height) * static_cast<std::size_t>(std::max(span, 0)));
+  centred_.resize(static_cast<std::size_t>(grid.height) *
+                  static_cast<std::size_t>(std::max(span, 0)));
   for (int dr = 0; dr < grid.height; ++dr) {
     for (int u = 0; u < span; ++u)
-      centred_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(span) + static_cast<std::size_t>(u)] =
-          distance(dr, std::abs(u - (grid.width - 1)));
+      centred_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(span) +
+               static_cast<std::size_t>(u)] = distance(dr, std::abs(u - (grid.width - 1)));
   }
 }
 

@@ -19,7 +19,8 @@ bool float_softmax_rows(const MatF& q, const MatF& k, double scale, Eigen::Index
   double k_max = 0.0;
   if (!float_rows_fit(q, k, scale, ws.q_norm, k_max)) return false;
   const Eigen::Index d = q.cols(), n = k.rows(), m = q.rows() - r0;
-  const double q_max = ws.q_norm.empty() ? 0.0 : *std::max_element(ws.q_norm.begin(), ws.q_norm.end());
+  const double q_max =
+      ws.q_norm.empty() ? 0.0 : *std::max_element(ws.q_norm.begin(), ws.q_norm.end());
   ws.delta = logit_error(scale, q_max, k_max, d);
   if (ws.delta > kDiagnosticLogitError) return false;
   ws.e.resize(m, n);

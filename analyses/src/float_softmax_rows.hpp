@@ -1,7 +1,7 @@
-// Float softmax rows for the per-query diagnostics (distance, entropy, sinks, rollout): the exponentials of the
-// scaled logits, unnormalised, with their row sums in double. One fixed-order float GEMM
-// (portable::gemm_packed), the vectorised portable exp_float, sums over kLanes fixed lanes: the
-// same bits on every CPU and at every thread count.
+// Float softmax rows for the per-query diagnostics (distance, entropy, sinks, rollout): the
+// exponentials of the scaled logits, unnormalised, with their row sums in double. One fixed-order
+// float GEMM (portable::gemm_packed), the vectorised portable exp_float, sums over kLanes fixed
+// lanes: the same bits on every CPU and at every thread count.
 //
 // Error bound (the margin argument of confusion_softmax.cpp, with the sums kept in double). With
 // delta_i = |s| (|q_i| max_j |k_j| (d + 6) 2^-24 + d 2^-149) the absolute error of row i's float
@@ -14,8 +14,8 @@
 // (tests/unit/test_diagnostics_fast.cpp).
 #pragma once
 
-#include "attnscope/portable_math.hpp"
 #include "attnscope/layout.hpp"
+#include "attnscope/portable_math.hpp"
 
 #include <vector>
 
@@ -31,7 +31,7 @@ struct FloatSoftmaxRows {
   std::vector<double> sum;  ///< sum_j e_ij in double, per row of e
   std::vector<double> q_norm;
   portable::PackedMatrix<float> keys;
-  double delta = 0.0;       ///< the largest logit error bound of the head
+  double delta = 0.0;  ///< the largest logit error bound of the head
 };
 
 /// The calling thread's buffers.

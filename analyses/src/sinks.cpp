@@ -77,8 +77,7 @@ bool column_sinks(const MatD& w, const std::vector<char>& dead, double threshold
   if (out.valid_rows == 0) return true;
   for (Eigen::Index j = 0; j < n; ++j) {
     const double lo = low[static_cast<std::size_t>(j)];
-    if (margin > 0.0 && std::abs(lo - threshold) <= margin * std::abs(lo))
-      return false;
+    if (margin > 0.0 && std::abs(lo - threshold) <= margin * std::abs(lo)) return false;
     out.received[static_cast<std::size_t>(j)] = sum[static_cast<std::size_t>(j)] / out.valid_rows;
     if (lo > threshold) out.sink_keys.push_back(static_cast<int>(j));
   }
@@ -95,8 +94,10 @@ HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scal
   thread_local MatD wf;
   if (!v.has_linear_form() && v.supports() && detail::float_softmax_weights(q, k, scale, wf)) {
     HeadSinks out;
-    const double margin = 2.0 * detail::relative_weight_error(detail::thread_float_softmax_rows().delta);
-    if (column_sinks(wf, std::vector<char>(static_cast<std::size_t>(wf.rows()), 0), threshold, margin, out))
+    const double margin =
+        2.0 * detail::relative_weight_error(detail::thread_float_softmax_rows().delta);
+    if (column_sinks(wf, std::vector<char>(static_cast<std::size_t>(wf.rows()), 0), threshold,
+                     margin, out))
       return out;
   }
   Diagnostics diag;

@@ -11,9 +11,9 @@
 namespace attnscope::test {
 
 struct FloatRowsBound {
-  bool used = false;  ///< the head is measured in float (softmax within the float range)
-  double delta = 0.0; ///< the logit error bound
-  double r = 0.0;     ///< every exponential's relative error bound: expm1(delta) + 2^-23
+  bool used = false;   ///< the head is measured in float (softmax within the float range)
+  double delta = 0.0;  ///< the logit error bound
+  double r = 0.0;      ///< every exponential's relative error bound: expm1(delta) + 2^-23
 };
 
 /// Whether the fast path measures this head in float, and its bounds.

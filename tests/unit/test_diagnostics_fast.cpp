@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace attnscope::analyses {
@@ -40,7 +40,8 @@ Head head(const TokenGrid& g, int d, std::uint64_t seed, double magnitude) {
 
 std::string config(const TokenGrid& g, int d, double magnitude) {
   return "softmax grid=" + std::to_string(g.prefix) + "+" + std::to_string(g.height) + "x" +
-         std::to_string(g.width) + " d=" + std::to_string(d) + " |q|,|k| x" + std::to_string(magnitude);
+         std::to_string(g.width) + " d=" + std::to_string(d) + " |q|,|k| x" +
+         std::to_string(magnitude);
 }
 
 const TokenGrid kGrids[] = {{1, 14, 14}, {0, 7, 9}, {1, 1, 1}, {0, 1, 1}};
@@ -124,7 +125,8 @@ TEST(DiagnosticsFloat, WeightsWithinBoundOfTheDoubleWeights) {
       const std::string what = config(g, d, 1.0);
       MatD w;
       ASSERT_TRUE(detail::float_softmax_weights(h.q, h.k, h.scale, w)) << what;
-      const MatD ref = attention_weights<double>(v, h.q.cast<double>(), h.k.cast<double>(), h.scale);
+      const MatD ref =
+          attention_weights<double>(v, h.q.cast<double>(), h.k.cast<double>(), h.scale);
       const double rel = detail::relative_weight_error(detail::thread_float_softmax_rows().delta);
       ASSERT_EQ(w.rows(), ref.rows()) << what;
       double worst = 0.0;
@@ -133,7 +135,8 @@ TEST(DiagnosticsFloat, WeightsWithinBoundOfTheDoubleWeights) {
           const double err = std::abs(w(i, j) - ref(i, j));
           EXPECT_LE(err, rel * ref(i, j) + 1e-37) << what << " (" << i << ", " << j << ")";
           worst = std::max(worst, err / ref(i, j));
-          EXPECT_LE(err, kMeasuredWeightTol * ref(i, j) + 1e-37) << what << " (" << i << ", " << j << ")";
+          EXPECT_LE(err, kMeasuredWeightTol * ref(i, j) + 1e-37)
+              << what << " (" << i << ", " << j << ")";
         }
       }
       if (g.tokens() > 1) {
@@ -158,7 +161,8 @@ TEST(DiagnosticsFloat, SinkTestNearTheThresholdIsTheExactOne) {
       const HeadSinks fast = head_sinks(v, h.q, h.k, h.scale, threshold);
       const HeadSinks ref = head_sinks_reference(v, h.q, h.k, h.scale, threshold);
       EXPECT_EQ(fast.sink_keys, ref.sink_keys) << "key " << j << " threshold " << threshold;
-      const bool sink = std::find(ref.sink_keys.begin(), ref.sink_keys.end(), j) != ref.sink_keys.end();
+      const bool sink =
+          std::find(ref.sink_keys.begin(), ref.sink_keys.end(), j) != ref.sink_keys.end();
       EXPECT_EQ(sink, factor < 1.0) << "key " << j << ": the reference's own test";
     }
   }

@@ -106,7 +106,8 @@ TEST(Entropy, AgreesWithRegistryFreeWeights) {
                    : Eigen::ArrayXd(w.row(i).transpose());
       double want = 0.0;
       for (Eigen::Index j = 0; j < p.size(); ++j) want -= p(j) > 0 ? p(j) * std::log(p(j)) : 0.0;
-      EXPECT_NEAR(fast.entropy[static_cast<std::size_t>(i)], want, kEntropyTol * std::log(50.0) + float_tol)
+      EXPECT_NEAR(fast.entropy[static_cast<std::size_t>(i)], want,
+                  kEntropyTol * std::log(50.0) + float_tol)
           << spec << " row " << i;
     }
     EXPECT_EQ(fast.negative_rows, negative_rows) << spec;

@@ -80,8 +80,9 @@ TEST(Rollout, FastMatchesReferenceOnEveryFamily) {
     const MatD fast = rollout(layers, HeadFusion::Mean);
     const MatD ref = rollout_reference(layers, HeadFusion::Mean);
     EXPECT_LE((fast - ref).cwiseAbs().maxCoeff(), kRolloutTol) << spec;
-    EXPECT_LE((rollout_cls_row(layers, HeadFusion::Mean).transpose() - ref.row(0)).cwiseAbs().maxCoeff(),
-              kRolloutTol)
+    EXPECT_LE(
+        (rollout_cls_row(layers, HeadFusion::Mean).transpose() - ref.row(0)).cwiseAbs().maxCoeff(),
+        kRolloutTol)
         << spec << " (CLS row)";
   }
 }

@@ -45,7 +45,8 @@ class PatchGeometry {
   /// The distances from a cell in column ci to the cells of a grid row dr rows away, in column
   /// order: entry c is distance(dr, |c - ci|), c < grid width (a slice of a table, contiguous).
   [[nodiscard]] const double* centred_row(int dr, int ci) const {
-    return centred_.data() + static_cast<std::size_t>(dr) * static_cast<std::size_t>(2 * grid_.width - 1) +
+    return centred_.data() +
+           static_cast<std::size_t>(dr) * static_cast<std::size_t>(2 * grid_.width - 1) +
            static_cast<std::size_t>(grid_.width - 1 - ci);
   }
   /// The largest distance on the grid (opposite corners; 0 for a single cell).
@@ -54,8 +55,8 @@ class PatchGeometry {
  private:
   TokenGrid grid_;
   double ph_ = 1.0, pw_ = 1.0;
-  std::vector<double> table_;     // [dr][dc]
-  std::vector<double> centred_;   // [dr][dc + width - 1], dc in (-width, width)
+  std::vector<double> table_;    // [dr][dc]
+  std::vector<double> centred_;  // [dr][dc + width - 1], dc in (-width, width)
 };
 
 /// What uniform rows give: the mean over grid queries of sum_{j on grid} dist(i, j) / N, or / G

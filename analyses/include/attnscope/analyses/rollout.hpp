@@ -43,8 +43,8 @@ enum class HeadFusion { Mean, Max, Min };
 /// Row 0 of rollout(layers, ...) (N entries): e_0^T A_L ... A_1 as L - 1 vector-matrix
 /// products, the last layer's row first (O(L N^2), where the full product is O(L N^3)); the
 /// same steps and counts, a different order of the sums (within a few ulps per product).
-[[nodiscard]] VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers,
-                                   HeadFusion fusion, int* fixed = nullptr);
+[[nodiscard]] VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion,
+                                   int* fixed = nullptr);
 /// The same by plain loops (fusion, normalisation and products written out).
 [[nodiscard]] MatD rollout_reference(const std::vector<std::vector<MatD>>& layers,
                                      HeadFusion fusion, int* fixed = nullptr);
