@@ -44,8 +44,10 @@ bool float_softmax_rows(const MatF& q, const MatF& k, double scale, Eigen::Index
   return true;
 }
 
+double exp_relative_error(double delta) { return std::expm1(delta) + 0x1.0p-22; }
+
 double relative_weight_error(double delta) {
-  const double r = std::expm1(delta) + 0x1.0p-23;
+  const double r = exp_relative_error(delta);
   return 2.0 * r / (1.0 - r);
 }
 

@@ -13,7 +13,7 @@ namespace attnscope::test {
 struct FloatRowsBound {
   bool used = false;   ///< the head is measured in float (softmax within the float range)
   double delta = 0.0;  ///< the logit error bound
-  double r = 0.0;      ///< every exponential's relative error bound: expm1(delta) + 2^-23
+  double r = 0.0;      ///< every exponential's relative error bound (exp_relative_error)
 };
 
 /// Whether the fast path measures this head in float, and its bounds.
@@ -24,7 +24,7 @@ inline FloatRowsBound float_rows_bound(const Variant& v, const MatF& q, const Ma
   analyses::detail::FloatSoftmaxRows ws;
   b.used = analyses::detail::float_softmax_rows(q, k, scale, 0, false, ws);
   b.delta = ws.delta;
-  b.r = std::expm1(b.delta) + 0x1.0p-23;
+  b.r = analyses::detail::exp_relative_error(b.delta);
   return b;
 }
 

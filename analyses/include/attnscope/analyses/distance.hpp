@@ -99,7 +99,7 @@ struct DistanceRows {
 /// The fast path. Softmax heads within the float range (float_softmax_rows.hpp: logit error bound
 /// delta <= 2^-12): float exponentials from one fixed-order GEMM, each row's sums against the
 /// distance table in double; distance and grid mass within a relative 2 r / (1 - r) of the exact
-/// ones, r = expm1(delta) + 2^-23 < 2.5e-4 (measured on DeiT-T-shaped heads: below 1e-6). Other
+/// ones, r = expm1(delta) + 2^-22 < 2.5e-4 (measured on DeiT-T-shaped heads: below 1e-6). Other
 /// heads: the registry's weights in double (attention_weights), each row's sum against the table.
 /// O(N^2 d) per head. The same bits on every CPU and thread count.
 [[nodiscard]] DistanceRows attention_distance(const Variant& v, const MatF& q, const MatF& k,

@@ -39,7 +39,7 @@ struct EntropyRows {
 /// delta <= 2^-12) with eps = 0: float exponentials e_ij = exp(y_ij) of the max-shifted logits from
 /// one fixed-order GEMM, and per row H_i = log Z_i - sum_j e_ij y_ij / Z_i, Z_i = sum_j e_ij (sums
 /// in double, one portable::log per row): within delta + (1 + 2 log N) r / (1 - r) of the exact
-/// entropy, r = expm1(delta) + 2^-23 (measured on DeiT-T-shaped heads: below 1e-6). Other heads:
+/// entropy, r = expm1(delta) + 2^-22 (measured on DeiT-T-shaped heads: below 1e-6). Other heads:
 /// the registry's weights in double (attention_weights), then one pass per row with portable::log.
 /// O(N^2 d) per head. The same bits on every CPU and thread count.
 [[nodiscard]] EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k,
