@@ -2,6 +2,7 @@
 // compute it (prefix tokens dropped, rows not renormalised by default), and its distribution.
 #include "command.hpp"
 #include "common.hpp"
+#include "diagnostic_options.hpp"
 #include "image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
@@ -26,10 +27,7 @@ struct DistanceFlags {
 
 po::options_description distance_options(DistanceFlags& f) {
   po::options_description d("options");
-  add_dump_option(d, f.common);
-  add_out_option(d, f.common, "results/distance");
-  add_variant_option(d, f.common);
-  add_selection_options(d, f.sel, true);
+  add_diagnostic_input_options(d, f.common, f.sel, "results/distance");
   d.add_options()
       ("patch-size", po::value(&f.patch_size)->value_name("PIXELS"),
        "patch size in pixels (default: the dump's /images size over the grid; without /images, 1: "
@@ -40,10 +38,7 @@ po::options_description distance_options(DistanceFlags& f) {
       ("bins", po::value(&f.bins)->value_name("B")->default_value(f.bins),
        "histogram bins over [0, the grid's largest distance]")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
-  add_threads_option(d, f.common);
-  add_device_option(d, f.common);
-  add_seed_option(d, f.common);
-  add_run_control_options(d, f.control);
+  add_diagnostic_run_options(d, f.common, f.control);
   return d;
 }
 

@@ -2,6 +2,7 @@
 // a share of log N, and its distribution.
 #include "command.hpp"
 #include "common.hpp"
+#include "diagnostic_options.hpp"
 #include "image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
@@ -29,20 +30,14 @@ struct EntropyFlags {
 
 po::options_description entropy_options(EntropyFlags& f) {
   po::options_description d("options");
-  add_dump_option(d, f.common);
-  add_out_option(d, f.common, "results/entropy");
-  add_variant_option(d, f.common);
-  add_selection_options(d, f.sel, true);
+  add_diagnostic_input_options(d, f.common, f.sel, "results/entropy");
   d.add_options()
       ("log-eps", po::value(&f.opt.log_eps)->value_name("E")->default_value(f.opt.log_eps, "0"),
        "entropy -sum w log(w + E): 0 is the exact entropy (0 log 0 = 0), 1e-6 the convention of "
        "code that adds it")
       ("bins", po::value(&f.bins)->value_name("B")->default_value(f.bins), "histogram bins over [0, log N]")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
-  add_threads_option(d, f.common);
-  add_device_option(d, f.common);
-  add_seed_option(d, f.common);
-  add_run_control_options(d, f.control);
+  add_diagnostic_run_options(d, f.common, f.control);
   return d;
 }
 

@@ -3,6 +3,7 @@
 // and the rank-collapse residual of the model's own output, averaged over images.
 #include "command.hpp"
 #include "common.hpp"
+#include "diagnostic_options.hpp"
 #include "image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
@@ -25,19 +26,13 @@ struct RankFlags {
 
 po::options_description rank_options(RankFlags& f) {
   po::options_description d("options");
-  add_dump_option(d, f.common);
-  add_out_option(d, f.common, "results/rank");
-  add_variant_option(d, f.common);
-  add_selection_options(d, f.sel, true);
+  add_diagnostic_input_options(d, f.common, f.sel, "results/rank");
   d.add_options()
       ("rank-tol", po::value(&f.opt.rank_tol)->value_name("R")->default_value(f.opt.rank_tol, "0"),
        "numerical rank: singular values above R x the largest (0: numpy's rule, the largest x "
        "max(m, n) x 2^-52)")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops and Jacobi SVD (slow; for checks)");
-  add_threads_option(d, f.common);
-  add_device_option(d, f.common);
-  add_seed_option(d, f.common);
-  add_run_control_options(d, f.control);
+  add_diagnostic_run_options(d, f.common, f.control);
   return d;
 }
 

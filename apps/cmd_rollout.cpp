@@ -2,6 +2,7 @@
 // normalised, layers multiplied); the CLS row as a grid map per image and averaged over images.
 #include "command.hpp"
 #include "common.hpp"
+#include "diagnostic_options.hpp"
 #include "image_run.hpp"
 #include "selection_flags.hpp"
 
@@ -23,18 +24,12 @@ struct RolloutFlags {
 
 po::options_description rollout_options(RolloutFlags& f) {
   po::options_description d("options");
-  add_dump_option(d, f.common);
-  add_out_option(d, f.common, "results/rollout");
-  add_variant_option(d, f.common);
-  add_selection_options(d, f.sel, true);
+  add_diagnostic_input_options(d, f.common, f.sel, "results/rollout");
   d.add_options()
       ("fusion", po::value(&f.fusion)->value_name("mean|max|min")->default_value(f.fusion),
        "how a layer's selected heads are fused before the identity is added")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
-  add_threads_option(d, f.common);
-  add_device_option(d, f.common);
-  add_seed_option(d, f.common);
-  add_run_control_options(d, f.control);
+  add_diagnostic_run_options(d, f.common, f.control);
   return d;
 }
 

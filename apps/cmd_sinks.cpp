@@ -2,6 +2,7 @@
 // --threshold of every query's row, and high-norm tokens of v (or out) per layer.
 #include "command.hpp"
 #include "common.hpp"
+#include "diagnostic_options.hpp"
 #include "image_run.hpp"
 #include "selection_flags.hpp"
 
@@ -25,10 +26,7 @@ struct SinksFlags {
 
 po::options_description sinks_options(SinksFlags& f) {
   po::options_description d("options");
-  add_dump_option(d, f.common);
-  add_out_option(d, f.common, "results/sinks");
-  add_variant_option(d, f.common);
-  add_selection_options(d, f.sel, true);
+  add_diagnostic_input_options(d, f.common, f.sel, "results/sinks");
   d.add_options()
       ("threshold", po::value(&f.opt.threshold)->value_name("T")->default_value(f.opt.threshold, "0.5"),
        "a head has a sink where one key takes more than T of every query's row")
@@ -38,10 +36,7 @@ po::options_description sinks_options(SinksFlags& f) {
       ("norm-ratio", po::value(&f.opt.norm_ratio)->value_name("R")->default_value(f.opt.norm_ratio, "4"),
        "a token is high-norm when its norm over the layer's heads exceeds R times the median")
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
-  add_threads_option(d, f.common);
-  add_device_option(d, f.common);
-  add_seed_option(d, f.common);
-  add_run_control_options(d, f.control);
+  add_diagnostic_run_options(d, f.common, f.control);
   return d;
 }
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of `attnscope distance` and `attnscope entropy` against the PyTorch CPU
-# script a researcher would write (bench/torch_diagnostics.py), softmax at DeiT-T's shape (12
-# layers, 3 heads, 14 x 14 grid + CLS, d = 64), on the same cores. Checks the results first (every
-# head's mean against PyTorch's float32 within 1e-4 relative, and attnscope's fast path against its
-# own --reference), then prints a markdown table: ms per image (median / min / max over the images
-# of one run, and the spread of the medians over REPEATS runs), ratio, peak RSS.
+# Side-by-side benchmark of the five per-head diagnostics (`attnscope distance`, `entropy`, `sinks`,
+# `rank`, `rollout`) against the PyTorch CPU scripts a researcher would write
+# (bench/torch_diagnostics.py), softmax at DeiT-T's shape (12 layers, 3 heads, 14 x 14 grid + CLS,
+# d = 64), on the same cores, the tools interleaved. Checks the results first (every head's mean,
+# or every token's for rollout, against PyTorch's within 1e-4 relative; sink shares and high-norm
+# counts exactly; numerical ranks exactly; and attnscope's fast path against its own --reference
+# within 1e-6 relative, the float path's measured tolerance), then prints a markdown table: ms per
+# image (median / min / max over the images of run 1, and the medians of the REPEATS runs), ratio,
+# peak RSS.
 #
 # Usage: bench/diagnostics_vs_torch.sh   (env: BUILD=build DATA=$BUILD/bench-data CORES=0,1
-#                                          IMAGES=256 REF_IMAGES=4 REPEATS=3)
+#        IMAGES=256 RANK_IMAGES=16 REF_IMAGES=4 REPEATS=3 TASKS="distance entropy sinks rank rollout")
 # Reads the DeiT-T dump of bench/run_comparison.sh ($DATA/deit.h5), writing it if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +19,10 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 DATA=${DATA:-$BUILD/bench-data}
 CORES=${CORES:-0,1}
 IMAGES=${IMAGES:-256}
+RANK_IMAGES=${RANK_IMAGES:-16}
 REF_IMAGES=${REF_IMAGES:-4}
 REPEATS=${REPEATS:-3}
+TASKS=${TASKS:-distance entropy sinks rank rollout}
 A=$BUILD/apps/attnscope
 OUT=$DATA/diagnostics
 mkdir -p "$DATA" "$OUT"
@@ -33,60 +38,96 @@ if [ ! -f "$DATA/deit.h5" ]; then
   "$A" synth --out "$DATA/deit.h5" --images 1024 --compression 0 --seed 1 --layers 12 --heads 3 \
     --grid-height 14 --grid-width 14 --prefix 1 --head-dim 64 >/dev/null
 fi
-head -c $((IMAGES * 5 * 1024 * 1024)) "$DATA/deit.h5" >/dev/null  # warm the page cache for every tool
-sel="--images 0-$((IMAGES - 1))"
+head -c $((IMAGES * 8 * 1024 * 1024)) "$DATA/deit.h5" >/dev/null  # warm the page cache for every tool
+args() { [ "$1" = distance ] && echo "--patch-size 16" || true; }
+count() { [ "$1" = rank ] && echo "$RANK_IMAGES" || echo "$IMAGES"; }
 for r in $(seq 1 "$REPEATS"); do
-  run "dist_fast$r" "$A" distance --dump "$DATA/deit.h5" --out "$OUT/dist_fast$r" --variant softmax --patch-size 16 --threads 2 $sel
-  run "dist_torch$r" "$PYTHON" bench/torch_diagnostics.py --dump "$DATA/deit.h5" --task distance --images "$IMAGES"
-  run "ent_fast$r" "$A" entropy --dump "$DATA/deit.h5" --out "$OUT/ent_fast$r" --variant softmax --threads 2 $sel
-  run "ent_torch$r" "$PYTHON" bench/torch_diagnostics.py --dump "$DATA/deit.h5" --task entropy --images "$IMAGES"
+  for t in $TASKS; do
+    n=$(count "$t")
+    # shellcheck disable=SC2046
+    run "${t}_fast$r" "$A" "$t" --dump "$DATA/deit.h5" --out "$OUT/${t}_fast$r" --variant softmax --threads 2 \
+      $(args "$t") --images "0-$((n - 1))"
+    run "${t}_torch$r" "$PYTHON" bench/torch_diagnostics.py --dump "$DATA/deit.h5" --task "$t" --images "$n"
+  done
 done
-run dist_ref "$A" distance --dump "$DATA/deit.h5" --out "$OUT/dist_ref" --variant softmax --patch-size 16 --threads 2 \
-  --reference --images 0-$((REF_IMAGES - 1))
-run dist_fast_few "$A" distance --dump "$DATA/deit.h5" --out "$OUT/dist_fast_few" --variant softmax --patch-size 16 \
-  --threads 2 --images 0-$((REF_IMAGES - 1))
-run ent_ref "$A" entropy --dump "$DATA/deit.h5" --out "$OUT/ent_ref" --variant softmax --threads 2 \
-  --reference --images 0-$((REF_IMAGES - 1))
-run ent_fast_few "$A" entropy --dump "$DATA/deit.h5" --out "$OUT/ent_fast_few" --variant softmax --threads 2 \
-  --images 0-$((REF_IMAGES - 1))
+for t in $TASKS; do
+  for mode in ref fast_few; do
+    # shellcheck disable=SC2046
+    run "${t}_$mode" "$A" "$t" --dump "$DATA/deit.h5" --out "$OUT/${t}_$mode" --variant softmax --threads 2 \
+      $(args "$t") --images "0-$((REF_IMAGES - 1))" $([ $mode = ref ] && echo --reference)
+  done
+done
 
-"$PYTHON" - "$OUT" "$REPEATS" <<'PY'
-import csv, json, statistics, subprocess, sys
-out, repeats = sys.argv[1], int(sys.argv[2])
-def heads(path, col):
-    return {(int(r["layer"]), int(r["head"])): float(r[col]) for r in csv.DictReader(open(path))}
+"$PYTHON" - "$OUT" "$REPEATS" "$TASKS" <<'PY'
+import csv, json, statistics, sys
+out, repeats, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def rows(path):
+    return list(csv.DictReader(open(path)))
+def per_head(path, col):
+    return {(int(r["layer"]), int(r["head"])): float(r[col]) for r in rows(path)}
+def rel(a, b, scale=None):
+    return abs(a - b) / (scale if scale is not None else max(abs(b), 1e-300))
+# (result file, column compared with PyTorch's per-head value index, the same for fast vs --reference)
+CHECK = {"distance": ("distance.csv", "mean_distance", None), "entropy": ("entropy.csv", "mean_entropy", None),
+         "sinks": ("sinks.csv", "mean_max_received", 0), "rank": ("rank.csv", "mean_erank", 1)}
 # Correctness before timing.
-for task, col in (("dist", "mean_distance"), ("ent", "mean_entropy")):
-    name = "distance" if task == "dist" else "entropy"
-    fast = heads(f"{out}/{task}_fast1/{name}.csv", col)
-    torch = json.load(open(f"{out}/{task}_torch1.out"))["per_head"]
-    worst = max(abs(fast[(l, h)] - torch[l][h]) / abs(torch[l][h]) for (l, h) in fast)
-    few, ref = heads(f"{out}/{task}_fast_few/{name}.csv", col), heads(f"{out}/{task}_ref/{name}.csv", col)
-    worst_ref = max(abs(few[k] - ref[k]) / abs(ref[k]) for k in ref)
-    assert worst < 1e-4 and worst_ref < 1e-9, (task, worst, worst_ref)
-    print(f"{name}: attnscope (double) vs PyTorch (float32): worst relative difference {worst:.1e} over "
-          f"{len(fast)} heads; fast vs --reference: {worst_ref:.1e}")
+for t in tasks:
+    torch = json.load(open(f"{out}/{t}_torch1.out"))
+    if t == "rollout":
+        fast = {int(r["token"]): float(r["mean"]) for r in rows(f"{out}/rollout_fast1/rollout_mean.csv")}
+        top = max(abs(x) for x in torch["per_head"])
+        worst = max(rel(fast[j], x, top) for j, x in enumerate(torch["per_head"]))
+        few = {int(r["token"]): float(r["mean"]) for r in rows(f"{out}/rollout_fast_few/rollout_mean.csv")}
+        ref = {int(r["token"]): float(r["mean"]) for r in rows(f"{out}/rollout_ref/rollout_mean.csv")}
+        worst_ref = max(rel(few[j], ref[j], max(abs(x) for x in ref.values())) for j in ref)
+        what = f"{len(fast)} tokens of the mean CLS row (relative to its largest entry)"
+    else:
+        name, col, idx = CHECK[t]
+        fast = per_head(f"{out}/{t}_fast1/{name}", col)
+        pick = (lambda v: v) if idx is None else (lambda v: v[idx])
+        worst = max(rel(fast[(l, h)], pick(torch["per_head"][l][h])) for (l, h) in fast)
+        few, ref = per_head(f"{out}/{t}_fast_few/{name}", col), per_head(f"{out}/{t}_ref/{name}", col)
+        worst_ref = max(rel(few[k], ref[k]) for k in ref)
+        what = f"{len(fast)} heads' {col}"
+        if t == "sinks":
+            share = per_head(f"{out}/sinks_fast1/sinks.csv", "sink_share")
+            assert all(share[(l, h)] == torch["per_head"][l][h][1] for (l, h) in share), "sink shares differ"
+            high = {}
+            for r in rows(f"{out}/sinks_fast1/sinks_norms.csv"):
+                high[int(r["layer"])] = high.get(int(r["layer"]), 0) + int(r["high_norm_images"])
+            assert [high[l] for l in sorted(high)] == [int(x) for x in torch["high_norm_tokens"]], "high-norm counts differ"
+            what += ", sink shares and high-norm counts equal"
+        if t == "rank":
+            ranks = per_head(f"{out}/rank_fast1/rank.csv", "mean_rank")
+            assert all(ranks[(l, h)] == torch["per_head"][l][h][0] for (l, h) in ranks), "numerical ranks differ"
+            k_ratio = per_head(f"{out}/rank_fast1/rank.csv", "mean_k_ratio")
+            worst = max(worst, max(rel(k_ratio[(l, h)], torch["per_head"][l][h][2]) for (l, h) in k_ratio))
+            what += " and mean_k_ratio, numerical ranks equal"
+    assert worst < 1e-4 and worst_ref < 1e-6, (t, worst, worst_ref)
+    print(f"{t}: attnscope vs PyTorch: worst relative difference {worst:.1e} over {what}; "
+          f"fast vs --reference: {worst_ref:.1e}")
 print()
 print("| task | tool | ms/image median / min / max (run 1) | medians of the runs | ratio vs PyTorch | peak RSS (MiB) |")
 print("|---|---|---|---|---|---|")
-for task, name in (("dist", "distance"), ("ent", "entropy")):
-    meds = {}
-    rows = []
+for t in tasks:
+    meds, table = {}, []
     for tool in ("fast", "torch"):
         ms = []
         for r in range(1, repeats + 1):
-            j = json.load(open(f"{out}/{task}_{tool}{r}.out" if tool == "torch" else f"{out}/{task}_fast{r}/{name}.json"))
-            ms.append(j["ms_per_image"] if tool == "torch" else j["results"]["ms_per_image"])
+            if tool == "torch":
+                ms.append(json.load(open(f"{out}/{t}_torch{r}.out"))["ms_per_image"])
+            else:
+                ms.append(json.load(open(f"{out}/{t}_fast{r}/{t}.json"))["results"]["ms_per_image"])
         meds[tool] = statistics.median(m["median"] for m in ms)
-        rss = int(open(f"{out}/{task}_{tool}1.rss").read()) // 1024
-        rows.append((tool, ms, rss))
-    for tool, ms, rss in rows:
+        table.append((tool, ms, int(open(f"{out}/{t}_{tool}1.rss").read()) // 1024))
+    for tool, ms, rss in table:
         label = "attnscope" if tool == "fast" else "PyTorch"
         spread = " / ".join("%.2f" % m["median"] for m in ms)
-        print(f"| {name} softmax, DeiT-T | {label} | {ms[0]['median']:.2f} / {ms[0]['min']:.2f} / {ms[0]['max']:.2f} | "
+        print(f"| {t} softmax, DeiT-T | {label} | {ms[0]['median']:.2f} / {ms[0]['min']:.2f} / {ms[0]['max']:.2f} | "
               f"{spread} | {meds['torch'] / meds[tool]:.2f}x | {rss} |")
 PY
 echo
 echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, pinned to cores $CORES, 2 threads each;" \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end;" \
   "attnscope $("$A" --version | head -1 | cut -d' ' -f2) (arch $("$A" --version | sed -n 's/^arch: //p')), torch" \
   "$("$PYTHON" -c 'import torch; print(torch.__version__)')"

@@ -4,9 +4,9 @@
 # data/models) into results/figures-data/, then executes the notebooks headless; each writes its
 # PNG to figures/ with a caption quoting the command that produced its data. Override with DUMPS=,
 # RESULTS=, FIGURES=, ATTNSCOPE=, PREFIX=vit7 for the small 50-token models (their four
-# families; the 7x7 grid's centre query is token 25), and FIG_IMAGES=N to run the confusion
-# and locality analyses on the first N images only (`make demo` does, to stay quick; the captions
-# quote the commands, so they say so).
+# families; the 7x7 grid's centre query is token 25), and FIG_IMAGES=N to run the confusion,
+# locality, distance, entropy and rollout analyses on the first N images only, and rank on 2
+# (`make demo` does, to stay quick; the captions quote the commands, so they say so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -80,6 +80,19 @@ for m in "${MODELS[@]}"; do
     run "$A" confusion --dump "$DUMPS/$PREFIX-$m-fmnist.h5" --out "$R/confusion-eps-$m-$eps" \
       --variant "$ALL_VARIANTS" --eps "$eps" "${SWEEP[@]}"
   done
+done
+# The ViT diagnostics of each model under its own attention: mean attention distance (pixels of the
+# 28 x 28 image, patch 2), entropy, rank and rollout. rank takes an SVD per head (its slow part):
+# 16 images, or 2 with FIG_IMAGES (the demo).
+RANK_IMAGES=(--images 0-15)
+[ -z "${FIG_IMAGES:-}" ] || RANK_IMAGES=(--images 0-1)
+for m in "${MODELS[@]}"; do
+  d="$DUMPS/$PREFIX-$m-fmnist.h5"
+  v="${VARIANT[$m]}"
+  run "$A" distance --dump "$d" --out "$R/distance-$m" --variant "$v" "${SWEEP[@]}"
+  run "$A" entropy --dump "$d" --out "$R/entropy-$m" --variant "$v" "${SWEEP[@]}"
+  run "$A" rank --dump "$d" --out "$R/rank-$m" --variant "$v" "${RANK_IMAGES[@]}"
+  run "$A" rollout --dump "$d" --out "$R/rollout-$m" --variant "$v" "${SWEEP[@]}"
 done
 run "$PYTHON" python/inline_fig1.py --dump "$DUMPS/$PREFIX-linear-fmnist.h5" --out "$R/inline-fig1" \
   --layer 2 --head 0 --image 0 --token "$QUERY"

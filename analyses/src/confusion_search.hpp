@@ -93,6 +93,11 @@ struct SoftmaxWorkspace {
 /// useless anyway). On real dumps the bound is below 1e-2.
 inline constexpr double kFloatLogitErrorLimit = 1.0 / 16.0;
 
+/// The float logits' absolute error bound for a query of norm q_norm against keys of largest
+/// norm k_max: |s| (q_norm k_max (d + 6) 2^-24 + d 2^-149) (dot product, scaling, the max
+/// subtraction; the last term covers products that underflow).
+double logit_error(double scale, double q_norm, double k_max, Eigen::Index d);
+
 /// Whether the float rows of a softmax head are finite and accurate (see the limit above; also
 /// false for a scale that is not a normal float). Throws NumericalError when q or k holds a
 /// non-finite value. Fills q_norm with |q_i| (double) and sets k_max = max_j |k_j|.

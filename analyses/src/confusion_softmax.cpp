@@ -87,13 +87,15 @@ double row_norm2(const R* a, Eigen::Index n) {
   });
 }
 
+}  // namespace
 
-/// The float logits' absolute error bound for a query of norm q_norm (the margin argument).
 double logit_error(double scale, double q_norm, double k_max, Eigen::Index d) {
   constexpr double kFloatTrueMin = 0x1.0p-149;  // smallest subnormal float
   const auto dd = static_cast<double>(d);
   return std::abs(scale) * (q_norm * k_max * (dd + 6.0) * kFloatUnit + dd * kFloatTrueMin);
 }
+
+namespace {
 
 /// Each row's error bound rho_i (see the margin argument), from the float rows w already
 /// computed from q and k; q_norm and k_max as float_rows_fit() left them.

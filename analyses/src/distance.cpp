@@ -1,11 +1,15 @@
-// Mean attention distance (distance.hpp): the head's weights from the registry in double, each
-// grid row summed against a table of pixel distances indexed by |dr| and |dc|.
+// Mean attention distance (distance.hpp): softmax heads from float exponentials
+// (float_softmax_rows.hpp), others from the registry's weights in double; each grid row summed
+// against a table of pixel distances indexed by |dr| and |dc|.
 #include "attnscope/analyses/distance.hpp"
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
+#include "attnscope/lane_sum.hpp"
+#include "float_softmax_rows.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -56,6 +60,45 @@ RowSums grid_row_sums(const double* w, const PatchGeometry& g, int query) {
   return s;
 }
 
+/// Softmax rows from float exponentials: grid queries are rows prefix.. of ws (the float rows
+/// start there), their sums in double over kLanes fixed lanes.
+DistanceRows float_distance(const detail::FloatSoftmaxRows& ws, const PatchGeometry& g,
+                            const DistanceOptions& opt) {
+  const TokenGrid& grid = g.grid();
+  const auto n = static_cast<std::size_t>(grid.tokens());
+  const Eigen::Index cells = static_cast<Eigen::Index>(grid.height) * grid.width;
+  thread_local std::vector<double> dist;  // the query's distance to every grid cell
+  dist.resize(static_cast<std::size_t>(cells));
+  DistanceRows out;
+  out.distance.assign(n, kNaN);
+  out.grid_mass.assign(n, kNaN);
+  for (int i = grid.prefix; i < grid.tokens(); ++i) {
+    const int ri = grid.row(i), ci = grid.col(i);
+    for (int r = 0; r < grid.height; ++r) {
+      const double* from = g.centred_row(std::abs(r - ri), ci);
+      std::copy(from, from + grid.width,
+                dist.begin() + static_cast<std::ptrdiff_t>(r) * grid.width);
+    }
+    const Eigen::Index row = i - grid.prefix;
+    const float* e = ws.e.row(row).data() + grid.prefix;
+    const double* dd = dist.data();
+    const double weighted =
+        lane_sum(cells, [e, dd](Eigen::Index t) { return static_cast<double>(e[t]) * dd[t]; });
+    const double mass = lane_sum(cells, [e](Eigen::Index t) { return static_cast<double>(e[t]); });
+    const double total = ws.sum[static_cast<std::size_t>(row)];
+    const auto ui = static_cast<std::size_t>(i);
+    out.grid_mass[ui] = mass / total;
+    if (!opt.renormalise) {
+      out.distance[ui] = weighted / total;
+    } else if (mass > 0.0) {
+      out.distance[ui] = weighted / mass;
+    } else {
+      ++out.without_grid_mass;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 PatchGeometry::PatchGeometry(const TokenGrid& grid, double patch_height, double patch_width)
@@ -71,6 +114,14 @@ PatchGeometry::PatchGeometry(const TokenGrid& grid, double patch_height, double 
       table_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(grid.width) +
              static_cast<std::size_t>(dc)] = std::sqrt(y * y + x * x);
     }
+  }
+  const int span = 2 * grid.width - 1;
+  centred_.resize(static_cast<std::size_t>(grid.height) *
+                  static_cast<std::size_t>(std::max(span, 0)));
+  for (int dr = 0; dr < grid.height; ++dr) {
+    for (int u = 0; u < span; ++u)
+      centred_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(span) +
+               static_cast<std::size_t>(u)] = distance(dr, std::abs(u - (grid.width - 1)));
   }
 }
 
@@ -140,6 +191,11 @@ DistanceRows attention_distance(const Variant& v, const MatF& q, const MatF& k, 
                                 const PatchGeometry& geometry, const DistanceOptions& opt) {
   check_head(geometry, q, k);
   const TokenGrid& grid = geometry.grid();
+  if (!v.has_linear_form() && v.supports()) {
+    detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
+    if (detail::float_softmax_rows(q, k, scale, grid.prefix, false, ws))
+      return float_distance(ws, geometry, opt);
+  }
   Diagnostics diag;
   const MatD qd = q.cast<double>(), kd = k.cast<double>();
   const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);

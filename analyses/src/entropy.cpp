@@ -1,10 +1,13 @@
-// Attention entropy (entropy.hpp): the head's weights from the registry in double, then one pass
-// per row with portable::log.
+// Attention entropy (entropy.hpp): softmax heads from float exponentials and one log per row
+// (float_softmax_rows.hpp), others from the registry's weights in double, then one pass per row
+// with portable::log.
 #include "attnscope/analyses/entropy.hpp"
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/lane_sum.hpp"
 #include "attnscope/portable_math.hpp"
+#include "float_softmax_rows.hpp"
 
 #include <cmath>
 #include <limits>
@@ -42,6 +45,24 @@ double row_entropy(const double* w, Eigen::Index n, double eps, bool& negative,
   return h;
 }
 
+/// Softmax rows from float exponentials e = exp(y): H = log Z - sum e y / Z, no log per weight.
+EntropyRows float_entropy(const detail::FloatSoftmaxRows& ws) {
+  const Eigen::Index n = ws.e.rows(), keys = ws.e.cols();
+  EntropyRows out;
+  out.entropy.resize(static_cast<std::size_t>(n));
+  out.negative_mass.assign(static_cast<std::size_t>(n), 0.0);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const float* e = ws.e.row(i).data();
+    const float* y = ws.y.row(i).data();
+    const double ey = lane_sum(keys, [e, y](Eigen::Index t) {
+      return static_cast<double>(e[t]) * static_cast<double>(y[t]);
+    });
+    const double z = ws.sum[static_cast<std::size_t>(i)];
+    out.entropy[static_cast<std::size_t>(i)] = portable::log(z) - ey / z;
+  }
+  return out;
+}
+
 }  // namespace
 
 double max_entropy(int tokens) {
@@ -51,6 +72,10 @@ double max_entropy(int tokens) {
 EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k, double scale,
                               const EntropyOptions& opt) {
   check_options(opt);
+  if (opt.log_eps == 0.0 && !v.has_linear_form() && v.supports()) {
+    detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
+    if (detail::float_softmax_rows(q, k, scale, 0, true, ws)) return float_entropy(ws);
+  }
   Diagnostics diag;
   const MatD qd = q.cast<double>(), kd = k.cast<double>();
   const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);

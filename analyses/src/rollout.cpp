@@ -7,7 +7,10 @@
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
+#include "attnscope/lane_sum.hpp"
+#include "attnscope/parallel.hpp"
 #include "attnscope/portable_math.hpp"
+#include "float_softmax_rows.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -44,11 +47,9 @@ MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed)
   if (fusion == HeadFusion::Mean) a /= static_cast<double>(heads.size());
   a.diagonal().array() += 1.0;
   for (Eigen::Index i = 0; i < a.rows(); ++i) {
-    double sum = 0.0, magnitude = 0.0;
-    for (Eigen::Index j = 0; j < a.cols(); ++j) {
-      sum += a(i, j);
-      magnitude += std::abs(a(i, j));
-    }
+    const double* row = a.row(i).data();
+    const double sum = lane_sum(a.cols(), [row](Eigen::Index j) { return row[j]; });
+    const double magnitude = lane_sum(a.cols(), [row](Eigen::Index j) { return std::abs(row[j]); });
     if (sum > kTinyDenominator * magnitude) {
       a.row(i) /= sum;
     } else {
@@ -70,6 +71,34 @@ MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, in
     r.swap(next);
   }
   return r;
+}
+
+VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, int* fixed) {
+  if (layers.empty()) throw UsageError("rollout: no layer");
+  // The steps are independent: formed on OpenMP threads, their counts added in the layers' order.
+  std::vector<MatD> steps(layers.size());
+  std::vector<int> counts(layers.size(), 0);
+  parallel_for(static_cast<int>(layers.size()), [&](int l) {
+    const auto ul = static_cast<std::size_t>(l);
+    steps[ul] = rollout_step(layers[ul], fusion, &counts[ul]);
+  });
+  if (fixed != nullptr)
+    for (int c : counts) *fixed += c;
+  VecD v = steps.back().row(0).transpose();
+  VecD next(v.size());
+  for (std::size_t l = steps.size() - 1; l-- > 0;) {
+    // next_j = sum_i v_i A(i, j), summed in i's order for every j (vectorised across j).
+    const MatD& a = steps[l];
+    next.setZero();
+    for (Eigen::Index i = 0; i < a.rows(); ++i) {
+      const double vi = v(i);
+      const double* row = a.row(i).data();
+      double* out = next.data();
+      for (Eigen::Index j = 0; j < a.cols(); ++j) out[j] += vi * row[j];
+    }
+    v.swap(next);
+  }
+  return v;
 }
 
 std::vector<int> layers_in_model_order(const DumpSchema& schema, std::vector<int> layers) {
@@ -113,9 +142,15 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
           dead[vi][s] = rows.degenerate_count();
           return;
         }
+        const Variant& v = variants[vi];
+        if (!v.has_linear_form() && v.supports() &&
+            detail::float_softmax_weights(hv.q, hv.k, scale, weights[vi][s])) {
+          dead[vi][s] = 0;
+          return;
+        }
         Diagnostics diag;
         const MatD qd = hv.q.cast<double>(), kd = hv.k.cast<double>();
-        weights[vi][s] = attention_weights<double>(variants[vi], qd, kd, scale, nullptr, &diag);
+        weights[vi][s] = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
         dead[vi][s] = static_cast<int>(diag.degenerate_rows.size());
       });
     }
@@ -136,9 +171,22 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
         layers.push_back(std::move(heads));
       }
       int fixed = 0;
-      const MatD r =
-          reference ? rollout_reference(layers, fusion, &fixed) : rollout(layers, fusion, &fixed);
-      done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
+      // The heads' matrices go back to `weights` below, so that the next image reuses them.
+      auto give_back = [&] {
+        for (std::size_t o = 0; o < order.size(); ++o) {
+          const std::size_t ls = static_cast<std::size_t>(layer_slot[order[o]]);
+          for (std::size_t hs = 0; hs < nh; ++hs)
+            weights[vi][ls * nh + hs] = std::move(layers[o][hs]);
+        }
+      };
+      if (reference) {
+        const MatD r = rollout_reference(layers, fusion, &fixed);
+        done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
+      } else {
+        const VecD r = rollout_cls_row(layers, fusion, &fixed);
+        done.cls.emplace_back(r.data(), r.data() + r.size());
+      }
+      give_back();
       done.fixed_rows.push_back(fixed);
       done.degenerate_rows.push_back(degenerate);
     }

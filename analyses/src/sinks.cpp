@@ -4,6 +4,7 @@
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "float_softmax_rows.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -50,15 +51,14 @@ void check_sink_options(const SinkOptions& opt) {
   }
 }
 
-HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scale,
-                     double threshold) {
-  Diagnostics diag;
-  const MatD qd = q.cast<double>(), kd = k.cast<double>();
-  const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+namespace {
+
+/// Column sums (over the rows not `dead`) and the sink test on every key's smallest weight.
+/// `margin` > 0: false (out unfinished) when a key's smallest weight is within margin of the
+/// threshold, where a weight's error could change the test.
+bool column_sinks(const MatD& w, const std::vector<char>& dead, double threshold, double margin,
+                  HeadSinks& out) {
   const Eigen::Index n = w.cols();
-  std::vector<char> dead(static_cast<std::size_t>(w.rows()), 0);
-  for (int i : diag.degenerate_rows) dead[static_cast<std::size_t>(i)] = 1;
-  HeadSinks out;
   std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
   std::vector<double> low(static_cast<std::size_t>(n), std::numeric_limits<double>::infinity());
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
@@ -74,11 +74,39 @@ HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scal
     }
   }
   out.received.assign(static_cast<std::size_t>(n), 0.0);
-  if (out.valid_rows == 0) return out;
+  if (out.valid_rows == 0) return true;
   for (Eigen::Index j = 0; j < n; ++j) {
+    const double lo = low[static_cast<std::size_t>(j)];
+    if (margin > 0.0 && std::abs(lo - threshold) <= margin * std::abs(lo)) return false;
     out.received[static_cast<std::size_t>(j)] = sum[static_cast<std::size_t>(j)] / out.valid_rows;
-    if (low[static_cast<std::size_t>(j)] > threshold) out.sink_keys.push_back(static_cast<int>(j));
+    if (lo > threshold) out.sink_keys.push_back(static_cast<int>(j));
   }
+  return true;
+}
+
+}  // namespace
+
+HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scale,
+                     double threshold) {
+  // Softmax heads within the float range: float weights, unless a key's smallest weight is so
+  // close to the threshold that their error bound could change the test (then the double path
+  // decides). Softmax rows are never degenerate.
+  thread_local MatD wf;
+  if (!v.has_linear_form() && v.supports() && detail::float_softmax_weights(q, k, scale, wf)) {
+    HeadSinks out;
+    const double margin =
+        2.0 * detail::relative_weight_error(detail::thread_float_softmax_rows().delta);
+    if (column_sinks(wf, std::vector<char>(static_cast<std::size_t>(wf.rows()), 0), threshold,
+                     margin, out))
+      return out;
+  }
+  Diagnostics diag;
+  const MatD qd = q.cast<double>(), kd = k.cast<double>();
+  const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+  std::vector<char> dead(static_cast<std::size_t>(w.rows()), 0);
+  for (int i : diag.degenerate_rows) dead[static_cast<std::size_t>(i)] = 1;
+  HeadSinks out;
+  column_sinks(w, dead, threshold, 0.0, out);
   return out;
 }
 

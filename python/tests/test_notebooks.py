@@ -97,3 +97,25 @@ def test_confusion_per_layer_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
     png = figures / "inline_fig2_confusion.png"
     assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty: {r.stdout}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_vit_diagnostics_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
+    """distance, entropy, rank and rollout on a tiny dump of each family: the notebook draws both
+    of its PNGs from their result files."""
+    results = tmp_path / "results"
+    for fam in FAMILIES:
+        dump = tmp_path / f"{fam}.h5"
+        _run([attnscope_bin, "synth", "--out", str(dump), "--layers", "2", "--heads", "2",
+              "--grid-height", "4", "--grid-width", "4", "--prefix", "1", "--head-dim", "8",
+              "--images", "3", "--family", fam, "--convention", "code",
+              "--feature-map", SYNTH_MAPS[fam]])
+        for command in ("distance", "entropy", "rank", "rollout"):
+            _run([attnscope_bin, command, "--dump", str(dump), "--out",
+                  str(results / f"{command}-{fam}")])
+    figures = tmp_path / "figures"
+    _run([sys.executable, os.path.join(PYTHON_DIR, "run_notebooks.py"), "--results", str(results),
+          "--figures", str(figures), os.path.join(REPO, "notebooks", "vit_diagnostics.ipynb")])
+    for name in ("vit_diagnostics", "vit_rollout"):
+        png = figures / f"{name}.png"
+        assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

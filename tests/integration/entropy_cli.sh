@@ -25,7 +25,8 @@ csv="$WORK/fast/entropy.csv"
 [ "$(wc -l <"$csv")" -eq 21 ] || { echo "FAIL: 5 variants x 4 heads expected"; exit 1; }
 awk -F, 'NR > 1 && ($10 != 63 || $11 != 3) { print "FAIL: 3 images x 21 queries expected: " $0; exit 1 }' "$csv" || exit 1
 paste -d, "$csv" "$WORK/ref/entropy.csv" | awk -F, 'NR > 1 { d = $4 - $18; if (d < 0) d = -d;
-  if (d > 1e-9) { print "FAIL: mean " $4 " vs reference " $18 " (" $1 " " $2 " " $3 ")"; exit 1 } }' || exit 1
+  t = ($1 ~ /^softmax/) ? 1e-6 : 1e-9; r = $18 < 0 ? -$18 : $18; if (r > 1) t *= r;
+  if (d > t) { print "FAIL: mean " $4 " vs reference " $18 " (" $1 " " $2 " " $3 ")"; exit 1 } }' || exit 1
 expect_grep '"negative_weights": "rows with a negative weight: the entropy of' "$WORK/fast/entropy.json"
 "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/../../python/attnscope_dump/result_set.py" verify "$WORK/fast/entropy.json" >/dev/null ||
   { echo "FAIL: the manifest does not verify"; exit 1; }
@@ -66,8 +67,8 @@ for path, eps in ((sys.argv[2], 0.0), (sys.argv[3], 1e-6)):
             h, neg, mass = entropy(weights(fam, q, k), eps)
             means.append(h.mean()); negs += int(neg.sum()); masses.extend(mass)
         want = np.mean(means)
-        assert abs(float(r["mean_entropy"]) - want) <= 1e-9 * max(1, want), (path, fam, layer, head, r["mean_entropy"], want)
-        assert abs(float(r["mean_normalised"]) - want / np.log(n)) <= 1e-9, (fam, r["mean_normalised"])
+        assert abs(float(r["mean_entropy"]) - want) <= (fam.startswith("softmax") and 1e-6 or 1e-9) * max(1, want), (path, fam, layer, head, r["mean_entropy"], want)
+        assert abs(float(r["mean_normalised"]) - want / np.log(n)) <= (fam.startswith("softmax") and 1e-6 or 1e-9), (fam, r["mean_normalised"])
         assert int(r["negative_weight_rows"]) == negs, (fam, layer, head, r["negative_weight_rows"], negs)
         assert abs(float(r["mean_negative_mass"]) - np.mean(masses)) <= 1e-9 * max(1, np.mean(masses)), fam
         if fam in ("softmax@paper", "linear:elu1@paper"):
@@ -84,7 +85,9 @@ PY
 expect_exit 2 "--log-eps: expected a number >= 0" "$ATTNSCOPE" entropy --dump "$dump" --out "$WORK/x" --log-eps -1e-6
 expect_exit 2 "--log-eps: expected a finite number" "$ATTNSCOPE" entropy --dump "$dump" --out "$WORK/x" --log-eps nan
 expect_exit 2 "--bins: expected 1 to 1000000 bins" "$ATTNSCOPE" entropy --dump "$dump" --out "$WORK/x" --bins 0
-expect_exit 2 "entropy has no CUDA path" "$ATTNSCOPE" entropy --dump "$dump" --out "$WORK/x" --device cuda
+# Refused either way: this command has no CUDA path, and a build without CUDA has none at all.
+expect_exit 2 "--device cuda: " "$ATTNSCOPE" entropy --dump "$dump" --out "$WORK/x" --device cuda
+expect_grep "entropy has no CUDA path|built without CUDA" "$WORK/err.txt"
 expect_no_file "$WORK/x/entropy.csv" "$WORK/x/entropy.json"
 cp "$dump" "$WORK/inf.h5"
 "$PYTHON" -c "import h5py, numpy as np

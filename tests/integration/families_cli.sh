@@ -36,21 +36,24 @@ for family in $families; do
   expect_grep "^$family" "$d/census/census.csv"
   expect_ok "$ATTNSCOPE" spikiness --dump "$d.h5" --out "$d/spk" --variant "$spec" --samples 8 --scales 0.5:4:5
   expect_grep "^$family.*,PASS$" "$d/spk/spikiness_laws.csv"
+  # Fast against --reference: within 1e-9 relative; softmax heads take the float path of the
+  # per-head diagnostics, within its measured tolerance 1e-6.
+  tol=1e-9; [ "$family" = softmax ] && tol=1e-6
   expect_ok "$ATTNSCOPE" distance --dump "$d.h5" --out "$d/dist"
   expect_ok "$ATTNSCOPE" distance --dump "$d.h5" --out "$d/dist-ref" --reference
   expect_grep "^$family" "$d/dist/distance.csv"
-  paste -d, "$d/dist/distance.csv" "$d/dist-ref/distance.csv" | awk -F, -v s="$spec" 'NR > 1 { e = $4 - $18;
-    if (e * e > 1e-18 * (1 + $18 * $18)) { print "FAIL: " s ": distance " $4 " vs reference " $18; exit 1 } }' || exit 1
+  paste -d, "$d/dist/distance.csv" "$d/dist-ref/distance.csv" | awk -F, -v s="$spec" -v t="$tol" 'NR > 1 { e = $4 - $18;
+    if (e * e > t * t * (1 + $18 * $18)) { print "FAIL: " s ": distance " $4 " vs reference " $18; exit 1 } }' || exit 1
   expect_ok "$ATTNSCOPE" entropy --dump "$d.h5" --out "$d/ent"
   expect_ok "$ATTNSCOPE" entropy --dump "$d.h5" --out "$d/ent-ref" --reference
   expect_grep "^$family" "$d/ent/entropy.csv"
-  paste -d, "$d/ent/entropy.csv" "$d/ent-ref/entropy.csv" | awk -F, -v s="$spec" 'NR > 1 { e = $4 - $18;
-    if (e * e > 1e-18 * (1 + $18 * $18)) { print "FAIL: " s ": entropy " $4 " vs reference " $18; exit 1 } }' || exit 1
+  paste -d, "$d/ent/entropy.csv" "$d/ent-ref/entropy.csv" | awk -F, -v s="$spec" -v t="$tol" 'NR > 1 { e = $4 - $18;
+    if (e * e > t * t * (1 + $18 * $18)) { print "FAIL: " s ": entropy " $4 " vs reference " $18; exit 1 } }' || exit 1
   expect_ok "$ATTNSCOPE" sinks --dump "$d.h5" --out "$d/sinks"
   expect_ok "$ATTNSCOPE" sinks --dump "$d.h5" --out "$d/sinks-ref" --reference
   expect_grep "^$family" "$d/sinks/sinks.csv"
-  paste -d, "$d/sinks/sinks_keys.csv" "$d/sinks-ref/sinks_keys.csv" | awk -F, -v s="$spec" 'NR > 1 { e = $7 - $15;
-    if (e * e > 1e-18 * (1 + $15 * $15) || $8 != $16) { print "FAIL: " s ": sinks " $0; exit 1 } }' || exit 1
+  paste -d, "$d/sinks/sinks_keys.csv" "$d/sinks-ref/sinks_keys.csv" | awk -F, -v s="$spec" -v t="$tol" 'NR > 1 { e = $7 - $15;
+    if (e * e > t * t * (1 + $15 * $15) || $8 != $16) { print "FAIL: " s ": sinks " $0; exit 1 } }' || exit 1
   expect_ok "$ATTNSCOPE" rank --dump "$d.h5" --out "$d/rank"
   expect_ok "$ATTNSCOPE" rank --dump "$d.h5" --out "$d/rank-ref" --reference
   expect_grep "^$family" "$d/rank/rank.csv"
@@ -59,6 +62,6 @@ for family in $families; do
   expect_ok "$ATTNSCOPE" rollout --dump "$d.h5" --out "$d/roll"
   expect_ok "$ATTNSCOPE" rollout --dump "$d.h5" --out "$d/roll-ref" --reference
   expect_grep "^$family" "$d/roll/rollout.csv"
-  paste -d, "$d/roll/rollout.csv" "$d/roll-ref/rollout.csv" | awk -F, -v s="$spec" 'NR > 1 && ($6 - $12 > 1e-9 || $12 - $6 > 1e-9) {
+  paste -d, "$d/roll/rollout.csv" "$d/roll-ref/rollout.csv" | awk -F, -v s="$spec" -v t="$tol" 'NR > 1 && ($6 - $12 > t || $12 - $6 > t) {
     print "FAIL: " s ": rollout " $0; exit 1 }' || exit 1
 done

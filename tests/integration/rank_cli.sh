@@ -91,7 +91,9 @@ expect_grep '"rank_tol": 0.001' "$WORK/tol/rank.json"
 # Bad input.
 expect_exit 2 "--rank-tol: expected a number >= 0" "$ATTNSCOPE" rank --dump "$dump" --out "$WORK/x" --rank-tol -1
 expect_exit 2 "--rank-tol: expected a finite number" "$ATTNSCOPE" rank --dump "$dump" --out "$WORK/x" --rank-tol inf
-expect_exit 2 "rank has no CUDA path" "$ATTNSCOPE" rank --dump "$dump" --out "$WORK/x" --device cuda
+# Refused either way: this command has no CUDA path, and a build without CUDA has none at all.
+expect_exit 2 "--device cuda: " "$ATTNSCOPE" rank --dump "$dump" --out "$WORK/x" --device cuda
+expect_grep "rank has no CUDA path|built without CUDA" "$WORK/err.txt"
 expect_no_file "$WORK/x/rank.csv" "$WORK/x/rank.json"
 cp "$dump" "$WORK/inf.h5"
 "$PYTHON" -c "import h5py, numpy as np

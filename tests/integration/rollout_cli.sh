@@ -22,7 +22,8 @@ expect_ok "$ATTNSCOPE" rollout --dump "$dump" --out "$WORK/ref" --variant "$V" -
 [ "$(wc -l <"$WORK/fast/rollout.csv")" -eq $((4 * 3 * 21 + 1)) ] || { echo "FAIL: 4 variants x 3 images x 21 tokens"; exit 1; }
 [ "$(wc -l <"$WORK/fast/rollout_mean.csv")" -eq $((4 * 21 + 1)) ] || { echo "FAIL: 4 variants x 21 tokens"; exit 1; }
 paste -d, "$WORK/fast/rollout.csv" "$WORK/ref/rollout.csv" | awk -F, 'NR > 1 { d = $6 - $12; if (d < 0) d = -d;
-  if (d > 1e-9) { print "FAIL: " $0; exit 1 } }' || exit 1
+  t = ($1 ~ /^softmax/) ? 1e-6 : 1e-9; r = $12 < 0 ? -$12 : $12; if (r > 1) t *= r;
+  if (d > t) { print "FAIL: " $0; exit 1 } }' || exit 1
 "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/../../python/attnscope_dump/result_set.py" verify "$WORK/fast/rollout.json" >/dev/null ||
   { echo "FAIL: the manifest does not verify"; exit 1; }
 expect_ok "$ATTNSCOPE" rollout --dump "$dump" --out "$WORK/max" --variant softmax,inline@code --fusion max --layers 2,0 --heads 1
@@ -59,17 +60,19 @@ for path, layers, heads, fuse in ((sys.argv[2], [0, 1, 2], [0, 1], np.mean), (sy
     for (fam, img), row in got.items():
         want = rollout(fam, img, layers, heads, fuse)
         for t in range(n):
-            assert abs(row[t] - want[t]) <= 1e-9, (path, fam, img, t, row[t], want[t])
+            assert abs(row[t] - want[t]) <= (fam.startswith("softmax") and 1e-6 or 1e-9), (path, fam, img, t, row[t], want[t])
         assert abs(sum(row.values()) - 1) < 1e-8
 means = {(r["variant"], int(r["token"])): float(r["mean"]) for r in csv.DictReader(open(sys.argv[3]))}
 for (fam, t), m in means.items():
     want = np.mean([rollout(fam, img, [0, 1, 2], [0, 1], np.mean)[t] for img in range(3)])
-    assert abs(m - want) <= 1e-9, (fam, t, m, want)
+    assert abs(m - want) <= (fam.startswith("softmax") and 1e-6 or 1e-9), (fam, t, m, want)
 PY
 
 # Bad input.
 expect_exit 2 "--fusion: expected mean, max or min, found 'median'" "$ATTNSCOPE" rollout --dump "$dump" --out "$WORK/x" --fusion median
-expect_exit 2 "rollout has no CUDA path" "$ATTNSCOPE" rollout --dump "$dump" --out "$WORK/x" --device cuda
+# Refused either way: this command has no CUDA path, and a build without CUDA has none at all.
+expect_exit 2 "--device cuda: " "$ATTNSCOPE" rollout --dump "$dump" --out "$WORK/x" --device cuda
+expect_grep "rollout has no CUDA path|built without CUDA" "$WORK/err.txt"
 expect_no_file "$WORK/x/rollout.csv" "$WORK/x/rollout.json"
 expect_ok "$ATTNSCOPE" synth --out "$WORK/swin.h5" --images 2 --layers 2 --heads 2 --grid-height 3 --grid-width 3 --prefix 0
 expect_exit 1 "swin.h5: attribute 'prefix_tokens': expected at least 1: a CLS token" "$ATTNSCOPE" rollout --dump "$WORK/swin.h5" --out "$WORK/bad"

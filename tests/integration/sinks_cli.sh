@@ -53,7 +53,8 @@ expect_grep '^1,7,1,1,[0-9.]*,3,3$' "$WORK/fast/sinks_norms.csv"
 awk -F, 'NR > 1 && $6 != 0 && !($1 == 1 && $2 == 7) { print "FAIL: unexpected high-norm token " $0; exit 1 }' \
   "$WORK/fast/sinks_norms.csv" || exit 1
 paste -d, "$WORK/fast/sinks_keys.csv" "$WORK/ref/sinks_keys.csv" | awk -F, 'NR > 1 { d = $7 - $15; if (d < 0) d = -d;
-  if (d > 1e-9 || $8 != $16) { print "FAIL: fast " $0; exit 1 } }' || exit 1
+  t = ($1 ~ /^softmax/) ? 1e-6 : 1e-9; r = $15 < 0 ? -$15 : $15; if (r > 1) t *= r;
+  if (d > t || $8 != $16) { print "FAIL: fast " $0; exit 1 } }' || exit 1
 cmp "$WORK/fast/sinks_norms.csv" "$WORK/ref/sinks_norms.csv" || { echo "FAIL: norms differ with --reference"; exit 1; }
 
 # numpy: received attention (mean over queries, then images) and the every-query sink test.
@@ -84,10 +85,10 @@ for (fam, layer, head), h in heads.items():
     recv /= 3
     for j in range(n):
         r = keys[(fam, layer, head, j)]
-        assert abs(float(r["mean_received"]) - recv[j]) <= 1e-9, (fam, layer, head, j, r["mean_received"], recv[j])
+        assert abs(float(r["mean_received"]) - recv[j]) <= (fam.startswith("softmax") and 1e-6 or 1e-9), (fam, layer, head, j, r["mean_received"], recv[j])
         assert int(r["sink_images"]) == sinks[j], (fam, layer, head, j)
     assert int(h["top_key"]) == int(np.argmax(recv)), (fam, layer, head)
-    assert abs(float(h["prefix_received"]) - recv[0]) <= 1e-9
+    assert abs(float(h["prefix_received"]) - recv[0]) <= (fam.startswith("softmax") and 1e-6 or 1e-9)
 PY
 
 # --norms out reads the model's output; --norms none writes no norms file.
@@ -104,7 +105,9 @@ expect_no_file "$WORK/bad/sinks.csv" "$WORK/bad/sinks.json"
 expect_exit 2 "--norms: expected v, out or none, found 'values'" "$ATTNSCOPE" sinks --dump "$dump" --out "$WORK/x" --norms values
 expect_exit 2 "--norm-ratio: expected a finite number > 0" "$ATTNSCOPE" sinks --dump "$dump" --out "$WORK/x" --norm-ratio 0
 expect_exit 2 "--threshold: expected a finite number" "$ATTNSCOPE" sinks --dump "$dump" --out "$WORK/x" --threshold nan
-expect_exit 2 "sinks has no CUDA path" "$ATTNSCOPE" sinks --dump "$dump" --out "$WORK/x" --device cuda
+# Refused either way: this command has no CUDA path, and a build without CUDA has none at all.
+expect_exit 2 "--device cuda: " "$ATTNSCOPE" sinks --dump "$dump" --out "$WORK/x" --device cuda
+expect_grep "sinks has no CUDA path|built without CUDA" "$WORK/err.txt"
 expect_no_file "$WORK/x/sinks.csv" "$WORK/x/sinks.json"
 cp "$dump" "$WORK/inf.h5"
 "$PYTHON" -c "import h5py, numpy as np

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The same result files from every build and every CPU (docs/reliability.md, "Portability"): runs
-# the analyses that write results (confusion, locality, mask, census, recompute, replay) on the
-# committed models' dumps with each command given, plus spikiness, verify and a synthetic dump,
-# then compares every result file byte for byte,
+# the analyses that write results (confusion, locality, mask, census, recompute, replay, distance,
+# entropy, sinks, rank, rollout) on the committed models' dumps with each command given, plus
+# spikiness, verify and a synthetic dump, then compares every result file byte for byte,
 # and the JSON records with the fields that are not results left out (times, paths, version,
 # build, reading statistics).
 #
@@ -43,6 +43,13 @@ run() {
     "${a[@]}" recompute "${common[@]}" --out "$out/$name/recompute" >/dev/null
     "${a[@]}" replay --model "$REPO/data/models/$name.h5" --dump "$d" --images "$IMAGES" --threads "$THREADS" \
       --intervention none,local:3,family=linear:relu --out "$out/$name/replay" >/dev/null
+    # The per-head diagnostics: fixed-order float and double kernels, and (rank) Eigen's BDCSVD,
+    # which runs unvectorised in a fixed order under the build's floating-point model.
+    "${a[@]}" distance "${common[@]}" --out "$out/$name/distance" --variant "$CODE4" >/dev/null
+    "${a[@]}" entropy "${common[@]}" --out "$out/$name/entropy" --variant "$CODE4" >/dev/null
+    "${a[@]}" sinks "${common[@]}" --out "$out/$name/sinks" --variant "$CODE4" >/dev/null
+    "${a[@]}" rank --dump "$d" --images 0-3 --threads "$THREADS" --out "$out/$name/rank" --variant "$CODE4" >/dev/null
+    "${a[@]}" rollout "${common[@]}" --out "$out/$name/rollout" --variant "$CODE4" >/dev/null
     "${a[@]}" spikiness "${common[@]}" --out "$out/$name/spikiness" \
       --variant softmax@code,linear:relu@code,mala:elu1@code --scales 0.25:8:9 >/dev/null
   done

@@ -6,6 +6,7 @@
 #include "attnscope/analyses/distance.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "float_rows_bound.hpp"
 #include "random_inputs.hpp"
 #include "reference.hpp"
 #include "tolerances.hpp"
@@ -55,9 +56,13 @@ TEST(Distance, FastMatchesReferenceOnEveryFamily) {
         const MatD w = attention_weights<double>(v, q.cast<double>(), k.cast<double>(), scale);
         const double bound =
             std::max(1.0, w.cwiseAbs().maxCoeff() * g.tokens() * geo.max_distance());
+        // Softmax heads within the float range are measured in float: the bound of
+        // float_softmax_rows.hpp, relative (2 r / (1 - r)), plus the double path's tolerance.
+        const test::FloatRowsBound fb = test::float_rows_bound(v, q, k, scale);
+        const double rel = fb.used ? 2.0 * fb.r / (1.0 - fb.r) : 0.0;
         for (bool renormalise : {false, true}) {
           const DistanceOptions opt{renormalise};
-          const std::string what = config(spec, g, d, renormalise);
+          const std::string what = config(spec, g, d, renormalise) + (fb.used ? " float" : "");
           const DistanceRows fast = attention_distance(v, q, k, scale, geo, opt);
           const DistanceRows ref = attention_distance_reference(v, q, k, scale, geo, opt);
           ASSERT_EQ(fast.distance.size(), static_cast<std::size_t>(g.tokens())) << what;
@@ -74,10 +79,12 @@ TEST(Distance, FastMatchesReferenceOnEveryFamily) {
             // Renormalised rows divide by the grid mass, which can be small for signed weights.
             const double scale_i =
                 renormalise ? bound / std::max(1e-300, std::abs(ref.grid_mass[i])) : bound;
-            EXPECT_NEAR(fast.distance[i], ref.distance[i], kDistanceTol * std::max(1.0, scale_i))
+            EXPECT_NEAR(fast.distance[i], ref.distance[i],
+                        kDistanceTol * std::max(1.0, scale_i) + rel * std::abs(ref.distance[i]))
                 << what << " token " << i;
             EXPECT_NEAR(fast.grid_mass[i], ref.grid_mass[i],
-                        kDistanceTol * std::max(1.0, w.cwiseAbs().maxCoeff() * g.tokens()))
+                        kDistanceTol * std::max(1.0, w.cwiseAbs().maxCoeff() * g.tokens()) +
+                            rel * std::abs(ref.grid_mass[i]))
                 << what << " token " << i;
           }
         }
@@ -99,6 +106,8 @@ TEST(Distance, AgreesWithRegistryFreeWeights) {
     const MatD w = reference::weights(v, to_double(q), to_double(k), 0.4, nullptr, &degenerate);
     const DistanceRows fast = attention_distance(v, q, k, 0.4, geo, {});
     const double bound = std::max(1.0, w.cwiseAbs().maxCoeff() * g.tokens() * geo.max_distance());
+    const test::FloatRowsBound fb = test::float_rows_bound(v, q, k, 0.4);
+    const double rel = fb.used ? 2.0 * fb.r / (1.0 - fb.r) : 0.0;
     for (int i = g.prefix; i < g.tokens(); ++i) {
       if (std::find(degenerate.begin(), degenerate.end(), i) != degenerate.end()) {
         EXPECT_TRUE(std::isnan(fast.distance[static_cast<std::size_t>(i)]))
@@ -110,7 +119,8 @@ TEST(Distance, AgreesWithRegistryFreeWeights) {
         const double dy = 4.0 * (g.row(i) - g.row(j)), dx = 4.0 * (g.col(i) - g.col(j));
         want += w(i, j) * std::sqrt(dy * dy + dx * dx);
       }
-      EXPECT_NEAR(fast.distance[static_cast<std::size_t>(i)], want, kDistanceTol * bound)
+      EXPECT_NEAR(fast.distance[static_cast<std::size_t>(i)], want,
+                  kDistanceTol * bound + rel * std::abs(want))
           << spec << " token " << i;
     }
   }

@@ -60,6 +60,11 @@ TEST(Rollout, FastMatchesReferenceOnEveryFamily) {
           EXPECT_EQ(fixed_fast, fixed_ref) << what;
           const double bound = std::max(1.0, ref.cwiseAbs().maxCoeff());
           EXPECT_LE((fast - ref).cwiseAbs().maxCoeff(), kRolloutTol * bound * n) << what;
+          int fixed_cls = 0;
+          const VecD cls = rollout_cls_row(layers, fusion, &fixed_cls);
+          EXPECT_EQ(fixed_cls, fixed_ref) << what;
+          EXPECT_LE((cls.transpose() - ref.row(0)).cwiseAbs().maxCoeff(), kRolloutTol * bound * n)
+              << what << " (CLS row)";
           // Every step's rows sum to 1, so R's do (signed weights included).
           for (Eigen::Index i = 0; i < fast.rows(); ++i) {
             EXPECT_NEAR(fast.row(i).sum(), 1.0, 1e-9 * std::max(1.0, fast.row(i).cwiseAbs().sum()))
@@ -75,6 +80,10 @@ TEST(Rollout, FastMatchesReferenceOnEveryFamily) {
     const MatD fast = rollout(layers, HeadFusion::Mean);
     const MatD ref = rollout_reference(layers, HeadFusion::Mean);
     EXPECT_LE((fast - ref).cwiseAbs().maxCoeff(), kRolloutTol) << spec;
+    EXPECT_LE(
+        (rollout_cls_row(layers, HeadFusion::Mean).transpose() - ref.row(0)).cwiseAbs().maxCoeff(),
+        kRolloutTol)
+        << spec << " (CLS row)";
   }
 }
 

@@ -40,6 +40,11 @@ enum class HeadFusion { Mean, Max, Min };
 /// Returns R = A_L ... A_1 (N x N). `fixed` adds the rows replaced in every step.
 [[nodiscard]] MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion,
                            int* fixed = nullptr);
+/// Row 0 of rollout(layers, ...) (N entries): e_0^T A_L ... A_1 as L - 1 vector-matrix
+/// products, the last layer's row first (O(L N^2), where the full product is O(L N^3)); the
+/// same steps and counts, a different order of the sums (within a few ulps per product).
+[[nodiscard]] VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion,
+                                   int* fixed = nullptr);
 /// The same by plain loops (fusion, normalisation and products written out).
 [[nodiscard]] MatD rollout_reference(const std::vector<std::vector<MatD>>& layers,
                                      HeadFusion fusion, int* fixed = nullptr);
@@ -52,8 +57,11 @@ struct RolloutImage {
   std::vector<std::int64_t> degenerate_rows;  ///< [variant] degenerate rows of the heads' weights
 };
 
-/// Streams the selection (V not read). Every head's weights come from the registry in double
-/// (`reference`: ExactRows' rows and rollout_reference); the selected layers are taken in the
+/// Streams the selection (V not read). Softmax heads within the float range take their weights
+/// from float exponentials (float_softmax_rows.hpp: each weight within a relative 2 r / (1 - r),
+/// r < 2.5e-4; measured below 2e-6 on DeiT-T-shaped heads), other heads from the registry in
+/// double; the CLS row by rollout_cls_row (`reference`: ExactRows' rows and rollout_reference,
+/// the full product). The selected layers are taken in the
 /// model's order (DumpSchema::model_layer). InputError naming the file when the dump has no
 /// prefix token. Memory: the selected heads' N x N doubles of one image, per variant.
 void rollout_images(DumpReader& reader, const Selection& resolved,

@@ -1,0 +1,69 @@
+// Float softmax rows of the per-query diagnostics (float_softmax_rows.hpp).
+#include "float_softmax_rows.hpp"
+
+#include "attnscope/lane_sum.hpp"
+#include "confusion_search.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace attnscope::analyses::detail {
+
+FloatSoftmaxRows& thread_float_softmax_rows() {
+  thread_local FloatSoftmaxRows ws;
+  return ws;
+}
+
+bool float_softmax_rows(const MatF& q, const MatF& k, double scale, Eigen::Index r0,
+                        bool keep_logits, FloatSoftmaxRows& ws) {
+  double k_max = 0.0;
+  if (!float_rows_fit(q, k, scale, ws.q_norm, k_max)) return false;
+  const Eigen::Index d = q.cols(), n = k.rows(), m = q.rows() - r0;
+  const double q_max =
+      ws.q_norm.empty() ? 0.0 : *std::max_element(ws.q_norm.begin(), ws.q_norm.end());
+  ws.delta = logit_error(scale, q_max, k_max, d);
+  if (ws.delta > kDiagnosticLogitError) return false;
+  ws.e.resize(m, n);
+  ws.sum.resize(static_cast<std::size_t>(m));
+  if (m == 0 || n == 0) return true;
+  ws.keys.pack(k.data(), 1, d, d, n);  // B = k^T: element (t, j) at k[j * d + t]
+  portable::gemm_packed(q.data() + r0 * d, d, ws.keys, ws.e.data(), n, m);
+  if (keep_logits) ws.y.resize(m, n);
+  const auto s = static_cast<float>(scale);
+  for (Eigen::Index i = 0; i < m; ++i) {
+    float* row = ws.e.row(i).data();
+    const float top = portable::scale_and_max(row, n, s);
+    if (keep_logits) {
+      float* y = ws.y.row(i).data();
+      for (Eigen::Index t = 0; t < n; ++t) y[t] = row[t] - top;  // what exp_floats exponentiates
+    }
+    portable::exp_floats(row, n, top);
+    ws.sum[static_cast<std::size_t>(i)] =
+        lane_sum(n, [row](Eigen::Index t) { return static_cast<double>(row[t]); });
+  }
+  return true;
+}
+
+double exp_relative_error(double delta) { return std::expm1(delta) + 0x1.0p-22; }
+
+double relative_weight_error(double delta) {
+  const double r = exp_relative_error(delta);
+  return 2.0 * r / (1.0 - r);
+}
+
+bool float_softmax_weights(const MatF& q, const MatF& k, double scale, MatD& w) {
+  FloatSoftmaxRows& ws = thread_float_softmax_rows();
+  if (!float_softmax_rows(q, k, scale, 0, false, ws)) return false;
+  w.resize(ws.e.rows(), ws.e.cols());
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    // Times the reciprocal (one more double rounding, far below the float bound): a division per
+    // weight would cost as much as the exponentials.
+    const double inv = 1.0 / ws.sum[static_cast<std::size_t>(i)];
+    const float* e = ws.e.row(i).data();
+    double* out = w.row(i).data();
+    for (Eigen::Index j = 0; j < w.cols(); ++j) out[j] = static_cast<double>(e[j]) * inv;
+  }
+  return true;
+}
+
+}  // namespace attnscope::analyses::detail
