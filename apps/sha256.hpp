@@ -1,33 +1,29 @@
-// SHA-256 (FIPS 180-4), for the checksums of a result set's manifest. Python's hashlib.sha256
-// gives the same hex digest, so readers in python/ verify what the commands write.
+// SHA-256, for the checksums of a result set's manifest: OpenSSL's libcrypto (EVP interface)
+// computes it. Python's hashlib.sha256 gives the same hex digest, so readers in python/ verify
+// what the commands write.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace attnscope::app {
 
 class Sha256 {
  public:
-  /// `allow_hardware` false: the portable code only (tests compare the two paths).
-  explicit Sha256(bool allow_hardware = true);
-  /// Whether this CPU has the SHA extensions (SHA-NI) that update() uses when allowed.
-  static bool hardware_available();
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, std::size_t n);
   /// The digest as 64 lowercase hex digits; the object is spent afterwards.
   std::string hex_digest();
 
  private:
-  void block(const unsigned char* p);
-  void blocks(const unsigned char* p, std::size_t count);  ///< count 64-byte blocks
-  bool hardware_ = false;
-  std::array<std::uint32_t, 8> h_;
-  std::array<unsigned char, 64> buf_{};
-  std::size_t used_ = 0;
-  std::uint64_t bytes_ = 0;
+  evp_md_ctx_st* ctx_;
 };
 
 /// The SHA-256 of a whole file as hex, and its size in bytes; throws attnscope::Error naming the

@@ -15,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import _attnscope as _core
+from .live import analyze
 
 __version__ = _core.__version__
-__all__ = ["weights", "outputs", "variant_name", "families", "confusion", "confused_pairs",
+__all__ = ["analyze", "weights", "outputs", "variant_name", "families", "confusion", "confused_pairs",
            "local_mass", "locality", "census", "attention_map", "entropy", "distance", "rank",
            "totals", "row_stats"]
 

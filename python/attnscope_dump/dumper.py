@@ -7,6 +7,7 @@ never the dump.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -115,9 +116,46 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     counted from a list of batches. The images before the block are skipped without running the
     model.
     """
+    np_dtype = _dtype(dtype)
+    style, sites, keep, attrs = model_setup(model, layers, model_name, attention_family,
+                                            feature_map, convention, grid, prefix_tokens,
+                                            allow_rotary)
+    first, stop = 0, max_images
+    if shard is not None or num_shards is not None:
+        first, stop, total = _shard_block(loader, shard, num_shards, max_images)
+        attrs.update(shard_index=int(shard), num_shards=int(num_shards),
+                     shard_first_image=int(first), total_images=int(total))
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with hooked(model, sites, keep, with_attn, with_out) as stores:
+            with h5py.File(tmp, "w", libver=_LIBVER) as f:
+                f.attrs.update(attrs)
+                f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
+                n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
+                            stop, with_out, with_attn, with_labels, with_logits, with_images,
+                            device, call_kwargs(model, style, with_attn),
+                            [sites[i].hint for i in keep])
+                if n == 0:
+                    raise ValueError("the loader yielded no images")
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return DumpSummary(path, n, keep, attrs)
+
+
+def _dtype(dtype: str):
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float16 or float32, not {dtype!r}")
-    np_dtype = _DTYPES[dtype]
+    return _DTYPES[dtype]
+
+
+def model_setup(model, layers, model_name, attention_family, feature_map, convention, grid,
+                prefix_tokens, allow_rotary):
+    """(style, sites, keep, attrs): where the model's attention is read, the source indices of
+    the layers to read (default all, validated), and the dump's attributes of those layers
+    (num_layers included). Refuses unsupported and rotary models (see dump_model)."""
     style, sites = find_sites(model)
     check_supported(sites)
     check_rotary(model, sites, allow_rotary)
@@ -132,38 +170,28 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     attrs = _attributes(model, style, [sites[i] for i in keep], model_name, attention_family,
                         feature_map, convention, grid, prefix_tokens)
     attrs["num_layers"] = len(keep)
-    first, stop = 0, max_images
-    if shard is not None or num_shards is not None:
-        first, stop, total = _shard_block(loader, shard, num_shards, max_images)
-        attrs.update(shard_index=int(shard), num_shards=int(num_shards),
-                     shard_first_image=int(first), total_images=int(total))
+    return style, sites, keep, attrs
 
+
+@contextlib.contextmanager
+def hooked(model, sites, keep, with_attn: bool, with_out: bool):
+    """The hooks of the layers `keep` installed, the model in eval mode; yields one store (dict)
+    per kept layer, which captured_batches reads. On leaving, even by an error, the hooks are
+    removed and the model's train/eval state and fused-attention flags restored."""
     stores = [dict() for _ in keep]
     handles = []
-    tmp = f"{path}.tmp-{os.getpid()}"
     was_training = model.training
     model.eval()
     try:
         for slot, i in enumerate(keep):
             handles += sites[i].install(stores[slot], with_attn, with_out)
-        with h5py.File(tmp, "w", libver=_LIBVER) as f:
-            f.attrs.update(attrs)
-            f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
-            n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop,
-                        with_out, with_attn, with_labels, with_logits, with_images, device,
-                        call_kwargs(model, style, with_attn), [sites[i].hint for i in keep])
-            if n == 0:
-                raise ValueError("the loader yielded no images")
-        os.replace(tmp, path)
+        yield stores
     finally:
         for hnd in handles:
             hnd.remove()
         for site in sites:
             site.restore()
         model.train(was_training)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return DumpSummary(path, n, keep, attrs)
 
 
 def _total_images(loader, max_images) -> int:
@@ -196,12 +224,14 @@ def _shard_block(loader, shard, num_shards, max_images):
     return first, stop, total
 
 
-def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
-            with_attn, with_labels, with_logits, with_images, device, kwargs, hints) -> int:
-    """Writes the loader's images [first, stop) (stop None: to the end); returns how many."""
-    w = _Writer(f, np_dtype, compression)
+def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first, stop, device,
+                     kwargs, hints):
+    """Runs the model over the loader's images [first, stop) (stop None: to the end), one batch
+    at a time, the hooks of the layers `keep` writing into `stores`. Yields (x, y, output,
+    captured) per batch, captured[slot][name] the layer's `name` ("q", "k", "v", "out", "attn")
+    as a checked numpy array of np_dtype, [images, heads, tokens, dim] (attn: [.., tokens]).
+    Nothing of a batch is kept once the next one runs: memory holds one batch."""
     shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
-    n = 0
     pos = 0  # the loader's index of the batch's first image
     with torch.no_grad():
         for batch in loader:
@@ -218,8 +248,9 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
             for s in stores:
                 s.clear()
             output = model(x.to(device) if device is not None else x, **kwargs)
-            names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
+            captured = []
             for slot, (src, s) in enumerate(zip(keep, stores)):
+                layer = {}
                 for name in names:
                     if name not in s:
                         raise ValueError(f"layer {src}: no '{name}' was captured ({hints[slot]})")
@@ -228,17 +259,32 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
                     if a.shape[1:] != want:
                         raise ValueError(f"layer {src} {name}: captured shape {a.shape[1:]}, "
                                          f"expected {want} from the model's attributes")
-                    w.append(f"layers/{slot}/{name}", a)
-            if with_labels and y is not None:
-                w.append("labels", np.asarray(y.cpu(), dtype=np.int64), dtype=np.int64)
-            logits = _logits_of(output)
-            if with_logits and logits is not None:
-                w.append("logits", logits.detach().float().cpu().numpy(), dtype=np.float32)
-            if with_images:
-                w.append("images", x.detach().float().cpu().numpy(), dtype=np.float32)
-            n += len(x)
+                    layer[name] = a
+                captured.append(layer)
+            yield x, y, output, captured
             if stop is not None and pos >= stop:
                 break
+
+
+def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
+            with_attn, with_labels, with_logits, with_images, device, kwargs, hints) -> int:
+    """Writes the loader's images [first, stop) (stop None: to the end); returns how many."""
+    w = _Writer(f, np_dtype, compression)
+    names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
+    n = 0
+    for x, y, output, captured in captured_batches(model, loader, stores, keep, names, attrs,
+                                                   np_dtype, first, stop, device, kwargs, hints):
+        for slot, layer in enumerate(captured):
+            for name in names:
+                w.append(f"layers/{slot}/{name}", layer[name])
+        if with_labels and y is not None:
+            w.append("labels", np.asarray(y.cpu(), dtype=np.int64), dtype=np.int64)
+        logits = _logits_of(output)
+        if with_logits and logits is not None:
+            w.append("logits", logits.detach().float().cpu().numpy(), dtype=np.float32)
+        if with_images:
+            w.append("images", x.detach().float().cpu().numpy(), dtype=np.float32)
+        n += len(x)
     return n
 
 

@@ -7,6 +7,7 @@
 // float64 heads are rounded to float32 (their weights are then computed in double, as for a dump).
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "live.hpp"
 
 #include "attnscope/analyses/census.hpp"
 #include "attnscope/analyses/confusion.hpp"
@@ -138,6 +139,12 @@ pyb::tuple local_mass(pyb::handle q_obj, pyb::handle k_obj, const std::string& s
   return pyb::make_tuple(per_head_rows(q, mass, {q.tokens()}), per_head(q, dead));
 }
 
+/// One layer of heads as a live analysis sees it: the variant, layer 0, the stack's heads.
+LiveSetup one_layer_setup(const Variant& v, const Heads<float>& q, const pyb::object& scale_obj,
+                          const TokenGrid& grid) {
+  return {{v}, {0}, static_cast<int>(q.heads()), scale_or_default(scale_obj, q.dim()), grid};
+}
+
 /// Local mass totalled per head over the images, as `attnscope locality` totals a layer.
 pyb::dict locality(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
                    const std::vector<int>& grid_spec, int window, const pyb::object& scale_obj,
@@ -145,29 +152,12 @@ pyb::dict locality(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec
   const Variant v = variant_of(spec, convention);
   const Heads<float> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
-  const TokenGrid grid = grid_of(grid_spec, q.tokens());
-  const double scale = scale_or_default(scale_obj, q.dim());
-  const Selection sel = one_layer(q.heads());
-  analyses::LocalityTotals totals({v}, sel, grid, window);
-  std::vector<analyses::LocalityHead> parts(static_cast<std::size_t>(q.count()));
-  for_each_index(q.count(), [&](Eigen::Index i) {
-    const FloatHead h(q, k, i);
-    int degenerate = 0;
-    const auto mass = analyses::in_head(
-        q.single() ? -1 : static_cast<int>(i / q.heads()), 0, static_cast<int>(i % q.heads()),
-        [&] { return analyses::local_mass(v, h.q, h.k, scale, grid, window, &degenerate); });
-    parts[static_cast<std::size_t>(i)].mass = analyses::mass_stats(mass);
-    parts[static_cast<std::size_t>(i)].degenerate_rows = degenerate;
-  });
-  for (Eigen::Index image = 0; image < q.images(); ++image) {
-    analyses::LocalityImage img;
-    img.image = static_cast<int>(image);
-    img.heads.emplace_back(parts.begin() + image * q.heads(), parts.begin() + (image + 1) * q.heads());
-    totals.add(img);
-  }
+  LiveLocality live(one_layer_setup(v, q, scale_obj, grid_of(grid_spec, q.tokens())), window);
+  live.add({q}, {k});
+  const analyses::LocalityResult r = live.result();
   std::vector<std::int64_t> count, dead;
   std::vector<double> mean, stddev, min, max;
-  for (const auto& h : totals.result().per_head[0]) {
+  for (const auto& h : r.per_head[0]) {
     count.push_back(h.mass.count);
     mean.push_back(h.mass.mean);
     stddev.push_back(h.mass.stddev());
@@ -182,8 +172,8 @@ pyb::dict locality(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec
   d["min"] = per_head_total(q, min);
   d["max"] = per_head_total(q, max);
   d["degenerate_rows"] = per_head_total(q, dead);
-  d["images"] = totals.result().images;
-  d["uniform_baseline"] = totals.result().uniform_baseline;
+  d["images"] = r.images;
+  d["uniform_baseline"] = r.uniform_baseline;
   return d;
 }
 
@@ -193,17 +183,13 @@ pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec, 
   const Variant v = variant_of(spec, convention);
   const Heads<float> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
-  const double scale = scale_or_default(scale_obj, q.dim());
-  analyses::CensusCollector collector({v}, one_layer(q.heads()), scale, sum_tolerance);
-  const MatF no_values;
-  for_each_index(q.count(), [&](Eigen::Index i) {
-    const FloatHead h(q, k, i);
-    const int image = q.single() ? -1 : static_cast<int>(i / q.heads());
-    collector.add_head(HeadView{image, 0, static_cast<int>(i % q.heads()), h.q, h.k, no_values});
-  });
+  // The census uses no grid: any grid holding the tokens will do.
+  const TokenGrid grid{0, 1, static_cast<int>(q.tokens())};
+  LiveCensus live(one_layer_setup(v, q, scale_obj, grid), sum_tolerance);
+  live.add({q}, {k});
   std::vector<long long> rows, weights, negative, zero, not_summing, dead;
   std::vector<double> most_negative, max_error;
-  for (const auto& c : collector.cells()) {
+  for (const auto& c : live.cells()) {
     rows.push_back(c.rows);
     weights.push_back(c.weights);
     negative.push_back(c.negative);

@@ -21,5 +21,6 @@ analyses::Selection one_layer(Eigen::Index heads);
 void bind_attention(pybind11::module_& m);
 void bind_analyses(pybind11::module_& m);
 void bind_query_stats(pybind11::module_& m);
+void bind_live(pybind11::module_& m);
 
 }  // namespace attnscope::python

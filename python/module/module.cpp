@@ -29,4 +29,5 @@ PYBIND11_MODULE(_attnscope, m) {
   attnscope::python::bind_attention(m);
   attnscope::python::bind_analyses(m);
   attnscope::python::bind_query_stats(m);
+  attnscope::python::bind_live(m);
 }

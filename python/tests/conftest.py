@@ -74,7 +74,14 @@ def attnscope_module():
     if not os.path.isdir(os.path.join(build_python, "attnscope")):
         pytest.skip(f"the Python module was not built ({build_python}/attnscope is missing: "
                     "install pybind11-dev and python3-dev, configure with ATTNSCOPE_PYTHON=AUTO or ON)")
-    if build_python not in sys.path:
-        sys.path.insert(0, build_python)
-    import attnscope
-    return attnscope
+    # Imported from the build tree by path: python/ (on sys.path for attnscope_dump) holds the
+    # package's sources without the compiled extension, and the build's copy of attnscope_dump
+    # must not shadow the sources the other tests check.
+    import importlib.util
+    package = os.path.join(build_python, "attnscope")
+    spec = importlib.util.spec_from_file_location(
+        "attnscope", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["attnscope"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,144 @@
+#include "live.hpp"
+
+#include "bindings.hpp"
+
+#include "result_files.hpp"
+#include "result_set.hpp"
+
+#include "attnscope/analyses/head_error.hpp"
+#include "attnscope/error.hpp"
+
+#include <filesystem>
+
+namespace attnscope::python {
+
+namespace {
+
+/// The selection the totals are laid out for: the analysed layers as dump layers 0..L-1.
+analyses::Selection selection_of(const LiveSetup& s) {
+  analyses::Selection sel = one_layer(s.heads);
+  sel.layers.clear();
+  for (std::size_t l = 0; l < s.model_layers.size(); ++l) sel.layers.push_back(static_cast<int>(l));
+  return sel;
+}
+
+/// The results folder, created when missing (as the command's --out).
+std::filesystem::path results_folder(const std::string& out_dir) {
+  std::filesystem::create_directories(out_dir);
+  return out_dir;
+}
+
+}  // namespace
+
+void LiveAnalysis::check_batch(const LiveSetup& s, const std::vector<Heads<float>>& q,
+                               const std::vector<Heads<float>>& k) const {
+  if (q.size() != s.model_layers.size() || k.size() != q.size()) {
+    throw UsageError("a batch brings " + std::to_string(q.size()) + " layers of q and " +
+                     std::to_string(k.size()) + " of k, expected " +
+                     std::to_string(s.model_layers.size()));
+  }
+  for (std::size_t l = 0; l < q.size(); ++l) {
+    require_same_heads(q[0], q[l], true);
+    require_same_heads(q[0], k[l], true);
+  }
+  if (q[0].heads() != s.heads || q[0].tokens() != s.grid.tokens()) {
+    throw UsageError("a batch has " + std::to_string(q[0].heads()) + " heads of " +
+                     std::to_string(q[0].tokens()) + " tokens, expected " + std::to_string(s.heads) +
+                     " of " + std::to_string(s.grid.tokens()));
+  }
+}
+
+LiveLocality::LiveLocality(LiveSetup setup, int window)
+    : setup_(std::move(setup)),
+      window_(window),
+      totals_(setup_.variants, selection_of(setup_), setup_.grid, window) {
+  if (window < 1 || window % 2 == 0) {
+    throw UsageError("window must be a positive odd number, found " + std::to_string(window));
+  }
+}
+
+void LiveLocality::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
+  check_batch(setup_, q, k);
+  const Eigen::Index images = q[0].images(), heads = setup_.heads;
+  const auto layers = static_cast<Eigen::Index>(q.size());
+  const auto nv = static_cast<Eigen::Index>(setup_.variants.size());
+  // Every (image, layer, head, variant) of the batch at once; then the images folded in order.
+  std::vector<analyses::LocalityImage> parts(static_cast<std::size_t>(images));
+  const analyses::Selection sel = selection_of(setup_);
+  for (Eigen::Index i = 0; i < images; ++i) {
+    parts[static_cast<std::size_t>(i)].image = static_cast<int>(images_ + i);
+    parts[static_cast<std::size_t>(i)].heads.assign(
+        static_cast<std::size_t>(nv), std::vector<analyses::LocalityHead>(static_cast<std::size_t>(layers * heads)));
+  }
+  for_each_index(images * layers * heads * nv, [&](Eigen::Index t) {
+    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers, i = t / nv / heads / layers;
+    const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
+    const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
+    int degenerate = 0;
+    const std::vector<double> mass = analyses::in_head(
+        static_cast<int>(images_ + i), setup_.model_layers[static_cast<std::size_t>(l)], static_cast<int>(h), [&] {
+          return analyses::local_mass(setup_.variants[static_cast<std::size_t>(vi)], qh, kh, setup_.scale,
+                                      setup_.grid, window_, &degenerate);
+        });
+    analyses::LocalityHead& part = parts[static_cast<std::size_t>(i)].heads[static_cast<std::size_t>(vi)]
+                                        [static_cast<std::size_t>(l * heads + h)];
+    part.layer = static_cast<int>(l);
+    part.head = static_cast<int>(h);
+    part.mass = analyses::mass_stats(mass);
+    part.degenerate_rows = degenerate;
+  });
+  for (const auto& img : parts) totals_.add(img);
+  images_ += images;
+}
+
+analyses::LocalityResult LiveLocality::result() const {
+  analyses::LocalityResult r = totals_.result();
+  for (auto& heads : r.per_head) {
+    for (auto& h : heads) h.layer = setup_.model_layers[static_cast<std::size_t>(h.layer)];
+  }
+  return r;
+}
+
+std::string LiveLocality::publish(const std::string& out_dir, nlohmann::json record) {
+  const analyses::LocalityResult r = result();
+  app::ResultSet set(results_folder(out_dir), "locality.json");
+  app::write_locality_files(set, r);
+  record["results"]["images"] = r.images;
+  record["results"]["uniform_baseline"] = r.uniform_baseline;
+  return set.publish(std::move(record)).string();
+}
+
+LiveCensus::LiveCensus(LiveSetup setup, double sum_tolerance)
+    : setup_(std::move(setup)),
+      collector_(setup_.variants, selection_of(setup_), setup_.scale, sum_tolerance) {}
+
+void LiveCensus::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
+  check_batch(setup_, q, k);
+  const Eigen::Index images = q[0].images(), heads = setup_.heads;
+  const auto layers = static_cast<Eigen::Index>(q.size());
+  const MatF no_values;
+  // Every count is a sum, a minimum or a maximum: the heads may arrive in any order.
+  for_each_index(images * layers * heads, [&](Eigen::Index t) {
+    const Eigen::Index h = t % heads, l = t / heads % layers, i = t / heads / layers;
+    const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
+    const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
+    collector_.add_head(analyses::HeadView{static_cast<int>(images_ + i), static_cast<int>(l),
+                                           static_cast<int>(h), qh, kh, no_values});
+  });
+  images_ += images;
+}
+
+std::vector<analyses::CensusCell> LiveCensus::cells() const {
+  std::vector<analyses::CensusCell> cells = collector_.cells();
+  for (auto& c : cells) c.layer = setup_.model_layers[static_cast<std::size_t>(c.layer)];
+  return cells;
+}
+
+std::string LiveCensus::publish(const std::string& out_dir, nlohmann::json record) {
+  app::ResultSet set(results_folder(out_dir), "census.json");
+  const auto totals = app::write_census_files(set, setup_.variants, cells());
+  record["results"]["totals"] = app::census_totals_json(totals);
+  return set.publish(std::move(record)).string();
+}
+
+}  // namespace attnscope::python
