@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "image_run.hpp"
-#include "result_files.hpp"
+#include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/census.hpp"

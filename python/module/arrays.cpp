@@ -18,12 +18,14 @@ bool is_float(const pyb::dtype& dt) {
 
 pyb::dtype dtype_of(const char* name, pyb::handle obj) {
   if (!pyb::isinstance<pyb::array>(obj)) {
-    throw pyb::type_error(std::string(name) + ": expected a numpy array or a torch CPU tensor, got " +
+    throw pyb::type_error(std::string(name) +
+                          ": expected a numpy array or a torch CPU tensor, got " +
                           std::string(pyb::str(obj.get_type().attr("__name__"))));
   }
   pyb::dtype dt = pyb::reinterpret_borrow<pyb::array>(obj).dtype();
   if (!is_float(dt)) {
-    throw pyb::type_error(std::string(name) + ": expected float16, float32 or float64 values, got " +
+    throw pyb::type_error(std::string(name) +
+                          ": expected float16, float32 or float64 values, got " +
                           std::string(pyb::str(dt)));
   }
   return dt;
@@ -46,7 +48,8 @@ Heads<T>::Heads(pyb::handle obj, const char* name) : name_(name) {
   if (!array_) throw pyb::error_already_set();
   const pyb::ssize_t rank = array_.ndim();
   if (rank != 2 && rank != 4) {
-    throw UsageError(std::string(name) + ": expected a [tokens, dim] or [images, heads, tokens, dim] array, got " +
+    throw UsageError(std::string(name) +
+                     ": expected a [tokens, dim] or [images, heads, tokens, dim] array, got " +
                      std::to_string(rank) + " dimensions");
   }
   single_ = rank == 2;
@@ -57,8 +60,10 @@ Heads<T>::Heads(pyb::handle obj, const char* name) : name_(name) {
   tokens_ = array_.shape(rank - 2);
   dim_ = array_.shape(rank - 1);
   if (images_ == 0 || heads_ == 0 || tokens_ == 0 || dim_ == 0) {
-    throw UsageError(std::string(name) + ": expected at least one image, head, token and dim, got shape " +
-                     std::string(pyb::str(pyb::cast(std::vector<pyb::ssize_t>(array_.shape(), array_.shape() + rank)))));
+    throw UsageError(
+        std::string(name) + ": expected at least one image, head, token and dim, got shape " +
+        std::string(
+            pyb::str(pyb::cast(std::vector<pyb::ssize_t>(array_.shape(), array_.shape() + rank)))));
   }
   data_ = array_.data();
   const Eigen::Index n = count() * tokens_ * dim_;
@@ -67,8 +72,8 @@ Heads<T>::Heads(pyb::handle obj, const char* name) : name_(name) {
     // The first bad value, named as the dump reader names one: its coordinates along each axis.
     const Eigen::Index image = i / (heads_ * tokens_ * dim_), head = i / (tokens_ * dim_) % heads_;
     const Eigen::Index token = i / dim_ % tokens_, d = i % dim_;
-    std::string where = single_ ? std::string()
-                                : "image " + str(image) + ", head " + str(head) + ", ";
+    std::string where =
+        single_ ? std::string() : "image " + str(image) + ", head " + str(head) + ", ";
     where += "token " + str(token) + ", dim " + str(d);
     throw InputError("", name, "finite values",
                      std::string(std::isnan(data_[i]) ? "NaN" : "Inf") + " at " + where);
@@ -78,7 +83,8 @@ Heads<T>::Heads(pyb::handle obj, const char* name) : name_(name) {
 template <typename T>
 std::vector<pyb::ssize_t> Heads<T>::shape(std::vector<pyb::ssize_t> tail) const {
   if (single_) return tail;
-  tail.insert(tail.begin(), {static_cast<pyb::ssize_t>(images_), static_cast<pyb::ssize_t>(heads_)});
+  tail.insert(tail.begin(),
+              {static_cast<pyb::ssize_t>(images_), static_cast<pyb::ssize_t>(heads_)});
   return tail;
 }
 
@@ -100,14 +106,15 @@ void require_same_heads(const Heads<A>& a, const Heads<B>& b, bool same_dim) {
 double scale_or_default(const pyb::object& scale, Eigen::Index dim) {
   if (scale.is_none()) return 1.0 / std::sqrt(static_cast<double>(dim));
   const double s = scale.cast<double>();
-  if (!std::isfinite(s)) throw UsageError("scale: expected a finite number, got " + std::to_string(s));
+  if (!std::isfinite(s))
+    throw UsageError("scale: expected a finite number, got " + std::to_string(s));
   return s;
 }
 
 TokenGrid grid_of(const std::vector<int>& grid, Eigen::Index tokens) {
   if (grid.size() != 3) {
-    throw UsageError("grid: expected (prefix_tokens, height, width), got " + std::to_string(grid.size()) +
-                     " numbers");
+    throw UsageError("grid: expected (prefix_tokens, height, width), got " +
+                     std::to_string(grid.size()) + " numbers");
   }
   const TokenGrid g{grid[0], grid[1], grid[2]};
   if (g.prefix < 0 || g.height < 1 || g.width < 1 || g.tokens() != tokens) {

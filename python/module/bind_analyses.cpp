@@ -16,7 +16,6 @@
 #include "attnscope/analyses/maps.hpp"
 #include "attnscope/error.hpp"
 
-
 namespace attnscope::python {
 
 namespace {
@@ -26,7 +25,8 @@ using analyses::Selection;
 
 /// The values as an array of `shape`, or the one value where the input was a single head.
 template <typename V>
-pyb::object array_or_value(bool single, const std::vector<pyb::ssize_t>& shape, const std::vector<V>& values) {
+pyb::object array_or_value(bool single, const std::vector<pyb::ssize_t>& shape,
+                           const std::vector<V>& values) {
   if (single) return pyb::cast(values.front());
   pyb::array_t<V> out(shape);
   std::copy(values.begin(), values.end(), out.mutable_data());
@@ -46,7 +46,8 @@ pyb::object per_head_total(const Heads<float>& q, const std::vector<V>& values) 
 }
 
 /// Per (image, head) arrays [images, heads, tail...] of doubles; a single head drops the first two.
-pyb::array_t<double> per_head_rows(const Heads<float>& q, const std::vector<std::vector<double>>& rows,
+pyb::array_t<double> per_head_rows(const Heads<float>& q,
+                                   const std::vector<std::vector<double>>& rows,
                                    std::vector<pyb::ssize_t> tail) {
   pyb::array_t<double> out(q.shape(tail));
   double* dst = out.mutable_data();
@@ -95,13 +96,15 @@ pyb::dict confusion(pyb::handle q_obj, pyb::handle k_obj, const std::string& spe
   return d;
 }
 
-pyb::array_t<std::int64_t> confused_pairs(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
-                                          double eps, double query_eps, const pyb::object& scale_obj,
+pyb::array_t<std::int64_t> confused_pairs(pyb::handle q_obj, pyb::handle k_obj,
+                                          const std::string& spec, double eps, double query_eps,
+                                          const pyb::object& scale_obj,
                                           const std::string& convention) {
   const Variant v = variant_of(spec, convention);
   const Heads<float> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
-  if (!q.single()) throw UsageError("confused_pairs: expected one head, q and k of shape [tokens, dim]");
+  if (!q.single())
+    throw UsageError("confused_pairs: expected one head, q and k of shape [tokens, dim]");
   const double scale = scale_or_default(scale_obj, q.dim());
   analyses::ConfusionOptions opt;
   opt.eps = eps;
@@ -133,7 +136,8 @@ pyb::tuple local_mass(pyb::handle q_obj, pyb::handle k_obj, const std::string& s
   for_each_index(q.count(), [&](Eigen::Index i) {
     const FloatHead h(q, k, i);
     int degenerate = 0;
-    mass[static_cast<std::size_t>(i)] = analyses::local_mass(v, h.q, h.k, scale, grid, window, &degenerate);
+    mass[static_cast<std::size_t>(i)] =
+        analyses::local_mass(v, h.q, h.k, scale, grid, window, &degenerate);
     dead[static_cast<std::size_t>(i)] = degenerate;
   });
   return pyb::make_tuple(per_head_rows(q, mass, {q.tokens()}), per_head(q, dead));
@@ -178,8 +182,9 @@ pyb::dict locality(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec
 }
 
 /// The weight census per head over the images, as `attnscope census` counts a layer.
-pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec, double sum_tolerance,
-                 const pyb::object& scale_obj, const std::string& convention) {
+pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
+                 double sum_tolerance, const pyb::object& scale_obj,
+                 const std::string& convention) {
   const Variant v = variant_of(spec, convention);
   const Heads<float> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
@@ -251,8 +256,8 @@ void bind_analyses(pyb::module_& m) {
         pyb::arg("query_eps"), pyb::arg("scale"), pyb::arg("reference"), pyb::arg("convention"));
   m.def("confused_pairs", &confused_pairs, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"),
         pyb::arg("eps"), pyb::arg("query_eps"), pyb::arg("scale"), pyb::arg("convention"));
-  m.def("local_mass", &local_mass, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("grid"),
-        pyb::arg("window"), pyb::arg("scale"), pyb::arg("convention"));
+  m.def("local_mass", &local_mass, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"),
+        pyb::arg("grid"), pyb::arg("window"), pyb::arg("scale"), pyb::arg("convention"));
   m.def("locality", &locality, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("grid"),
         pyb::arg("window"), pyb::arg("scale"), pyb::arg("convention"));
   m.def("census", &census, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("sum_tol"),

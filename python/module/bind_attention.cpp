@@ -41,8 +41,8 @@ pyb::object degenerate_lists(bool single, Eigen::Index images, Eigen::Index head
 }
 
 template <typename T>
-pyb::tuple weights_of(pyb::handle q_obj, pyb::handle k_obj, const Variant& v, const pyb::object& scale,
-                      const pyb::object& mask_obj) {
+pyb::tuple weights_of(pyb::handle q_obj, pyb::handle k_obj, const Variant& v,
+                      const pyb::object& scale, const pyb::object& mask_obj) {
   const Heads<T> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
   const double s = scale_or_default(scale, q.dim());
@@ -92,29 +92,39 @@ Variant variant_of(const std::string& spec, const std::string& convention) {
 }
 
 void bind_attention(pyb::module_& m) {
-  m.def("variant_name", [](const std::string& spec, const std::string& convention) {
-    return variant_of(spec, convention).name();
-  }, pyb::arg("spec"), pyb::arg("convention") = "paper");
+  m.def(
+      "variant_name",
+      [](const std::string& spec, const std::string& convention) {
+        return variant_of(spec, convention).name();
+      },
+      pyb::arg("spec"), pyb::arg("convention") = "paper");
   m.def("families", [] {
     std::vector<std::string> names;
     for (const AttentionFamily* f : all_families()) names.emplace_back(f->name());
     return names;
   });
-  m.def("weights", [](pyb::handle q, pyb::handle k, const std::string& spec, const pyb::object& scale,
-                      const pyb::object& mask, const std::string& convention) {
-    const Variant v = variant_of(spec, convention);
-    return scalar_of({{"q", q}, {"k", k}}) == Scalar::Double ? weights_of<double>(q, k, v, scale, mask)
-                                                             : weights_of<float>(q, k, v, scale, mask);
-  }, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("scale"), pyb::arg("mask"),
-     pyb::arg("convention"));
-  m.def("outputs", [](pyb::handle q, pyb::handle k, pyb::handle values, const std::string& spec,
-                      const pyb::object& scale, const pyb::object& mask, const std::string& convention) {
-    const Variant v = variant_of(spec, convention);
-    return scalar_of({{"q", q}, {"k", k}, {"v", values}}) == Scalar::Double
-               ? outputs_of<double>(q, k, values, v, scale, mask)
-               : outputs_of<float>(q, k, values, v, scale, mask);
-  }, pyb::arg("q"), pyb::arg("k"), pyb::arg("v"), pyb::arg("variant"), pyb::arg("scale"),
-     pyb::arg("mask"), pyb::arg("convention"));
+  m.def(
+      "weights",
+      [](pyb::handle q, pyb::handle k, const std::string& spec, const pyb::object& scale,
+         const pyb::object& mask, const std::string& convention) {
+        const Variant v = variant_of(spec, convention);
+        return scalar_of({{"q", q}, {"k", k}}) == Scalar::Double
+                   ? weights_of<double>(q, k, v, scale, mask)
+                   : weights_of<float>(q, k, v, scale, mask);
+      },
+      pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("scale"), pyb::arg("mask"),
+      pyb::arg("convention"));
+  m.def(
+      "outputs",
+      [](pyb::handle q, pyb::handle k, pyb::handle values, const std::string& spec,
+         const pyb::object& scale, const pyb::object& mask, const std::string& convention) {
+        const Variant v = variant_of(spec, convention);
+        return scalar_of({{"q", q}, {"k", k}, {"v", values}}) == Scalar::Double
+                   ? outputs_of<double>(q, k, values, v, scale, mask)
+                   : outputs_of<float>(q, k, values, v, scale, mask);
+      },
+      pyb::arg("q"), pyb::arg("k"), pyb::arg("v"), pyb::arg("variant"), pyb::arg("scale"),
+      pyb::arg("mask"), pyb::arg("convention"));
 }
 
 }  // namespace attnscope::python

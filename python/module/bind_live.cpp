@@ -19,7 +19,8 @@ std::vector<Heads<float>> layers_of(const pyb::list& arrays, const char* name) {
   return out;
 }
 
-std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis, const std::vector<std::string>& specs,
+std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis,
+                                        const std::vector<std::string>& specs,
                                         const std::vector<int>& model_layers, int heads,
                                         const std::vector<int>& grid, double scale,
                                         const pyb::dict& options, const std::string& convention) {
@@ -48,12 +49,18 @@ std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis, const std::
 
 void bind_live(pyb::module_& m) {
   pyb::class_<LiveAnalysis>(m, "LiveAnalysis")
-      .def("add", [](LiveAnalysis& a, const pyb::list& q, const pyb::list& k) {
-        a.add(layers_of(q, "q"), layers_of(k, "k"));
-      }, pyb::arg("q"), pyb::arg("k"))
-      .def("publish", [](LiveAnalysis& a, const std::string& out_dir, const std::string& record) {
-        return a.publish(out_dir, nlohmann::json::parse(record));
-      }, pyb::arg("out_dir"), pyb::arg("record"))
+      .def(
+          "add",
+          [](LiveAnalysis& a, const pyb::list& q, const pyb::list& k) {
+            a.add(layers_of(q, "q"), layers_of(k, "k"));
+          },
+          pyb::arg("q"), pyb::arg("k"))
+      .def(
+          "publish",
+          [](LiveAnalysis& a, const std::string& out_dir, const std::string& record) {
+            return a.publish(out_dir, nlohmann::json::parse(record));
+          },
+          pyb::arg("out_dir"), pyb::arg("record"))
       .def_property_readonly("images", &LiveAnalysis::images);
   m.def("live", &make_live, pyb::arg("analysis"), pyb::arg("variants"), pyb::arg("layers"),
         pyb::arg("heads"), pyb::arg("grid"), pyb::arg("scale"), pyb::arg("options"),

@@ -13,7 +13,6 @@
 #include "attnscope/analyses/spikiness.hpp"
 #include "attnscope/error.hpp"
 
-
 #include <optional>
 
 namespace attnscope::python {
@@ -37,12 +36,13 @@ T option(const pyb::dict& options, const char* key, T fallback) {
 
 /// entropy: log_eps, bins (32); distance: grid (prefix, height, width), patch_size (pixels, 1),
 /// renormalise, bins (32); rank: rank_tol. Unknown options are refused.
-Measure measure_of(const std::string& name, const pyb::dict& options, Eigen::Index tokens, double scale,
-                   bool reference) {
-  const std::vector<std::string> known = name == "entropy"    ? std::vector<std::string>{"log_eps", "bins"}
-                                         : name == "distance" ? std::vector<std::string>{"grid", "patch_size", "renormalise", "bins"}
-                                         : name == "rank"     ? std::vector<std::string>{"rank_tol"}
-                                                              : std::vector<std::string>{};
+Measure measure_of(const std::string& name, const pyb::dict& options, Eigen::Index tokens,
+                   double scale, bool reference) {
+  const std::vector<std::string> known =
+      name == "entropy"    ? std::vector<std::string>{"log_eps", "bins"}
+      : name == "distance" ? std::vector<std::string>{"grid", "patch_size", "renormalise", "bins"}
+      : name == "rank"     ? std::vector<std::string>{"rank_tol"}
+                           : std::vector<std::string>{};
   if (known.empty()) {
     throw UsageError("analysis: expected entropy, distance or rank, got '" + name + "'");
   }
@@ -63,7 +63,8 @@ Measure measure_of(const std::string& name, const pyb::dict& options, Eigen::Ind
     m.layout = analyses::entropy_layout(static_cast<int>(tokens), bins);
     m.fn = analyses::entropy_measure(opt, scale, reference);
   } else if (name == "distance") {
-    if (!options.contains("grid")) throw UsageError("distance: the grid (prefix, height, width) is needed");
+    if (!options.contains("grid"))
+      throw UsageError("distance: the grid (prefix, height, width) is needed");
     const TokenGrid grid = grid_of(options["grid"].cast<std::vector<int>>(), tokens);
     const double patch = option(options, "patch_size", 1.0);
     const analyses::PatchGeometry geometry(grid, patch, patch);
@@ -91,15 +92,17 @@ std::optional<Heads<float>> values_of(const Measure& m, pyb::handle v_obj, const
 }
 
 /// Measures every head of the stack in float; `values` may be null.
-std::vector<HeadQueryValues> measure_heads(const Measure& m, const Variant& v, const Heads<float>& q,
-                                           const Heads<float>& k, const Heads<float>* values) {
+std::vector<HeadQueryValues> measure_heads(const Measure& m, const Variant& v,
+                                           const Heads<float>& q, const Heads<float>& k,
+                                           const Heads<float>* values) {
   std::vector<HeadQueryValues> out(static_cast<std::size_t>(q.count()));
   for_each_index(q.count(), [&](Eigen::Index i) {
     const MatF qi = q.head(i), ki = k.head(i);
     const MatF vi = values ? MatF(values->head(i)) : MatF();
     const int image = q.single() ? -1 : static_cast<int>(i / q.heads());
     const HeadView hv{image, 0, static_cast<int>(i % q.heads()), qi, ki, vi, &qi};
-    out[static_cast<std::size_t>(i)] = analyses::in_head(image, 0, hv.head, [&] { return m.fn(v, hv); });
+    out[static_cast<std::size_t>(i)] =
+        analyses::in_head(image, 0, hv.head, [&] { return m.fn(v, hv); });
   });
   return out;
 }
@@ -123,10 +126,11 @@ struct Measured {
 
 /// Per query: each quantity's values [images, heads, n] (n = tokens, or 1 for a per-head
 /// quantity) and each counter [images, heads]; a single head drops the first two axes.
-pyb::dict per_query(const std::string& name, pyb::handle q_obj, pyb::handle k_obj, pyb::handle v_obj,
-                    const std::string& spec, const pyb::object& scale_obj, const pyb::dict& options,
-                    bool reference, const std::string& convention) {
-  const Measured r(name, q_obj, k_obj, v_obj, variant_of(spec, convention), scale_obj, options, reference);
+pyb::dict per_query(const std::string& name, pyb::handle q_obj, pyb::handle k_obj,
+                    pyb::handle v_obj, const std::string& spec, const pyb::object& scale_obj,
+                    const pyb::dict& options, bool reference, const std::string& convention) {
+  const Measured r(name, q_obj, k_obj, v_obj, variant_of(spec, convention), scale_obj, options,
+                   reference);
   pyb::dict d;
   for (std::size_t qi = 0; qi < r.m.layout.quantities.size(); ++qi) {
     const auto n = static_cast<pyb::ssize_t>(r.heads.front().values[qi].size());
@@ -210,8 +214,8 @@ pyb::dict row_stats(pyb::handle w_obj, int topk) {
     throw pyb::type_error("w: expected a non-empty 1-D array of weights (one attention row)");
   }
   if (topk < 1) throw UsageError("topk: expected a positive count, got " + std::to_string(topk));
-  const analyses::RowStats s =
-      analyses::row_stats(Eigen::Map<const VecD>(w.data(), static_cast<Eigen::Index>(w.size())), topk);
+  const analyses::RowStats s = analyses::row_stats(
+      Eigen::Map<const VecD>(w.data(), static_cast<Eigen::Index>(w.size())), topk);
   pyb::dict d;
   d["max_weight"] = s.max_weight;
   d["entropy"] = s.entropy;

@@ -2,8 +2,9 @@
 
 #include "bindings.hpp"
 
-#include "result_files.hpp"
-#include "result_set.hpp"
+#include "attnscope/run/result_files.hpp"
+#include "attnscope/run/result_set.hpp"
+#include "attnscope/run/run_record.hpp"
 
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
@@ -22,12 +23,6 @@ analyses::Selection selection_of(const LiveSetup& s) {
   return sel;
 }
 
-/// The results folder, created when missing (as the command's --out).
-std::filesystem::path results_folder(const std::string& out_dir) {
-  std::filesystem::create_directories(out_dir);
-  return out_dir;
-}
-
 }  // namespace
 
 void LiveAnalysis::check_batch(const LiveSetup& s, const std::vector<Heads<float>>& q,
@@ -43,8 +38,8 @@ void LiveAnalysis::check_batch(const LiveSetup& s, const std::vector<Heads<float
   }
   if (q[0].heads() != s.heads || q[0].tokens() != s.grid.tokens()) {
     throw UsageError("a batch has " + std::to_string(q[0].heads()) + " heads of " +
-                     std::to_string(q[0].tokens()) + " tokens, expected " + std::to_string(s.heads) +
-                     " of " + std::to_string(s.grid.tokens()));
+                     std::to_string(q[0].tokens()) + " tokens, expected " +
+                     std::to_string(s.heads) + " of " + std::to_string(s.grid.tokens()));
   }
 }
 
@@ -68,20 +63,24 @@ void LiveLocality::add(const std::vector<Heads<float>>& q, const std::vector<Hea
   for (Eigen::Index i = 0; i < images; ++i) {
     parts[static_cast<std::size_t>(i)].image = static_cast<int>(images_ + i);
     parts[static_cast<std::size_t>(i)].heads.assign(
-        static_cast<std::size_t>(nv), std::vector<analyses::LocalityHead>(static_cast<std::size_t>(layers * heads)));
+        static_cast<std::size_t>(nv),
+        std::vector<analyses::LocalityHead>(static_cast<std::size_t>(layers * heads)));
   }
   for_each_index(images * layers * heads * nv, [&](Eigen::Index t) {
-    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers, i = t / nv / heads / layers;
+    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers,
+                       i = t / nv / heads / layers;
     const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
     const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
     int degenerate = 0;
     const std::vector<double> mass = analyses::in_head(
-        static_cast<int>(images_ + i), setup_.model_layers[static_cast<std::size_t>(l)], static_cast<int>(h), [&] {
-          return analyses::local_mass(setup_.variants[static_cast<std::size_t>(vi)], qh, kh, setup_.scale,
-                                      setup_.grid, window_, &degenerate);
+        static_cast<int>(images_ + i), setup_.model_layers[static_cast<std::size_t>(l)],
+        static_cast<int>(h), [&] {
+          return analyses::local_mass(setup_.variants[static_cast<std::size_t>(vi)], qh, kh,
+                                      setup_.scale, setup_.grid, window_, &degenerate);
         });
-    analyses::LocalityHead& part = parts[static_cast<std::size_t>(i)].heads[static_cast<std::size_t>(vi)]
-                                        [static_cast<std::size_t>(l * heads + h)];
+    analyses::LocalityHead& part =
+        parts[static_cast<std::size_t>(i)]
+            .heads[static_cast<std::size_t>(vi)][static_cast<std::size_t>(l * heads + h)];
     part.layer = static_cast<int>(l);
     part.head = static_cast<int>(h);
     part.mass = analyses::mass_stats(mass);
@@ -101,8 +100,8 @@ analyses::LocalityResult LiveLocality::result() const {
 
 std::string LiveLocality::publish(const std::string& out_dir, nlohmann::json record) {
   const analyses::LocalityResult r = result();
-  app::ResultSet set(results_folder(out_dir), "locality.json");
-  app::write_locality_files(set, r);
+  run::ResultSet set(run::ensure_out_dir(out_dir), "locality.json");
+  run::write_locality_files(set, r);
   record["results"]["images"] = r.images;
   record["results"]["uniform_baseline"] = r.uniform_baseline;
   return set.publish(std::move(record)).string();
@@ -135,9 +134,9 @@ std::vector<analyses::CensusCell> LiveCensus::cells() const {
 }
 
 std::string LiveCensus::publish(const std::string& out_dir, nlohmann::json record) {
-  app::ResultSet set(results_folder(out_dir), "census.json");
-  const auto totals = app::write_census_files(set, setup_.variants, cells());
-  record["results"]["totals"] = app::census_totals_json(totals);
+  run::ResultSet set(run::ensure_out_dir(out_dir), "census.json");
+  const auto totals = run::write_census_files(set, setup_.variants, cells());
+  record["results"]["totals"] = run::census_totals_json(totals);
   return set.publish(std::move(record)).string();
 }
 

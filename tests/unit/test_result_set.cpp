@@ -1,8 +1,8 @@
-// Result sets (apps/result_set.hpp): staging, publishing with a manifest written last, write errors
+// Result sets (run/include/attnscope/run/result_set.hpp): staging, publishing with a manifest written last, write errors
 // reported with the system's reason, stale staging folders, and the SHA-256 of the manifest.
 #include "scratch_dir.hpp"
-#include "result_set.hpp"
-#include "sha256.hpp"
+#include "attnscope/run/result_set.hpp"
+#include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
 
@@ -17,9 +17,9 @@
 #include <string>
 
 namespace fs = std::filesystem;
-using attnscope::app::ResultFile;
-using attnscope::app::ResultSet;
-using attnscope::app::Sha256;
+using attnscope::run::ResultFile;
+using attnscope::run::ResultSet;
+using attnscope::run::Sha256;
 
 namespace {
 
@@ -114,7 +114,7 @@ TEST_F(ResultSetTest, PublishesEveryFileAndAManifestListingThem) {
   EXPECT_EQ(m["files"][0]["bytes"], 8);
   EXPECT_EQ(m["files"][0]["sha256"], sha("x,y\n1,2\n"));
   EXPECT_EQ(m["files"][1]["name"], "b.csv");
-  EXPECT_EQ(m["files"][1]["sha256"], attnscope::app::sha256_file(dir_ / "b.csv"));
+  EXPECT_EQ(m["files"][1]["sha256"], attnscope::run::sha256_file(dir_ / "b.csv"));
   EXPECT_EQ(slurp(dir_ / "a.csv"), "x,y\n1,2\n");
 }
 

@@ -1,5 +1,5 @@
 // SHA-256 through OpenSSL's EVP interface (libcrypto picks the CPU's SHA extensions itself).
-#include "sha256.hpp"
+#include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
 
@@ -11,10 +11,12 @@
 #include <cstring>
 #include <vector>
 
-namespace attnscope::app {
+namespace attnscope::run {
 namespace {
 
-[[noreturn]] void fail(const char* what) { throw Error(std::string("SHA-256: OpenSSL's ") + what + " failed"); }
+[[noreturn]] void fail(const char* what) {
+  throw Error(std::string("SHA-256: OpenSSL's ") + what + " failed");
+}
 
 }  // namespace
 
@@ -68,4 +70,4 @@ std::string sha256_file(const std::filesystem::path& path, std::uintmax_t* bytes
   return h.hex_digest();
 }
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

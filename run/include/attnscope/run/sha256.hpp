@@ -10,7 +10,7 @@
 
 struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
 
-namespace attnscope::app {
+namespace attnscope::run {
 
 class Sha256 {
  public:
@@ -30,4 +30,4 @@ class Sha256 {
 /// file when it cannot be read.
 std::string sha256_file(const std::filesystem::path& path, std::uintmax_t* bytes = nullptr);
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run
