@@ -12,7 +12,7 @@ import time
 
 from . import _attnscope as _core
 
-ANALYSES = ("locality", "census")
+ANALYSES = ("locality", "census", "confusion")
 
 
 def _dumper():
@@ -34,14 +34,16 @@ def _own_variant(attrs) -> str:
 
 def analyze(model, loader, analyses=ANALYSES, *, out: str = "results/analyze", layers=None,
             variants=None, dtype: str = "float16", max_images: int | None = None,
-            window: int = 3, sum_tol: float = 1e-6, model_name: str | None = None,
+            window: int = 3, sum_tol: float = 1e-6, eps: float = 1e-3,
+            query_eps: float = 1e-6, model_name: str | None = None,
             attention_family: str | None = None, feature_map: str | None = None,
             convention: str = "code", grid=None, prefix_tokens: int | None = None,
             device=None, allow_rotary: bool = False) -> dict:
     """Runs `model` over `loader` (as attnscope_dump.dump_model does: tensors, (images, labels)
     pairs or dicts with pixel_values) and analyses every batch as it comes.
 
-    analyses: any of "locality" (window) and "census" (sum_tol); each publishes into
+    analyses: any of "locality" (window), "census" (sum_tol) and "confusion" (eps, query_eps);
+    each publishes into
     ``out/<analysis>/`` the files of ``attnscope <analysis> --out out/<analysis>``.
     layers: the model's layers to analyse (default all; results name the model's indices).
     variants: specs (default the model's own variant), without @convention read under the
@@ -61,9 +63,11 @@ def analyze(model, loader, analyses=ANALYSES, *, out: str = "results/analyze", l
                                                    allow_rotary)
     specs = list(variants) if variants else [_own_variant(attrs)]
     grid3 = [attrs["prefix_tokens"], attrs["grid_height"], attrs["grid_width"]]
-    options = {"locality": {"window": window}, "census": {"sum_tol": sum_tol}}
-    runs = {name: _core.live(name, specs, keep, attrs["num_heads"], grid3, attrs["scale"],
-                             options[name], attrs["convention"]) for name in analyses}
+    options = {"locality": {"window": window}, "census": {"sum_tol": sum_tol},
+               "confusion": {"eps": eps, "query_eps": query_eps}}
+    runs = {name: _core.live(name, os.path.join(out, name), specs, keep, attrs["num_heads"],
+                             grid3, attrs["scale"], options[name], attrs["convention"])
+            for name in analyses}
     start, started = time.monotonic(), datetime.datetime.now(datetime.timezone.utc)
     images = 0
     with dumper.hooked(model, sites, keep, False, False) as stores:
@@ -92,5 +96,5 @@ def analyze(model, loader, analyses=ANALYSES, *, out: str = "results/analyze", l
             "results": {}, "elapsed_s": time.monotonic() - start,
             "threads": os.cpu_count(),
         }
-        manifests[name] = run.publish(os.path.join(out, name), json.dumps(record))
+        manifests[name] = run.publish(json.dumps(record))
     return manifests

@@ -19,7 +19,7 @@ std::vector<Heads<float>> layers_of(const pyb::list& arrays, const char* name) {
   return out;
 }
 
-std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis,
+std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis, const std::string& out_dir,
                                         const std::vector<std::string>& specs,
                                         const std::vector<int>& model_layers, int heads,
                                         const std::vector<int>& grid, double scale,
@@ -35,14 +35,20 @@ std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis,
   setup.grid = {grid[0], grid[1], grid[2]};
   if (analysis == "locality") {
     const int window = options.contains("window") ? options["window"].cast<int>() : 3;
-    return std::make_unique<LiveLocality>(std::move(setup), window);
+    return std::make_unique<LiveLocality>(std::move(setup), window, out_dir);
   }
   if (analysis == "census") {
     const double tol = options.contains("sum_tol") ? options["sum_tol"].cast<double>()
                                                    : analyses::kDefaultSumTolerance;
-    return std::make_unique<LiveCensus>(std::move(setup), tol);
+    return std::make_unique<LiveCensus>(std::move(setup), tol, out_dir);
   }
-  throw UsageError("analyses: expected locality or census, got '" + analysis + "'");
+  if (analysis == "confusion") {
+    analyses::ConfusionOptions opt;
+    if (options.contains("eps")) opt.eps = options["eps"].cast<double>();
+    if (options.contains("query_eps")) opt.query_eps = options["query_eps"].cast<double>();
+    return std::make_unique<LiveConfusion>(std::move(setup), opt, out_dir);
+  }
+  throw UsageError("analyses: expected locality, census or confusion, got '" + analysis + "'");
 }
 
 }  // namespace
@@ -57,14 +63,14 @@ void bind_live(pyb::module_& m) {
           pyb::arg("q"), pyb::arg("k"))
       .def(
           "publish",
-          [](LiveAnalysis& a, const std::string& out_dir, const std::string& record) {
-            return a.publish(out_dir, nlohmann::json::parse(record));
+          [](LiveAnalysis& a, const std::string& record) {
+            return a.publish(nlohmann::json::parse(record));
           },
-          pyb::arg("out_dir"), pyb::arg("record"))
+          pyb::arg("record"))
       .def_property_readonly("images", &LiveAnalysis::images);
-  m.def("live", &make_live, pyb::arg("analysis"), pyb::arg("variants"), pyb::arg("layers"),
-        pyb::arg("heads"), pyb::arg("grid"), pyb::arg("scale"), pyb::arg("options"),
-        pyb::arg("convention"));
+  m.def("live", &make_live, pyb::arg("analysis"), pyb::arg("out_dir"), pyb::arg("variants"),
+        pyb::arg("layers"), pyb::arg("heads"), pyb::arg("grid"), pyb::arg("scale"),
+        pyb::arg("options"), pyb::arg("convention"));
 }
 
 }  // namespace attnscope::python

@@ -25,6 +25,11 @@ analyses::Selection selection_of(const LiveSetup& s) {
 
 }  // namespace
 
+std::filesystem::path LiveAnalysis::results_folder() const {
+  if (out_dir_.empty()) throw UsageError("out: no results folder was given to publish into");
+  return run::ensure_out_dir(out_dir_);
+}
+
 void LiveAnalysis::check_batch(const LiveSetup& s, const std::vector<Heads<float>>& q,
                                const std::vector<Heads<float>>& k) const {
   if (q.size() != s.model_layers.size() || k.size() != q.size()) {
@@ -43,13 +48,14 @@ void LiveAnalysis::check_batch(const LiveSetup& s, const std::vector<Heads<float
   }
 }
 
-LiveLocality::LiveLocality(LiveSetup setup, int window)
+LiveLocality::LiveLocality(LiveSetup setup, int window, std::string out_dir)
     : setup_(std::move(setup)),
       window_(window),
       totals_(setup_.variants, selection_of(setup_), setup_.grid, window) {
   if (window < 1 || window % 2 == 0) {
     throw UsageError("window must be a positive odd number, found " + std::to_string(window));
   }
+  out_dir_ = std::move(out_dir);
 }
 
 void LiveLocality::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
@@ -98,18 +104,20 @@ analyses::LocalityResult LiveLocality::result() const {
   return r;
 }
 
-std::string LiveLocality::publish(const std::string& out_dir, nlohmann::json record) {
+std::string LiveLocality::publish(nlohmann::json record) {
   const analyses::LocalityResult r = result();
-  run::ResultSet set(run::ensure_out_dir(out_dir), "locality.json");
+  run::ResultSet set(results_folder(), "locality.json");
   run::write_locality_files(set, r);
   record["results"]["images"] = r.images;
   record["results"]["uniform_baseline"] = r.uniform_baseline;
   return set.publish(std::move(record)).string();
 }
 
-LiveCensus::LiveCensus(LiveSetup setup, double sum_tolerance)
+LiveCensus::LiveCensus(LiveSetup setup, double sum_tolerance, std::string out_dir)
     : setup_(std::move(setup)),
-      collector_(setup_.variants, selection_of(setup_), setup_.scale, sum_tolerance) {}
+      collector_(setup_.variants, selection_of(setup_), setup_.scale, sum_tolerance) {
+  out_dir_ = std::move(out_dir);
+}
 
 void LiveCensus::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
   check_batch(setup_, q, k);
@@ -133,11 +141,65 @@ std::vector<analyses::CensusCell> LiveCensus::cells() const {
   return cells;
 }
 
-std::string LiveCensus::publish(const std::string& out_dir, nlohmann::json record) {
-  run::ResultSet set(run::ensure_out_dir(out_dir), "census.json");
+std::string LiveCensus::publish(nlohmann::json record) {
+  run::ResultSet set(results_folder(), "census.json");
   const auto totals = run::write_census_files(set, setup_.variants, cells());
   record["results"]["totals"] = run::census_totals_json(totals);
   return set.publish(std::move(record)).string();
+}
+
+LiveConfusion::LiveConfusion(LiveSetup setup, analyses::ConfusionOptions opt, std::string out_dir)
+    : setup_(std::move(setup)),
+      opt_(opt),
+      totals_(setup_.variants, selection_of(setup_), setup_.grid.tokens()) {
+  out_dir_ = std::move(out_dir);
+  set_ = std::make_unique<run::ResultSet>(results_folder(), "confusion.json");
+  files_ =
+      std::make_unique<run::ConfusionFiles>(*set_, setup_.variants, setup_.model_layers, false);
+}
+
+void LiveConfusion::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
+  check_batch(setup_, q, k);
+  const Eigen::Index images = q[0].images(), heads = setup_.heads;
+  const auto layers = static_cast<Eigen::Index>(q.size());
+  const auto nv = static_cast<Eigen::Index>(setup_.variants.size());
+  std::vector<analyses::ConfusionImage> parts(static_cast<std::size_t>(images));
+  for (Eigen::Index i = 0; i < images; ++i) {
+    parts[static_cast<std::size_t>(i)].image = static_cast<int>(images_ + i);
+    parts[static_cast<std::size_t>(i)].heads.assign(
+        static_cast<std::size_t>(nv),
+        std::vector<analyses::HeadConfusion>(static_cast<std::size_t>(layers * heads)));
+  }
+  for_each_index(images * layers * heads * nv, [&](Eigen::Index t) {
+    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers,
+                       i = t / nv / heads / layers;
+    const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
+    const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
+    parts[static_cast<std::size_t>(i)]
+        .heads[static_cast<std::size_t>(vi)][static_cast<std::size_t>(l * heads + h)] =
+        analyses::in_head(
+            static_cast<int>(images_ + i), setup_.model_layers[static_cast<std::size_t>(l)],
+            static_cast<int>(h), [&] {
+              return analyses::count_confusion(setup_.variants[static_cast<std::size_t>(vi)], qh,
+                                               qh, kh, setup_.scale, opt_);
+            });
+  });
+  for (const auto& img : parts) files_->add_image(img, totals_.add(img));
+  images_ += images;
+}
+
+std::string LiveConfusion::publish(nlohmann::json record) {
+  analyses::ConfusionResult r = totals_.result();
+  for (auto& heads : r.per_head) {
+    for (auto& h : heads) h.layer = setup_.model_layers[static_cast<std::size_t>(h.layer)];
+  }
+  for (auto& per_layer : r.per_layer) {
+    for (auto& l : per_layer) l.layer = setup_.model_layers[static_cast<std::size_t>(l.layer)];
+  }
+  files_->finish(r);
+  record["results"]["images"] = r.images;
+  record["results"]["candidates"] = r.candidates;
+  return set_->publish(std::move(record)).string();
 }
 
 }  // namespace attnscope::python

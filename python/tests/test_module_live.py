@@ -20,10 +20,14 @@ def test_analyze_equals_the_cli_on_a_dump_of_the_same_images(attnscope_module, a
     variants = ["softmax", "inline", "mala", "linear:relu"]
     dump = tmp_path / "d.h5"
     dump_model(model, loader, str(dump), layers=layers, dtype="float16", with_out=False)
-    manifests = attnscope_module.analyze(model, loader, ["locality", "census"], layers=layers,
+    manifests = attnscope_module.analyze(model, loader, ["locality", "census", "confusion"],
+                                         layers=layers,
                                          out=str(tmp_path / "live"), variants=variants,
                                          dtype="float16")
-    for name, csv in (("locality", "locality.csv"), ("census", "census.csv")):
+    confusion = ["confusion_per_head.csv", "confusion_per_layer.csv", "confusion_histogram.csv",
+                 "confusion_per_image.csv", "confusion_per_image_layer.csv"]
+    for name, csvs in (("locality", ["locality.csv"]), ("census", ["census.csv"]),
+                       ("confusion", confusion)):
         cli = tmp_path / "cli" / name
         r = subprocess.run([attnscope_bin, name, "--dump", str(dump), "--out", str(cli),
                             "--variant", ",".join(variants), "--threads", "2"],
@@ -32,14 +36,18 @@ def test_analyze_equals_the_cli_on_a_dump_of_the_same_images(attnscope_module, a
         live = tmp_path / "live" / name
         assert manifests[name] == str(live / f"{name}.json")
         verify(manifests[name])  # every file listed with its size and SHA-256
-        want, got = (cli / csv).read_text(), (live / csv).read_text()
-        assert got == want, f"{family} layers={layers} {csv}:\nlive:\n{got}\ncommand:\n{want}"
-        assert len(want.splitlines()) == 1 + len(variants) * 2 * 2  # header + variant x layer x head
+        assert sorted(os.listdir(live)) == sorted(os.listdir(cli)), (name, os.listdir(live))
+        for csv in csvs:
+            want, got = (cli / csv).read_text(), (live / csv).read_text()
+            assert got == want, f"{family} layers={layers} {csv}:\nlive:\n{got}\ncommand:\n{want}"
+        if name != "confusion":  # header + variant x layer x head
+            assert len(want.splitlines()) == 1 + len(variants) * 2 * 2
 
 
 def test_analyze_refuses_bad_arguments(attnscope_module, tmp_path):
     model = tiny_vit("softmax")
-    with pytest.raises(ValueError, match="analyses: expected some of locality, census, got 'bogus'"):
+    with pytest.raises(ValueError, match="analyses: expected some of locality, census, confusion, "
+                                         "got 'bogus'"):
         attnscope_module.analyze(model, image_loader(2), ["bogus"], out=str(tmp_path))
     with pytest.raises(ValueError, match="layer 5 out of range"):
         attnscope_module.analyze(model, image_loader(2), ["census"], layers=[5], out=str(tmp_path))
@@ -64,7 +72,8 @@ def batches():
     g = torch.Generator().manual_seed(0)
     for _ in range(n // 64):
         yield torch.randn(64, 1, 28, 28, generator=g), torch.zeros(64, dtype=torch.long)
-attnscope.analyze(model, batches(), ["locality", "census"], out=sys.argv[4], dtype="float32")
+attnscope.analyze(model, batches(), ["locality", "census", "confusion"], out=sys.argv[4],
+                  dtype="float32")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 """
 
