@@ -13,6 +13,7 @@
 #include "attnscope/analyses/spikiness.hpp"
 #include "attnscope/error.hpp"
 
+#include <cmath>
 #include <optional>
 
 namespace attnscope::python {
@@ -214,6 +215,13 @@ pyb::dict row_stats(pyb::handle w_obj, int topk) {
     throw pyb::type_error("w: expected a non-empty 1-D array of weights (one attention row)");
   }
   if (topk < 1) throw UsageError("topk: expected a positive count, got " + std::to_string(topk));
+  for (pyb::ssize_t j = 0; j < w.size(); ++j) {
+    if (!std::isfinite(w.data()[j])) {
+      throw InputError("", "w", "finite values",
+                       std::string(std::isnan(w.data()[j]) ? "NaN" : "Inf") + " at key " +
+                           std::to_string(j));
+    }
+  }
   const analyses::RowStats s = analyses::row_stats(
       Eigen::Map<const VecD>(w.data(), static_cast<Eigen::Index>(w.size())), topk);
   pyb::dict d;

@@ -23,6 +23,46 @@ analyses::Selection selection_of(const LiveSetup& s) {
   return sel;
 }
 
+/// One head of a batch as the per-head work sees it.
+struct BatchHead {
+  Eigen::Index image;    ///< index in the batch
+  Eigen::Index slot;     ///< layer slot * heads + head
+  Eigen::Index variant;  ///< index into the setup's variants
+  int layer_slot, head;
+  const MatF& q;
+  const MatF& k;
+};
+
+/// Image parts of a batch, [image][variant][slot] of Head each, images numbered from `first`,
+/// filled by fn(BatchHead) for every (image, layer, head, variant) in parallel (OpenMP, the GIL
+/// released); a NumericalError names the image (counted from the first batch), the model's layer
+/// and the head.
+template <typename Image, typename Head, typename Fn>
+std::vector<Image> batch_parts(const LiveSetup& s, const std::vector<Heads<float>>& q,
+                               const std::vector<Heads<float>>& k, std::int64_t first, Fn&& fn) {
+  const Eigen::Index images = q[0].images(), heads = s.heads;
+  const auto layers = static_cast<Eigen::Index>(q.size());
+  const auto nv = static_cast<Eigen::Index>(s.variants.size());
+  std::vector<Image> parts(static_cast<std::size_t>(images));
+  for (Eigen::Index i = 0; i < images; ++i) {
+    parts[static_cast<std::size_t>(i)].image = static_cast<int>(first + i);
+    parts[static_cast<std::size_t>(i)].heads.assign(
+        static_cast<std::size_t>(nv), std::vector<Head>(static_cast<std::size_t>(layers * heads)));
+  }
+  for_each_index(images * layers * heads * nv, [&](Eigen::Index t) {
+    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers,
+                       i = t / nv / heads / layers;
+    const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
+    const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
+    const BatchHead bh{i, l * heads + h, vi, static_cast<int>(l), static_cast<int>(h), qh, kh};
+    parts[static_cast<std::size_t>(i)]
+        .heads[static_cast<std::size_t>(vi)][static_cast<std::size_t>(bh.slot)] =
+        analyses::in_head(static_cast<int>(first + i), s.model_layers[static_cast<std::size_t>(l)],
+                          bh.head, [&] { return fn(bh); });
+  });
+  return parts;
+}
+
 }  // namespace
 
 std::filesystem::path LiveAnalysis::results_folder() const {
@@ -60,40 +100,21 @@ LiveLocality::LiveLocality(LiveSetup setup, int window, std::string out_dir)
 
 void LiveLocality::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
   check_batch(setup_, q, k);
-  const Eigen::Index images = q[0].images(), heads = setup_.heads;
-  const auto layers = static_cast<Eigen::Index>(q.size());
-  const auto nv = static_cast<Eigen::Index>(setup_.variants.size());
   // Every (image, layer, head, variant) of the batch at once; then the images folded in order.
-  std::vector<analyses::LocalityImage> parts(static_cast<std::size_t>(images));
-  const analyses::Selection sel = selection_of(setup_);
-  for (Eigen::Index i = 0; i < images; ++i) {
-    parts[static_cast<std::size_t>(i)].image = static_cast<int>(images_ + i);
-    parts[static_cast<std::size_t>(i)].heads.assign(
-        static_cast<std::size_t>(nv),
-        std::vector<analyses::LocalityHead>(static_cast<std::size_t>(layers * heads)));
-  }
-  for_each_index(images * layers * heads * nv, [&](Eigen::Index t) {
-    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers,
-                       i = t / nv / heads / layers;
-    const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
-    const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
-    int degenerate = 0;
-    const std::vector<double> mass = analyses::in_head(
-        static_cast<int>(images_ + i), setup_.model_layers[static_cast<std::size_t>(l)],
-        static_cast<int>(h), [&] {
-          return analyses::local_mass(setup_.variants[static_cast<std::size_t>(vi)], qh, kh,
-                                      setup_.scale, setup_.grid, window_, &degenerate);
-        });
-    analyses::LocalityHead& part =
-        parts[static_cast<std::size_t>(i)]
-            .heads[static_cast<std::size_t>(vi)][static_cast<std::size_t>(l * heads + h)];
-    part.layer = static_cast<int>(l);
-    part.head = static_cast<int>(h);
-    part.mass = analyses::mass_stats(mass);
-    part.degenerate_rows = degenerate;
-  });
+  const auto parts = batch_parts<analyses::LocalityImage, analyses::LocalityHead>(
+      setup_, q, k, images_, [&](const BatchHead& bh) {
+        analyses::LocalityHead part;
+        int degenerate = 0;
+        part.mass = analyses::mass_stats(
+            analyses::local_mass(setup_.variants[static_cast<std::size_t>(bh.variant)], bh.q, bh.k,
+                                 setup_.scale, setup_.grid, window_, &degenerate));
+        part.layer = bh.layer_slot;
+        part.head = bh.head;
+        part.degenerate_rows = degenerate;
+        return part;
+      });
   for (const auto& img : parts) totals_.add(img);
-  images_ += images;
+  images_ += q[0].images();
 }
 
 analyses::LocalityResult LiveLocality::result() const {
@@ -160,32 +181,13 @@ LiveConfusion::LiveConfusion(LiveSetup setup, analyses::ConfusionOptions opt, st
 
 void LiveConfusion::add(const std::vector<Heads<float>>& q, const std::vector<Heads<float>>& k) {
   check_batch(setup_, q, k);
-  const Eigen::Index images = q[0].images(), heads = setup_.heads;
-  const auto layers = static_cast<Eigen::Index>(q.size());
-  const auto nv = static_cast<Eigen::Index>(setup_.variants.size());
-  std::vector<analyses::ConfusionImage> parts(static_cast<std::size_t>(images));
-  for (Eigen::Index i = 0; i < images; ++i) {
-    parts[static_cast<std::size_t>(i)].image = static_cast<int>(images_ + i);
-    parts[static_cast<std::size_t>(i)].heads.assign(
-        static_cast<std::size_t>(nv),
-        std::vector<analyses::HeadConfusion>(static_cast<std::size_t>(layers * heads)));
-  }
-  for_each_index(images * layers * heads * nv, [&](Eigen::Index t) {
-    const Eigen::Index vi = t % nv, h = t / nv % heads, l = t / nv / heads % layers,
-                       i = t / nv / heads / layers;
-    const MatF qh = q[static_cast<std::size_t>(l)].head(i * heads + h);
-    const MatF kh = k[static_cast<std::size_t>(l)].head(i * heads + h);
-    parts[static_cast<std::size_t>(i)]
-        .heads[static_cast<std::size_t>(vi)][static_cast<std::size_t>(l * heads + h)] =
-        analyses::in_head(
-            static_cast<int>(images_ + i), setup_.model_layers[static_cast<std::size_t>(l)],
-            static_cast<int>(h), [&] {
-              return analyses::count_confusion(setup_.variants[static_cast<std::size_t>(vi)], qh,
-                                               qh, kh, setup_.scale, opt_);
-            });
-  });
+  const auto parts = batch_parts<analyses::ConfusionImage, analyses::HeadConfusion>(
+      setup_, q, k, images_, [&](const BatchHead& bh) {
+        return analyses::count_confusion(setup_.variants[static_cast<std::size_t>(bh.variant)],
+                                         bh.q, bh.q, bh.k, setup_.scale, opt_);
+      });
   for (const auto& img : parts) files_->add_image(img, totals_.add(img));
-  images_ += images;
+  images_ += q[0].images();
 }
 
 std::string LiveConfusion::publish(nlohmann::json record) {

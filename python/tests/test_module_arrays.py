@@ -171,8 +171,23 @@ def test_confused_pairs_find_planted_duplicates(attnscope_module):
     assert [3, 17] not in at.confused_pairs(q, k, "softmax").tolist()
 
 
+def test_any_layout_gives_the_same_numbers(attnscope_module):
+    """Non-contiguous views (converted once) and reversed strides give the contiguous copy's bits."""
+    at = attnscope_module
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((2, 3, 20, 16)).astype(np.float32)
+    q, k = big[:, :, :, ::2], big[:, ::-1, :, 1::2]
+    for spec in ("softmax", "mala"):
+        assert np.array_equal(at.weights(q, k, spec),
+                              at.weights(np.ascontiguousarray(q), np.ascontiguousarray(k), spec))
+    assert np.array_equal(at.confusion(q, k, "inline")["candidates"],
+                          at.confusion(q.copy(), k.copy(), "inline")["candidates"])
+
+
 def test_row_stats_and_per_query_shapes(attnscope_module):
     at = attnscope_module
+    with pytest.raises(ValueError, match="w: expected finite values, found NaN at key 1"):
+        at.row_stats(np.array([0.5, np.nan]))
     s = at.row_stats(np.array([0.5, 0.25, 0.25, 0.0]), topk=2)
     assert s["max_weight"] == 0.5 and s["topk_mass"] == 0.75 and s["zeros"] == 1 and s["negatives"] == 0
     assert abs(s["entropy"] - (-(0.5 * np.log(0.5) + 0.5 * np.log(0.25)))) < 1e-15
