@@ -20,7 +20,7 @@ from .live import analyze
 __version__ = _core.__version__
 __all__ = ["analyze", "weights", "outputs", "variant_name", "families", "confusion", "confused_pairs",
            "local_mass", "locality", "census", "attention_map", "entropy", "distance", "rank",
-           "totals", "row_stats"]
+           "totals", "row_stats", "sweep"]
 
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -181,3 +181,17 @@ def row_stats(w, topk: int = 5) -> dict:
     """Spikiness of one attention row (``attnscope spikiness``): ``max_weight``, ``entropy``,
     ``effective_keys``, ``topk_mass``, ``negatives``, ``zeros``."""
     return _core.row_stats(_array(w, "w"), topk)
+
+
+def sweep(q, k, variant: str, token: int, *, scales: str = "0.25:8:33", keys: str = "top,median",
+          topk: int = 5, space: str = "auto", scale=None, keep_weights: bool = False,
+          convention: str = "paper") -> dict:
+    """One query's spikiness under a sweep of its magnitude (``attnscope spikiness``): query
+    ``token`` of one head ``[tokens, dim]`` scaled by each of ``scales`` ("LO:HI:COUNT" log-spaced,
+    or "0.5,1,2") in the query or feature ``space`` ("auto": query for softmax, feature for the
+    kernel families). Returns ``key_high``, ``key_low`` (the reference keys at scale 1, ``keys``
+    "HIGH,LOW" each top, median, bottom or an index), ``points`` (per scale: ``ratio`` of their
+    weights and the row's spikiness) and ``laws`` (each law of the family checked, as the command's
+    laws table); with ``keep_weights`` also ``weights``, the row at each scale."""
+    return _core.sweep(_array(q, "q"), _array(k, "k"), variant, token, scales, keys, topk, space,
+                       scale, keep_weights, convention)

@@ -217,9 +217,9 @@ pyb::dict row_stats(pyb::handle w_obj, int topk) {
   if (topk < 1) throw UsageError("topk: expected a positive count, got " + std::to_string(topk));
   for (pyb::ssize_t j = 0; j < w.size(); ++j) {
     if (!std::isfinite(w.data()[j])) {
-      throw InputError("", "w", "finite values",
-                       std::string(std::isnan(w.data()[j]) ? "NaN" : "Inf") + " at key " +
-                           std::to_string(j));
+      throw InputError(
+          "", "w", "finite values",
+          std::string(std::isnan(w.data()[j]) ? "NaN" : "Inf") + " at key " + std::to_string(j));
     }
   }
   const analyses::RowStats s = analyses::row_stats(
@@ -234,9 +234,84 @@ pyb::dict row_stats(pyb::handle w_obj, int topk) {
   return d;
 }
 
+/// One query's sweep over query magnitudes (spikiness.hpp's HeadSweeper, as `attnscope spikiness`
+/// sweeps a sampled query): the reference keys, one point per scale, and the laws checked.
+pyb::dict sweep(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec, int token,
+                const std::string& scales, const std::string& keys, int topk,
+                const std::string& space, const pyb::object& scale_obj, bool keep_weights,
+                const std::string& convention) {
+  const Variant v = variant_of(spec, convention);
+  const Heads<float> q(q_obj, "q"), k(k_obj, "k");
+  require_same_heads(q, k, true);
+  if (!q.single()) throw UsageError("sweep: expected one head, q and k of shape [tokens, dim]");
+  if (token < 0 || token >= q.tokens()) {
+    throw UsageError("token: expected a token index in [0, " + std::to_string(q.tokens()) +
+                     "), got " + std::to_string(token));
+  }
+  if (topk < 1) throw UsageError("topk: expected a positive count, got " + std::to_string(topk));
+  analyses::SpikinessOptions opt;
+  opt.scales = analyses::parse_scales(scales);
+  opt.keys = analyses::parse_key_pair(keys);
+  opt.topk = topk;
+  opt.space = analyses::parse_scale_space(space);
+  const double s = scale_or_default(scale_obj, q.dim());
+  analyses::QuerySweep result;
+  std::vector<analyses::LawResult> laws;
+  for_each_index(1, [&](Eigen::Index) {
+    const MatD keys_d = k.head(0).cast<double>();
+    const VecD query = q.head(0).row(token).cast<double>().transpose();
+    const analyses::HeadSweeper sweeper(v, keys_d, s, opt);
+    laws = sweeper.laws();
+    result = sweeper.sweep(query, token, keep_weights, &laws);
+  });
+  pyb::list points;
+  for (const auto& p : result.points) {
+    pyb::dict d;
+    d["scale"] = p.scale;
+    d["ratio"] = p.ratio;
+    d["max_weight"] = p.stats.max_weight;
+    d["entropy"] = p.stats.entropy;
+    d["effective_keys"] = p.stats.effective_keys;
+    d["topk_mass"] = p.stats.topk_mass;
+    d["negatives"] = p.stats.negatives;
+    d["zeros"] = p.stats.zeros;
+    points.append(d);
+  }
+  pyb::list law_list;
+  for (const auto& l : laws) {
+    pyb::dict d;
+    d["law"] = analyses::to_string(l.law);
+    d["max_deviation"] = l.max_deviation;
+    d["points"] = l.points;
+    d["skipped"] = l.skipped;
+    d["applicable"] = l.applicable;
+    d["why"] = l.why;
+    d["threshold"] = l.threshold;
+    d["pass"] = l.pass();
+    law_list.append(d);
+  }
+  pyb::dict d;
+  d["key_high"] = result.key_high;
+  d["key_low"] = result.key_low;
+  d["points"] = points;
+  d["laws"] = law_list;
+  if (keep_weights) {
+    const auto n = static_cast<pyb::ssize_t>(q.tokens());
+    pyb::array_t<double> w({static_cast<pyb::ssize_t>(result.weights.size()), n});
+    double* dst = w.mutable_data();
+    for (const VecD& row : result.weights)
+      dst = std::copy(row.data(), row.data() + row.size(), dst);
+    d["weights"] = w;
+  }
+  return d;
+}
+
 }  // namespace
 
 void bind_query_stats(pyb::module_& m) {
+  m.def("sweep", &sweep, pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("token"),
+        pyb::arg("scales"), pyb::arg("keys"), pyb::arg("topk"), pyb::arg("space"),
+        pyb::arg("scale"), pyb::arg("keep_weights"), pyb::arg("convention"));
   m.def("per_query", &per_query, pyb::arg("analysis"), pyb::arg("q"), pyb::arg("k"), pyb::arg("v"),
         pyb::arg("variant"), pyb::arg("scale"), pyb::arg("options"), pyb::arg("reference"),
         pyb::arg("convention"));

@@ -209,3 +209,30 @@ def test_row_stats_and_per_query_shapes(attnscope_module):
     assert np.allclose(g.reshape(3, 2, 9), w[:, :, 4, 1:], atol=1e-6)
     r = at.rank(q, k, q, "inline")
     assert r["rank"].shape == (3, 2, 1) and np.all(r["rank"] >= 1) and np.all(r["rank"] <= 10)
+
+
+def test_sweep_follows_the_magnitude_laws(attnscope_module):
+    """Softmax: the ratio of two weights at query scale a is its a-th power at a = 1 (MALA eq. 6),
+    and the swept rows are the weights of the scaled query; linear attention: the ratio does not
+    move (eq. 7); every law the family lists passes on a random head, and is reported."""
+    at = attnscope_module
+    rng = np.random.default_rng(6)
+    q, k = rng.standard_normal((63, 8)).astype(np.float32), rng.standard_normal((63, 8)).astype(np.float32)
+    scales = [0.5, 1.0, 2.0]
+    r = at.sweep(q, k, "softmax", 7, scales="0.5,1,2", keep_weights=True)
+    ratios = [p["ratio"] for p in r["points"]]
+    for a, ratio in zip(scales, ratios):
+        assert abs(np.log(ratio) - a * np.log(ratios[1])) < 1e-9, (a, ratio, ratios[1])
+    for i, a in enumerate(scales):
+        w = at.weights(a * q.astype(np.float64), k.astype(np.float64), "softmax", scale=8 ** -0.5)
+        assert np.allclose(r["weights"][i], w[7], rtol=0, atol=1e-12), a
+        s = at.row_stats(r["weights"][i])
+        assert s["max_weight"] == r["points"][i]["max_weight"], a
+    assert [law["law"] for law in r["laws"]] == ["softmax_power"] and r["laws"][0]["pass"]
+    lin = at.sweep(q, k, "linear:relu", 7, scales="0.5,1,2")
+    assert len({p["ratio"] for p in lin["points"]}) == 1, lin["points"]
+    for spec in ("inline", "mala"):
+        laws = at.sweep(q, k, spec, 7, scales="0.25:8:5")["laws"]
+        assert laws and all(law["pass"] and law["points"] > 0 for law in laws), (spec, laws)
+    with pytest.raises(ValueError, match="token: expected a token index in \\[0, 63\\), got 63"):
+        at.sweep(q, k, "softmax", 63)
