@@ -7,7 +7,7 @@ WERROR   ?= OFF
 CUDA     ?= AUTO
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build dumps test test-cpp test-python demo figures data bench clean format
+.PHONY: all deps configure build install-python dumps test test-cpp test-python demo figures data bench clean format
 
 # The dumps of the committed models are generated, not committed: the first 128 Fashion-MNIST test
 # images through each model in data/models/, on the CPU in a few seconds (python/make_dumps.py);
@@ -29,6 +29,11 @@ configure: $(BUILD)/build.ninja
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The Python module attnscope (and attnscope_dump beside it) into the user site-packages of
+# /usr/bin/python3 (docs/python.md).
+install-python: build
+	cmake --install $(BUILD) --component python
 
 dumps: $(DUMPS)
 

@@ -3,6 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "image_run.hpp"
+#include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/census.hpp"
@@ -94,48 +95,6 @@ std::vector<analyses::CensusCell> from_record(int image, const nlohmann::json& r
   return cells;
 }
 
-void write_csv(ResultSet& set, const std::vector<analyses::CensusCell>& cells) {
-  ResultFile f(set, "census.csv");
-  f.stream() << "variant,layer,head,weights,negative,zero,most_negative,rows_not_summing_to_one,"
-                "max_row_sum_error\n"
-             << std::setprecision(17);
-  for (const auto& c : cells) {
-    f.stream() << c.variant << "," << c.layer << "," << c.head << "," << c.weights << ","
-               << c.negative << "," << c.zero << "," << c.most_negative << ","
-               << c.rows_not_summing_to_one << "," << c.max_row_sum_error << "\n";
-  }
-  f.close();
-}
-
-/// Per-variant totals over every layer and head, in the order the variants were given.
-std::vector<analyses::CensusCell> totals(const std::vector<Variant>& variants,
-                                         const std::vector<analyses::CensusCell>& cells) {
-  std::vector<analyses::CensusCell> out;
-  for (const Variant& v : variants) {
-    analyses::CensusCell t;
-    t.variant = v.name();
-    t.layer = t.head = -1;
-    for (const auto& c : cells) {
-      if (c.variant == t.variant) t.merge(c);
-    }
-    out.push_back(t);
-  }
-  return out;
-}
-
-nlohmann::json to_json(const analyses::CensusCell& t) {
-  return {{"variant", t.variant},
-          {"rows", t.rows},
-          {"weights", t.weights},
-          {"negative", t.negative},
-          {"zero", t.zero},
-          {"most_negative",
-           std::isfinite(t.most_negative) ? nlohmann::json(t.most_negative) : nlohmann::json()},
-          {"rows_not_summing_to_one", t.rows_not_summing_to_one},
-          {"max_row_sum_error", t.max_row_sum_error},
-          {"degenerate_rows", t.degenerate_rows}};
-}
-
 void print_summary(const std::vector<analyses::CensusCell>& ts, std::size_t images) {
   std::cout << "weight census over " << images << " images\n"
             << std::left << std::setw(26) << "variant" << std::setw(14) << "weights"
@@ -204,11 +163,8 @@ int run_census_cmd(const std::vector<std::string>& args) {
     require_measured_rows(rows, "there are no weights to count");
     report_model_layers(cells, schema);
     ResultSet set(dir, "census.json");
-    write_csv(set, cells);
-    ts = totals(variants, cells);
-    nlohmann::json jt = nlohmann::json::array();
-    for (const auto& t : ts) jt.push_back(to_json(t));
-    meta.results() = {{"totals", jt}};
+    ts = write_census_files(set, variants, cells);
+    meta.results() = {{"totals", census_totals_json(ts)}};
     meta.publish(set);
   };
   if (!run.finish(apply, publish)) return 0;

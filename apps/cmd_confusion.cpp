@@ -2,6 +2,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "image_run.hpp"
+#include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/confusion.hpp"
@@ -87,49 +88,6 @@ analyses::ConfusionImage from_record(int image, const nlohmann::json& rec) {
   return img;
 }
 
-void write_per_head(ResultSet& set, const analyses::ConfusionResult& r) {
-  ResultFile f(set, "confusion_per_head.csv");
-  f.stream() << "variant,layer,head,count,degenerate_rows,degenerate_pairs\n";
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& h : r.per_head[v]) {
-      f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << h.count << ","
-                 << h.degenerate_rows << "," << h.degenerate_pairs << "\n";
-    }
-  }
-  f.close();
-}
-
-double mean_of(std::int64_t total, std::int64_t images) {
-  return images > 0 ? static_cast<double>(total) / static_cast<double>(images) : 0.0;
-}
-
-void write_per_layer(ResultSet& set, const analyses::ConfusionResult& r) {
-  ResultFile f(set, "confusion_per_layer.csv");
-  f.stream() << "variant,layer,count,images,mean_per_image,images_with_pairs,degenerate_pairs\n"
-             << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& l : r.per_layer[v]) {
-      f.stream() << r.variants[v].name() << "," << l.layer << "," << l.count << "," << r.images
-                 << "," << mean_of(l.count, r.images) << "," << l.images_with_pairs << ","
-                 << l.degenerate_pairs << "\n";
-    }
-  }
-  f.close();
-}
-
-void write_histogram(ResultSet& set, const analyses::ConfusionResult& r) {
-  ResultFile f(set, "confusion_histogram.csv");
-  f.stream() << "variant,bin,images,images_with_degenerate_pairs\n";
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (int b = 0; b < analyses::kConfusionBins; ++b) {
-      f.stream() << r.variants[v].name() << "," << analyses::confusion_bin_labels()[b] << ","
-                 << r.histogram[v][static_cast<std::size_t>(b)] << ","
-                 << r.histogram_with_degenerate[v][static_cast<std::size_t>(b)] << "\n";
-    }
-  }
-  f.close();
-}
-
 using Histograms = std::vector<std::array<std::int64_t, analyses::kConfusionBins>>;
 
 void print_histogram(const analyses::ConfusionResult& r, const Histograms& hist) {
@@ -158,7 +116,7 @@ void print_per_layer(const analyses::ConfusionResult& r) {
     std::cout << std::setw(7) << r.per_layer.front()[l].layer;
     for (std::size_t v = 0; v < r.variants.size(); ++v) {
       std::ostringstream cell;
-      cell << std::fixed << std::setprecision(2) << mean_of(r.per_layer[v][l].count, r.images)
+      cell << std::fixed << std::setprecision(2) << mean_per_image(r.per_layer[v][l].count, r.images)
            << " (" << r.per_layer[v][l].count << ")";
       std::cout << std::setw(width[v]) << cell.str();
     }
@@ -184,7 +142,7 @@ void print_summary(const analyses::ConfusionResult& r, const analyses::TokenFilt
     return;
   }
   std::cout << "tokens excluded (--exclude-tokens " << filter.name() << "): " << std::fixed
-            << std::setprecision(1) << mean_of(r.excluded_tokens, r.images) << " of " << tokens
+            << std::setprecision(1) << mean_per_image(r.excluded_tokens, r.images) << " of " << tokens
             << " per image on average (min " << r.min_excluded_tokens << ", max "
             << r.max_excluded_tokens << "); pairs with an excluded token are not counted\n";
 }
@@ -235,33 +193,16 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   const std::vector<int> model_layers = model_layers_of(schema, sel.layers);
   std::vector<std::int64_t> degenerate_pairs(variants.size(), 0);
   std::unique_ptr<ResultSet> set;
-  std::unique_ptr<ResultFile> per_image, per_image_layer, excluded;
+  std::unique_ptr<ConfusionFiles> files;
   auto open_set = [&] {
     if (set) return;
     set = std::make_unique<ResultSet>(dir, "confusion.json");
-    per_image = std::make_unique<ResultFile>(*set, "confusion_per_image.csv");
-    per_image->stream() << "variant,image,count,degenerate_pairs\n";
-    per_image_layer = std::make_unique<ResultFile>(*set, "confusion_per_image_layer.csv");
-    per_image_layer->stream() << "variant,image,layer,count,degenerate_pairs\n";
-    if (f.opt.exclude.active()) {
-      excluded = std::make_unique<ResultFile>(*set, "confusion_excluded_tokens.csv");
-      excluded->stream() << "image,excluded_tokens\n";
-    }
+    files = std::make_unique<ConfusionFiles>(*set, variants, model_layers, f.opt.exclude.active());
   };
   auto apply = [&](int image, const nlohmann::json& rec) {
     open_set();
     const analyses::ConfusionImage img = from_record(image, rec);
-    const analyses::ConfusionImageTotals t = totals.add(img);
-    for (std::size_t v = 0; v < variants.size(); ++v) {
-      per_image->stream() << variants[v].name() << "," << image << "," << t.count[v] << ","
-                          << t.degenerate_pairs[v] << "\n";
-      for (std::size_t l = 0; l < model_layers.size(); ++l) {
-        per_image_layer->stream() << variants[v].name() << "," << image << "," << model_layers[l]
-                                  << "," << t.layer_count[v][l] << ","
-                                  << t.layer_degenerate_pairs[v][l] << "\n";
-      }
-    }
-    if (excluded) excluded->stream() << image << "," << img.excluded_tokens << "\n";
+    files->add_image(img, totals.add(img));
   };
   auto publish = [&] {
     analyses::ConfusionResult& r = totals.result();
@@ -281,12 +222,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
           "can be compared");
     }
     open_set();
-    per_image->close();
-    per_image_layer->close();
-    if (excluded) excluded->close();
-    write_per_head(*set, r);
-    write_per_layer(*set, r);
-    write_histogram(*set, r);
+    files->finish(r);
     nlohmann::json hist = nlohmann::json::object(), hist_degenerate = nlohmann::json::object();
     nlohmann::json pairs_degenerate = nlohmann::json::object(), per_layer = nlohmann::json::object();
     for (std::size_t v = 0; v < variants.size(); ++v) {
@@ -298,7 +234,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
       for (const auto& l : r.per_layer[v]) {
         layers.push_back({{"layer", l.layer},
                           {"count", l.count},
-                          {"mean_per_image", mean_of(l.count, r.images)},
+                          {"mean_per_image", mean_per_image(l.count, r.images)},
                           {"images_with_pairs", l.images_with_pairs},
                           {"degenerate_pairs", l.degenerate_pairs}});
       }
@@ -307,7 +243,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     const nlohmann::json excluded_tokens = {
         {"filter", f.opt.exclude.name()},
         {"total", r.excluded_tokens},
-        {"mean_per_image", mean_of(r.excluded_tokens, r.images)},
+        {"mean_per_image", mean_per_image(r.excluded_tokens, r.images)},
         {"min_per_image", r.min_excluded_tokens},
         {"max_per_image", r.max_excluded_tokens},
         {"tokens_per_image", tokens}};

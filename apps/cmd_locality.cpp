@@ -2,6 +2,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "image_run.hpp"
+#include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
 
@@ -72,22 +73,6 @@ analyses::LocalityImage from_record(int image, const nlohmann::json& r) {
     img.heads.push_back(std::move(heads));
   }
   return img;
-}
-
-void write_csv(ResultSet& set, const analyses::LocalityResult& r) {
-  ResultFile f(set, "locality.csv");
-  f.stream() << "variant,layer,head,window,mean,std,min,max,queries,uniform_baseline\n"
-             << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& h : r.per_head[v]) {
-      const bool any = h.mass.count > 0;
-      f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << r.window << ","
-                 << (any ? h.mass.mean : 0.0) << "," << h.mass.stddev() << "," << (any ? h.mass.min : 0.0)
-                 << "," << (any ? h.mass.max : 0.0) << "," << h.mass.count << "," << r.uniform_baseline
-                 << "\n";
-    }
-  }
-  f.close();
 }
 
 /// local_share.csv: the local term's share per (layer, head), for dumps holding local terms.
@@ -171,7 +156,9 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     require_measured_rows(measured, "there is no mass to measure");
     for (auto& heads : r.per_head) report_model_layers(heads, schema);
     ResultSet set(dir, "locality.json");
-    write_csv(set, r);
+    write_locality_files(set, r);
+    meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
+                      {"ms_per_image", timer.summary()}};
     // The local term (/layers/L/local) is apart from W V in the dump: its share of the output.
     std::vector<analyses::LocalShareHead> shares = analyses::local_share(reader, sel);
     if (!shares.empty()) {
@@ -181,9 +168,6 @@ int run_locality_cmd(const std::vector<std::string>& args) {
       for (const auto& h : shares) mean += h.share.mean / static_cast<double>(shares.size());
       meta.results()["local_share_mean"] = mean;
     }
-    meta.results()["images"] = r.images;
-    meta.results()["uniform_baseline"] = r.uniform_baseline;
-    meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };
   if (!run.finish(apply, publish)) return 0;

@@ -2,8 +2,8 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "image_run.hpp"
-#include "journal.hpp"
-#include "sha256.hpp"
+#include "attnscope/run/journal.hpp"
+#include "attnscope/run/sha256.hpp"
 
 #include <algorithm>
 #include <fstream>

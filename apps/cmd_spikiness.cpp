@@ -4,7 +4,7 @@
 #include "common.hpp"
 #include "image_run.hpp"
 #include "selection_flags.hpp"
-#include "sha256.hpp"
+#include "attnscope/run/sha256.hpp"
 
 #include "attnscope/analyses/spikiness_run.hpp"
 

@@ -3,7 +3,8 @@
 // a progress bar on stderr when it is a terminal.
 #pragma once
 
-#include "result_set.hpp"
+#include "attnscope/run/result_set.hpp"
+#include "attnscope/run/run_record.hpp"
 
 #include "attnscope/device.hpp"
 #include "attnscope/dump.hpp"
@@ -22,18 +23,14 @@
 #include <string>
 #include <vector>
 
-namespace attnscope::analyses {
-struct LoopStats;
-}
-
 namespace attnscope::app {
+
+// The run machinery (run/: result sets, run records, journals, MPI, interrupts) is library code
+// that the command shares with the Python module.
+using namespace attnscope::run;
 
 namespace po = boost::program_options;
 
-/// What this run's streaming loops measured (one run per process): make_selection hands it to
-/// every selection, RunMetadata::publish records it under "results" (io_wait_seconds,
-/// io_wait_share of the loops' time, and the read queue's sizes) when a loop ran.
-std::shared_ptr<analyses::LoopStats> run_loop_stats();
 
 /// Exit codes: 0 ok, 1 input/numerical error, 2 usage error, 3 a check failed (verify),
 /// 4 nothing to measure (no images selected, or no row of the selection could be measured).
@@ -164,31 +161,6 @@ ExitStatus exit_status(std::exception_ptr e);
 /// 4, InputError/NumericalError and other std::exceptions into exit 1, each as one line
 /// "attnscope <command>: <what>" on stderr.
 int run_guarded(const std::string& command, const std::function<int()>& body);
-
-/// Creates the results folder (and parents); throws InputError if it cannot.
-std::filesystem::path ensure_out_dir(const std::string& dir);
-
-/// The whole command line as typed (argv), set by main(); recorded in every run's metadata.
-std::vector<std::string>& command_line();
-
-/// Run metadata, published as the manifest of the run's result set (<out>/<command>.json, or
-/// FILE.h5.json for synth): command, the full command line, attnscope version, inputs,
-/// parameters, start time, elapsed seconds, threads, anything added under "results", and the
-/// list of files (result_set.hpp).
-class RunMetadata {
- public:
-  explicit RunMetadata(std::string command);
-  nlohmann::json& params() { return j_["parameters"]; }
-  nlohmann::json& inputs() { return j_["inputs"]; }
-  nlohmann::json& results() { return j_["results"]; }
-  /// Stamps elapsed time and threads and publishes `set` with this record as its manifest;
-  /// returns the manifest's path.
-  std::filesystem::path publish(ResultSet& set);
-
- private:
-  nlohmann::json j_;
-  std::chrono::steady_clock::time_point start_;
-};
 
 /// Progress bar with rate and ETA on stderr, drawn only when stderr is a terminal and the work has run
 /// for more than a second. Thread-safe tick().

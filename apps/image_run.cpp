@@ -1,8 +1,8 @@
 #include "image_run.hpp"
 
-#include "mpi_world.hpp"
-#include "result_set.hpp"
-#include "sha256.hpp"
+#include "attnscope/run/mpi_world.hpp"
+#include "attnscope/run/result_set.hpp"
+#include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
 

@@ -16,7 +16,7 @@
 #pragma once
 
 #include "common.hpp"
-#include "journal.hpp"
+#include "attnscope/run/journal.hpp"
 
 #include <nlohmann/json.hpp>
 

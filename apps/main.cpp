@@ -1,8 +1,8 @@
 // attnscope: one command, a subcommand per analysis (see apps/command.hpp).
 #include "command.hpp"
 #include "common.hpp"
-#include "interrupt.hpp"
-#include "mpi_world.hpp"
+#include "attnscope/run/interrupt.hpp"
+#include "attnscope/run/mpi_world.hpp"
 
 #include <hdf5.h>
 

@@ -29,6 +29,14 @@ std::vector<std::vector<LocalityHead>> labelled_heads(std::size_t variants, cons
 
 }  // namespace
 
+RunningStats mass_stats(const std::vector<double>& mass) {
+  RunningStats s;
+  for (double m : mass) {
+    if (!std::isnan(m)) s.add(m);
+  }
+  return s;
+}
+
 LocalityTotals::LocalityTotals(const std::vector<Variant>& variants, const Selection& resolved,
                                const TokenGrid& grid, int window) {
   res_.variants = variants;
@@ -81,10 +89,7 @@ void locality_images(DumpReader& reader, const Selection& resolved,
         return local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
       });
       LocalityHead& h = current.heads[vi][s];
-      h.mass = RunningStats{};
-      for (double m : mass) {
-        if (!std::isnan(m)) h.mass.add(m);
-      }
+      h.mass = mass_stats(mass);
       h.degenerate_rows = dead;
     }
   };

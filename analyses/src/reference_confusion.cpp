@@ -10,7 +10,8 @@ namespace attnscope::analyses {
 
 HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const MatF& q_raw,
                                         const MatF& k, double scale, const ConfusionOptions& opt,
-                                        const ExcludedTokens* excluded) {
+                                        const ExcludedTokens* excluded,
+                                        std::vector<std::pair<int, int>>* pairs) {
   const ExactRows rows(v, q, k, scale);
   const int n = rows.tokens();
   const bool filtered = excluded != nullptr && !excluded->empty();
@@ -25,6 +26,7 @@ HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const M
   const MatD qr = q_raw.cast<double>();
   const double eps2 = opt.eps * opt.eps, query_eps2 = opt.query_eps * opt.query_eps;
   HeadConfusion out;
+  if (pairs != nullptr) pairs->clear();
   out.degenerate_rows = rows.degenerate_count();
   for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n; ++j) {
@@ -35,7 +37,9 @@ HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const M
       // Degenerate rows are written as zeros: two of them are as close as guarded code makes them.
       const bool near = squared_distance(w.row(i).data(), w.row(j).data(), n) <= eps2;
       const bool differ = squared_distance(qr.row(i).data(), qr.row(j).data(), d) > query_eps2;
-      if (near && differ) ++(degenerate == 2 ? out.degenerate_pairs : out.pairs);
+      if (!(near && differ)) continue;
+      ++(degenerate == 2 ? out.degenerate_pairs : out.pairs);
+      if (pairs != nullptr && degenerate == 0) pairs->emplace_back(i, j);
     }
   }
   return out;

@@ -7,6 +7,7 @@ never the dump.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -136,9 +137,55 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     counted from a list of batches. The images before the block are skipped without running the
     model.
     """
+    np_dtype = _dtype(dtype)
+    style, sites, keep, attrs = model_setup(model, layers, model_name, attention_family,
+                                            feature_map, convention, grid, prefix_tokens,
+                                            allow_rotary, families)
+    if allow_rotary and rotary_sources(model, sites):
+        self_check = False  # the warning says it: the dumped q and k are not the model's
+    first, stop = 0, max_images
+    if shard is not None or num_shards is not None:
+        first, stop, total = _shard_block(loader, shard, num_shards, max_images)
+        attrs.update(shard_index=int(shard), num_shards=int(num_shards),
+                     shard_first_image=int(first), total_images=int(total))
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with hooked(model, sites, keep, with_attn, with_out or self_check) as stores:
+            with h5py.File(tmp, "w", libver=_LIBVER) as f:
+                f.attrs.update(attrs)
+                f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
+                for slot, i in enumerate(keep):
+                    info = sites[i].info
+                    f.require_group(f"layers/{slot}").attrs.update(
+                        attention_family=info.family, convention=info.convention,
+                        feature_map=_layer_map(info))
+                check = [sites[i] for i in keep] if self_check else None
+                n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
+                            stop, with_out, with_attn, with_labels, with_logits, with_images,
+                            device, call_kwargs(model, style, with_attn),
+                            [sites[i].hint for i in keep], check)
+                if n == 0:
+                    raise ValueError("the loader yielded no images")
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return DumpSummary(path, n, keep, attrs)
+
+
+def _dtype(dtype: str):
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float16 or float32, not {dtype!r}")
-    np_dtype = _DTYPES[dtype]
+    return _DTYPES[dtype]
+
+
+def model_setup(model, layers, model_name, attention_family, feature_map, convention, grid,
+                prefix_tokens, allow_rotary, families=None):
+    """(style, sites, keep, attrs): where the model's attention is read, each layer's family
+    (recognised or stated by families= / attention_family=, see dump_model), the source indices
+    of the layers to read (default all, validated), and the dump's attributes of those layers
+    (num_layers included). Refuses unsupported and rotary models (see dump_model)."""
     if attention_family is not None or feature_map is not None:
         if families is not None:
             raise ValueError("give families= or attention_family= / feature_map=, not both")
@@ -152,8 +199,6 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
         for site in sites:
             site.info.convention = convention
     check_rotary(model, sites, allow_rotary)
-    if allow_rotary and rotary_sources(model, sites):
-        self_check = False  # the warning says it: the dumped q and k are not the model's
     keep = list(range(len(sites))) if layers is None else [int(i) for i in layers]
     for i in keep:
         if not 0 <= i < len(sites):
@@ -170,45 +215,28 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
     for i in keep:
         if hasattr(sites[i], "set_layout"):
             sites[i].set_layout((attrs["grid_height"], attrs["grid_width"], attrs["prefix_tokens"]))
-    first, stop = 0, max_images
-    if shard is not None or num_shards is not None:
-        first, stop, total = _shard_block(loader, shard, num_shards, max_images)
-        attrs.update(shard_index=int(shard), num_shards=int(num_shards),
-                     shard_first_image=int(first), total_images=int(total))
+    return style, sites, keep, attrs
 
+
+@contextlib.contextmanager
+def hooked(model, sites, keep, with_attn: bool, with_out: bool):
+    """The hooks of the layers `keep` installed, the model in eval mode; yields one store (dict)
+    per kept layer, which captured_batches reads. On leaving, even by an error, the hooks are
+    removed and the model's train/eval state and fused-attention flags restored."""
     stores = [dict() for _ in keep]
     handles = []
-    tmp = f"{path}.tmp-{os.getpid()}"
     was_training = model.training
     model.eval()
     try:
         for slot, i in enumerate(keep):
-            handles += sites[i].install(stores[slot], with_attn, with_out or self_check)
-        with h5py.File(tmp, "w", libver=_LIBVER) as f:
-            f.attrs.update(attrs)
-            f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
-            for slot, i in enumerate(keep):
-                info = sites[i].info
-                f.require_group(f"layers/{slot}").attrs.update(
-                    attention_family=info.family, convention=info.convention,
-                    feature_map=_layer_map(info))
-            check = [sites[i] for i in keep] if self_check else None
-            n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop,
-                        with_out, with_attn, with_labels, with_logits, with_images, device,
-                        call_kwargs(model, style, with_attn), [sites[i].hint for i in keep],
-                        check)
-            if n == 0:
-                raise ValueError("the loader yielded no images")
-        os.replace(tmp, path)
+            handles += sites[i].install(stores[slot], with_attn, with_out)
+        yield stores
     finally:
         for hnd in handles:
             hnd.remove()
         for site in sites:
             site.restore()
         model.train(was_training)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return DumpSummary(path, n, keep, attrs)
 
 
 def _total_images(loader, max_images) -> int:
@@ -241,15 +269,18 @@ def _shard_block(loader, shard, num_shards, max_images):
     return first, stop, total
 
 
-def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
-            with_attn, with_labels, with_logits, with_images, device, kwargs, hints,
-            check=None) -> int:
-    """Writes the loader's images [first, stop) (stop None: to the end); returns how many.
-    check: the sites of the dumped layers, for the self-check on the first batch, or None."""
-    w = _Writer(f, np_dtype, compression)
+def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first, stop, device,
+                     kwargs, hints, check=None):
+    """Runs the model over the loader's images [first, stop) (stop None: to the end), one batch
+    at a time, the hooks of the layers `keep` writing into `stores`. Yields (x, y, output,
+    captured) per batch, captured[slot][name] the layer's `name` ("q", "k", "v", "out", "attn",
+    and "local" with "out" where the module has a local term) as a checked numpy array of
+    np_dtype, [images, heads, tokens, dim] (attn: [.., tokens]). Nothing of a batch is kept once
+    the next one runs: memory holds one batch. check: the sites of the layers, for the
+    self-check on the first batch (see dump_model), or None."""
     shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
-    n = 0
     pos = 0  # the loader's index of the batch's first image
+    had_local = None  # per layer, whether the first batch brought a local term
     with torch.no_grad():
         for batch in loader:
             x, y = _split_batch(batch)
@@ -265,15 +296,18 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
             for s in stores:
                 s.clear()
             output = model(x.to(device) if device is not None else x, **kwargs)
-            if check is not None and n == 0:
+            if check is not None and had_local is None:
                 for src, site, s in zip(keep, check, stores):
                     _self_check(src, site.info, s)
-            names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
+            locals_now = ["out" in names and "local" in s for s in stores]
+            if had_local is None:
+                had_local = locals_now
+            captured = []
             for slot, (src, s) in enumerate(zip(keep, stores)):
-                local = ("local",) if with_out and "local" in s else ()
-                if with_out and n > 0 and ("local" in s) != (f"layers/{slot}/local" in f):
+                if locals_now[slot] != had_local[slot]:
                     raise ValueError(f"layer {src}: its local term came in some batches only")
-                for name in names + local:
+                layer = {}
+                for name in names + (("local",) if locals_now[slot] else ()):
                     if name not in s:
                         raise ValueError(f"layer {src}: no '{name}' was captured ({hints[slot]})")
                     a = _checked(name, src, s[name], np_dtype)
@@ -281,17 +315,35 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
                     if a.shape[1:] != want:
                         raise ValueError(f"layer {src} {name}: captured shape {a.shape[1:]}, "
                                          f"expected {want} from the model's attributes")
-                    w.append(f"layers/{slot}/{name}", a)
-            if with_labels and y is not None:
-                w.append("labels", np.asarray(y.cpu(), dtype=np.int64), dtype=np.int64)
-            logits = _logits_of(output)
-            if with_logits and logits is not None:
-                w.append("logits", logits.detach().float().cpu().numpy(), dtype=np.float32)
-            if with_images:
-                w.append("images", x.detach().float().cpu().numpy(), dtype=np.float32)
-            n += len(x)
+                    layer[name] = a
+                captured.append(layer)
+            yield x, y, output, captured
             if stop is not None and pos >= stop:
                 break
+
+
+def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
+            with_attn, with_labels, with_logits, with_images, device, kwargs, hints,
+            check=None) -> int:
+    """Writes the loader's images [first, stop) (stop None: to the end); returns how many.
+    check: the sites of the dumped layers, for the self-check on the first batch, or None."""
+    w = _Writer(f, np_dtype, compression)
+    names = ("q", "k", "v") + (("out",) if with_out else ()) + (("attn",) if with_attn else ())
+    n = 0
+    for x, y, output, captured in captured_batches(model, loader, stores, keep, names, attrs,
+                                                   np_dtype, first, stop, device, kwargs, hints,
+                                                   check):
+        for slot, layer in enumerate(captured):
+            for name, a in layer.items():
+                w.append(f"layers/{slot}/{name}", a)
+        if with_labels and y is not None:
+            w.append("labels", np.asarray(y.cpu(), dtype=np.int64), dtype=np.int64)
+        logits = _logits_of(output)
+        if with_logits and logits is not None:
+            w.append("logits", logits.detach().float().cpu().numpy(), dtype=np.float32)
+        if with_images:
+            w.append("images", x.detach().float().cpu().numpy(), dtype=np.float32)
+        n += len(x)
     return n
 
 

@@ -61,3 +61,27 @@ def attnscope_bin():
     if not os.access(path, os.X_OK):
         pytest.fail(f"ATTNSCOPE={path} is not an executable file: build it first (make build)")
     return path
+
+
+@pytest.fixture(scope="session")
+def attnscope_module():
+    """The Python module attnscope built beside $ATTNSCOPE (<build>/python/attnscope), imported.
+    Skips, saying why, where the module was not built (ATTNSCOPE_PYTHON=OFF or no pybind11)."""
+    path = os.environ.get("ATTNSCOPE")
+    if not path:
+        pytest.skip("ATTNSCOPE is not set (make test sets it to build/apps/attnscope)")
+    build_python = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "python")
+    if not os.path.isdir(os.path.join(build_python, "attnscope")):
+        pytest.skip(f"the Python module was not built ({build_python}/attnscope is missing: "
+                    "install pybind11-dev and python3-dev, configure with ATTNSCOPE_PYTHON=AUTO or ON)")
+    # Imported from the build tree by path: python/ (on sys.path for attnscope_dump) holds the
+    # package's sources without the compiled extension, and the build's copy of attnscope_dump
+    # must not shadow the sources the other tests check.
+    import importlib.util
+    package = os.path.join(build_python, "attnscope")
+    spec = importlib.util.spec_from_file_location(
+        "attnscope", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["attnscope"] = module
+    spec.loader.exec_module(module)
+    return module

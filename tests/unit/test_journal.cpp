@@ -1,6 +1,6 @@
 // The journal of image runs: records come back exactly (doubles bit for bit), a torn tail is
 // dropped, corruption is named, a different run's journal is refused, and one writer at a time.
-#include "journal.hpp"
+#include "attnscope/run/journal.hpp"
 
 #include "attnscope/error.hpp"
 #include "scratch_dir.hpp"
@@ -13,7 +13,7 @@
 #include <limits>
 #include <random>
 
-namespace attnscope::app {
+namespace attnscope::run {
 namespace {
 
 using nlohmann::json;
@@ -167,4 +167,4 @@ TEST_F(JournalTest, FramesParseAcrossChunkBoundaries) {
 }
 
 }  // namespace
-}  // namespace attnscope::app
+}  // namespace attnscope::run

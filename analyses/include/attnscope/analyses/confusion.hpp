@@ -112,10 +112,13 @@ struct HeadConfusion {
 HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
                               double scale, const ConfusionOptions& opt,
                               const ExcludedTokens* excluded = nullptr);
-/// Brute force over every pair with ExactRows (O(N^2) memory and O(N^3) time): tests and bench.
+/// Brute force over every pair with ExactRows (O(N^2) memory and O(N^3) time): tests, bench, and
+/// the list of the confused pairs themselves: when `pairs` is given, it receives every confused
+/// pair (i, j), i < j, in order of i then j (degenerate pairs not included).
 HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const MatF& q_raw,
                                         const MatF& k, double scale, const ConfusionOptions& opt,
-                                        const ExcludedTokens* excluded = nullptr);
+                                        const ExcludedTokens* excluded = nullptr,
+                                        std::vector<std::pair<int, int>>* pairs = nullptr);
 
 /// The paper's bins of per-image counts: 0, 1, 2-3, 4-7, 8-15, 16-31, >=32.
 inline constexpr int kConfusionBins = 7;

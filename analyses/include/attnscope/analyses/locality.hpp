@@ -36,6 +36,10 @@ std::vector<double> local_mass(const Variant& v, const MatF& q, const MatF& k, d
 std::vector<double> local_mass_reference(const Variant& v, const MatF& q, const MatF& k, double scale,
                                          const TokenGrid& grid, int window, int* degenerate = nullptr);
 
+/// The statistics of one head's masses (local_mass's entries, in token order), NaN entries (prefix
+/// tokens, degenerate rows) left out: one image's part of a LocalityHead.
+[[nodiscard]] RunningStats mass_stats(const std::vector<double>& mass);
+
 /// What a uniform row puts in the same windows: the mean over grid queries of |window| / N
 /// (9/197 for an interior query of DeiT-T).
 double uniform_baseline(const TokenGrid& grid, int window);

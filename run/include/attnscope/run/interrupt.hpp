@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-namespace attnscope::app {
+namespace attnscope::run {
 
 /// Blocks the signals and starts the thread that waits for them. Call in main() before any other
 /// thread is started (threads inherit the blocked set). A signal that was ignored when the
@@ -39,4 +39,4 @@ class InterruptDeferral {
   std::unique_lock<std::mutex> lock_;
 };
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

@@ -1,4 +1,4 @@
-#include "mpi_world.hpp"
+#include "attnscope/run/mpi_world.hpp"
 
 #include "attnscope/error.hpp"
 
@@ -12,7 +12,7 @@
 #include <mpi.h>
 #endif
 
-namespace attnscope::app::mpi {
+namespace attnscope::run::mpi {
 namespace {
 
 bool g_started = false;
@@ -142,4 +142,4 @@ std::vector<char> recv_bytes(int source) {
 #endif
 }
 
-}  // namespace attnscope::app::mpi
+}  // namespace attnscope::run::mpi

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace attnscope::app {
+namespace attnscope::run {
 
 /// Appends one frame holding `payload` to `out`.
 void append_frame(std::vector<char>& out, const nlohmann::json& payload);
@@ -74,4 +74,4 @@ nlohmann::json read_journal_header(const std::filesystem::path& path);
 /// the journal"); empty when equal.
 std::string header_difference(const nlohmann::json& mine, const nlohmann::json& theirs);
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

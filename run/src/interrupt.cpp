@@ -1,4 +1,4 @@
-#include "interrupt.hpp"
+#include "attnscope/run/interrupt.hpp"
 
 #include <pthread.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <set>
 #include <thread>
 
-namespace attnscope::app {
+namespace attnscope::run {
 namespace {
 
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
@@ -92,4 +92,4 @@ InterruptDeferral::~InterruptDeferral() {
   while (state().interrupted) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

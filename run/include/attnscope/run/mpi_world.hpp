@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace attnscope::app::mpi {
+namespace attnscope::run::mpi {
 
 /// Starts MPI when the environment shows a launcher (Open MPI, MPICH/Hydra or PMIx variables).
 /// Throws attnscope::Error when the launcher asked for more than one rank and this build has no
@@ -35,4 +35,4 @@ Outcome agree(const std::string& error, int code);
 void send_bytes(int dest, const std::vector<char>& bytes);
 std::vector<char> recv_bytes(int source);
 
-}  // namespace attnscope::app::mpi
+}  // namespace attnscope::run::mpi

@@ -1,7 +1,7 @@
-#include "result_set.hpp"
+#include "attnscope/run/result_set.hpp"
 
-#include "interrupt.hpp"
-#include "sha256.hpp"
+#include "attnscope/run/interrupt.hpp"
+#include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
 
@@ -24,7 +24,7 @@
 #include <streambuf>
 #include <thread>
 
-namespace attnscope::app {
+namespace attnscope::run {
 namespace {
 
 namespace fs = std::filesystem;
@@ -364,4 +364,4 @@ void ResultFile::close() {
   if (err != 0) fail(final_, "cannot write", err);
 }
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

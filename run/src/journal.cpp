@@ -1,4 +1,4 @@
-#include "journal.hpp"
+#include "attnscope/run/journal.hpp"
 
 #include "attnscope/error.hpp"
 
@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace attnscope::app {
+namespace attnscope::run {
 namespace {
 
 namespace fs = std::filesystem;
@@ -304,4 +304,4 @@ std::string header_difference(const nlohmann::json& mine, const nlohmann::json& 
   return ": " + a + " here, " + b + " in the journal";
 }
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace attnscope::app {
+namespace attnscope::run {
 
 class ResultFile;
 
@@ -90,4 +90,4 @@ class ResultFile {
 /// The environment variable of the publishing test hook (see result_set.cpp).
 inline constexpr const char* kPublishHookEnv = "ATTNSCOPE_TEST_PUBLISH_HOOK";
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

@@ -1,0 +1,238 @@
+"""The module attnscope on arrays: weights and outputs of the registry's variants against plain
+numpy formulas in double on random shapes and dtypes (N = 1, 63, 197; d = 1, 60), torch tensors
+as inputs, and bad inputs raising the exception the command line's message names."""
+import numpy as np
+import pytest
+import torch
+
+# Named tolerances, relative to the largest |weight| or |output| (>= 1): float64 inputs are
+# computed in double; float16/float32 inputs in float with sums in double.
+TOL_DOUBLE = 1e-12
+TOL_FLOAT = 2e-5
+
+
+def _softmax_rows(a):
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def reference_weights(q, k, spec, scale):
+    """W of one head in double, the code convention's formulas (python/attnscope_dump/attention.py)."""
+    q = q.astype(np.float64)
+    k = k.astype(np.float64)
+    n = k.shape[0]
+    if spec == "softmax":
+        return _softmax_rows(scale * q @ k.T)
+    if spec == "linear:relu@code":
+        a = np.maximum(q, 0) @ np.maximum(k, 0).T
+        s = a.sum(axis=-1, keepdims=True)
+        return np.where(s > 0, a / np.where(s > 0, s, 1), 0.0)  # a row ReLU kills is degenerate
+    if spec == "inline:identity@code":
+        a = (scale / n) * q @ k.T
+        return a - a.mean(axis=-1, keepdims=True) + 1.0 / n
+    if spec == "mala:elu1@code":
+        def elu1(x):
+            return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+        a = (scale / n) * elu1(q) @ elu1(k).T
+        s = a.sum(axis=-1, keepdims=True)
+        return (1 + 1 / s) * a - s / n
+    raise AssertionError(spec)
+
+
+SPECS = ["softmax", "linear:relu@code", "inline:identity@code", "mala:elu1@code"]
+SHAPES = [(1, 1), (63, 60), (197, 1), (197, 60), (7, 5)]
+
+
+def _random_heads(rng, images, heads, n, d, dtype):
+    return (rng.standard_normal((images, heads, n, d)) * 0.7).astype(dtype)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_weights_and_outputs_equal_numpy_formulas(attnscope_module, spec, dtype):
+    at = attnscope_module
+    rng = np.random.default_rng(hash((spec, dtype)) % 2**32)
+    tol = TOL_DOUBLE if dtype == "float64" else TOL_FLOAT
+    for n, d in SHAPES:
+        images, heads = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+        q, k = (_random_heads(rng, images, heads, n, d, dtype) for _ in range(2))
+        v = _random_heads(rng, images, heads, n, int(rng.integers(1, 9)), dtype)
+        scale = float(d) ** -0.5
+        w = at.weights(q, k, spec)
+        o = at.outputs(q, k, v, spec)
+        out_dtype = np.float64 if dtype == "float64" else np.float32
+        assert w.dtype == out_dtype and w.shape == (images, heads, n, n), (spec, dtype, w.shape)
+        assert o.shape == (images, heads, n, v.shape[-1]), (spec, dtype, o.shape)
+        for i in range(images):
+            for h in range(heads):
+                ref = reference_weights(q[i, h], k[i, h], spec, scale)
+                err = np.abs(w[i, h] - ref).max() / max(1.0, np.abs(ref).max())
+                assert err <= tol, f"{spec} {dtype} N={n} d={d} image {i} head {h}: W error {err}"
+                ref_o = ref @ v[i, h].astype(np.float64)
+                err = np.abs(o[i, h] - ref_o).max() / max(1.0, np.abs(ref_o).max())
+                assert err <= tol, f"{spec} {dtype} N={n} d={d} image {i} head {h}: O error {err}"
+        # A single head [tokens, dim] gives the same numbers as its place in the stack.
+        assert np.array_equal(at.weights(q[-1, -1], k[-1, -1], spec), w[-1, -1]), (spec, dtype, n, d)
+
+
+def test_scale_mask_and_degenerate_rows(attnscope_module):
+    at = attnscope_module
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((2, 9, 4)), rng.standard_normal((2, 9, 4))
+    w = at.weights(q[0], k[0], "softmax", scale=0.3)
+    assert np.allclose(w, reference_weights(q[0], k[0], "softmax", 0.3), rtol=0, atol=TOL_DOUBLE)
+    mask = np.ones((9, 9), dtype=bool)
+    mask[:, 0] = False  # key 0 hidden from every query: its column is 0, rows renormalised
+    wm = at.weights(q[0], k[0], "softmax", mask=mask)
+    assert np.all(wm[:, 0] == 0) and np.allclose(wm.sum(axis=1), 1, atol=1e-12)
+    # A query ReLU kills entirely has a degenerate row: zeros, and named.
+    q1 = np.abs(q[0])
+    q1[4] = -q1[4]
+    w, dead = at.weights(q1, np.abs(k[0]), "linear:relu", return_degenerate=True)
+    assert dead == [4] and np.all(w[4] == 0), dead
+
+
+def test_torch_tensors_in_and_out(attnscope_module):
+    at = attnscope_module
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 17, 8, generator=g, requires_grad=True)
+    k, v = torch.randn(2, 3, 17, 8, generator=g), torch.randn(2, 3, 17, 8, generator=g)
+    w = at.weights(q, k, "inline")
+    assert isinstance(w, torch.Tensor) and w.dtype == torch.float32 and w.shape == (2, 3, 17, 17)
+    assert torch.equal(w, torch.from_numpy(at.weights(q.detach().numpy(), k.numpy(), "inline")))
+    o = at.outputs(q.double(), k.double(), v.double(), "mala")
+    assert o.dtype == torch.float64
+    assert at.confusion(q, k, "softmax")["pairs"].shape == (2, 3)
+    with pytest.raises(TypeError, match="q: expected float16, float32 or float64 values, got int64"):
+        at.weights(torch.ones(3, 2, dtype=torch.int64), k[0, 0], "softmax")
+
+
+def test_bad_inputs_raise_with_messages(attnscope_module):
+    at = attnscope_module
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 2, 5, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"q: expected a \[tokens, dim\] or \[images, heads, tokens, "
+                                         r"dim\] array, got 3 dimensions"):
+        at.weights(q[0], q[0], "softmax")
+    bad = q.copy()
+    bad[1, 0, 2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"<input>: k: expected finite values, found NaN at image 1, "
+                                         r"head 0, token 2, dim 1"):
+        at.confusion(q, bad, "softmax")
+    bad[1, 0, 2, 1] = np.inf
+    with pytest.raises(ValueError, match="found Inf at image 1, head 0, token 2, dim 1"):
+        at.census(bad, q, "inline")
+    with pytest.raises(TypeError, match="expected float16, float32 or float64 values, got int32"):
+        at.weights(q.astype(np.int32), q, "softmax")
+    with pytest.raises(TypeError, match="q: expected float16, float32 or float64 values, got <U"):
+        at.weights([["not a number"]], q, "softmax")
+    with pytest.raises(ValueError, match=r"k is \[2, 2, 4, 3\], expected the shape of q \[2, 2, 5, 3\]"):
+        at.weights(q, q[:, :, :4], "softmax")
+    with pytest.raises(ValueError, match=r"mask: expected a \[5, 5\] bool array"):
+        at.weights(q, q, "softmax", mask=np.ones((4, 4), dtype=bool))
+    with pytest.raises(ValueError, match="grid"):
+        at.local_mass(q, q, "softmax", grid=(1, 2, 3))
+    with pytest.raises(ValueError, match="unknown"):
+        at.weights(q, q, "softmaxx")
+    with pytest.raises(ValueError, match="this analysis needs v"):
+        at.totals("rank", q, q, "softmax")
+
+
+def test_variant_errors_are_the_command_lines(attnscope_module, attnscope_bin, tmp_path):
+    """A variant the command refuses is refused by the module with the same message (less the
+    flag's name, --variant, where the command names it)."""
+    import subprocess
+    at = attnscope_module
+    dump = tmp_path / "d.h5"
+    subprocess.run([attnscope_bin, "synth", "--out", str(dump), "--layers", "1", "--heads", "1",
+                    "--images", "1", "--grid-height", "2", "--grid-width", "2"], check=True,
+                   capture_output=True)
+    q = np.zeros((5, 16), np.float32)
+    for spec in ["softmaxx", "linear", "mala@code+rope", "inline:bogus"]:
+        r = subprocess.run([attnscope_bin, "locality", "--dump", str(dump), "--out",
+                            str(tmp_path / "o"), "--variant", spec], capture_output=True, text=True)
+        assert r.returncode != 0, spec
+        message = r.stderr.strip().splitlines()[-1].removeprefix("attnscope locality: ")
+        message = message.removeprefix("--variant ")
+        with pytest.raises(ValueError) as e:
+            at.weights(q, q, spec)
+        assert str(e.value) == message, (spec, str(e.value), message)
+
+
+def test_confused_pairs_find_planted_duplicates(attnscope_module):
+    at = attnscope_module
+    rng = np.random.default_rng(5)
+    q, k = rng.standard_normal((40, 8)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
+    q[17] = 2 * q[3]  # collinear: linear:relu's rows are equal, softmax's are not
+    pairs = at.confused_pairs(q, k, "linear:relu")
+    assert [3, 17] in pairs.tolist(), pairs
+    assert len(pairs) == at.confusion(q, k, "linear:relu")["pairs"]
+    assert at.confusion(q, k, "linear:relu", reference=True)["pairs"] == len(pairs)
+    assert [3, 17] not in at.confused_pairs(q, k, "softmax").tolist()
+
+
+def test_any_layout_gives_the_same_numbers(attnscope_module):
+    """Non-contiguous views (converted once) and reversed strides give the contiguous copy's bits."""
+    at = attnscope_module
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((2, 3, 20, 16)).astype(np.float32)
+    q, k = big[:, :, :, ::2], big[:, ::-1, :, 1::2]
+    for spec in ("softmax", "mala"):
+        assert np.array_equal(at.weights(q, k, spec),
+                              at.weights(np.ascontiguousarray(q), np.ascontiguousarray(k), spec))
+    assert np.array_equal(at.confusion(q, k, "inline")["candidates"],
+                          at.confusion(q.copy(), k.copy(), "inline")["candidates"])
+
+
+def test_row_stats_and_per_query_shapes(attnscope_module):
+    at = attnscope_module
+    with pytest.raises(ValueError, match="w: expected finite values, found NaN at key 1"):
+        at.row_stats(np.array([0.5, np.nan]))
+    s = at.row_stats(np.array([0.5, 0.25, 0.25, 0.0]), topk=2)
+    assert s["max_weight"] == 0.5 and s["topk_mass"] == 0.75 and s["zeros"] == 1 and s["negatives"] == 0
+    assert abs(s["entropy"] - (-(0.5 * np.log(0.5) + 0.5 * np.log(0.25)))) < 1e-15
+    rng = np.random.default_rng(2)
+    q, k = rng.standard_normal((3, 2, 10, 4)), rng.standard_normal((3, 2, 10, 4))
+    e = at.entropy(q, k, "softmax")
+    assert e["entropy"].shape == (3, 2, 10) and e["degenerate_rows"].shape == (3, 2)
+    assert np.all(e["entropy"] <= np.log(10) + 1e-12) and np.all(e["entropy"] > 0)
+    w = at.weights(q.astype(np.float32).astype(np.float64), k.astype(np.float32).astype(np.float64),
+                   "softmax")
+    ref = -(w * np.log(w)).sum(axis=-1)
+    assert np.allclose(e["entropy"], ref, rtol=1e-12, atol=0)
+    dist = at.distance(q, k, "softmax", grid=(1, 3, 3))
+    assert np.all(np.isnan(dist["distance"][..., 0])) and not np.any(np.isnan(dist["distance"][..., 1:]))
+    m = at.local_mass(q, k, "softmax", grid=(1, 3, 3), window=5)
+    assert np.allclose(m[..., 1:], 1 - w[..., 1:, 0], atol=1e-6)  # a 5x5 window covers the 3x3 grid
+    g, p = at.attention_map(q, k, "softmax", grid=(1, 3, 3), token=4)
+    assert g.shape == (3, 2, 3, 3) and p.shape == (3, 2, 1)
+    assert np.allclose(g.reshape(3, 2, 9), w[:, :, 4, 1:], atol=1e-6)
+    r = at.rank(q, k, q, "inline")
+    assert r["rank"].shape == (3, 2, 1) and np.all(r["rank"] >= 1) and np.all(r["rank"] <= 10)
+
+
+def test_sweep_follows_the_magnitude_laws(attnscope_module):
+    """Softmax: the ratio of two weights at query scale a is its a-th power at a = 1 (MALA eq. 6),
+    and the swept rows are the weights of the scaled query; linear attention: the ratio does not
+    move (eq. 7); every law the family lists passes on a random head, and is reported."""
+    at = attnscope_module
+    rng = np.random.default_rng(6)
+    q, k = rng.standard_normal((63, 8)).astype(np.float32), rng.standard_normal((63, 8)).astype(np.float32)
+    scales = [0.5, 1.0, 2.0]
+    r = at.sweep(q, k, "softmax", 7, scales="0.5,1,2", keep_weights=True)
+    ratios = [p["ratio"] for p in r["points"]]
+    for a, ratio in zip(scales, ratios):
+        assert abs(np.log(ratio) - a * np.log(ratios[1])) < 1e-9, (a, ratio, ratios[1])
+    for i, a in enumerate(scales):
+        w = at.weights(a * q.astype(np.float64), k.astype(np.float64), "softmax", scale=8 ** -0.5)
+        assert np.allclose(r["weights"][i], w[7], rtol=0, atol=1e-12), a
+        s = at.row_stats(r["weights"][i])
+        assert s["max_weight"] == r["points"][i]["max_weight"], a
+    assert [law["law"] for law in r["laws"]] == ["softmax_power"] and r["laws"][0]["pass"]
+    lin = at.sweep(q, k, "linear:relu", 7, scales="0.5,1,2")
+    assert len({p["ratio"] for p in lin["points"]}) == 1, lin["points"]
+    for spec in ("inline", "mala"):
+        laws = at.sweep(q, k, spec, 7, scales="0.25:8:5")["laws"]
+        assert laws and all(law["pass"] and law["points"] > 0 for law in laws), (spec, laws)
+    with pytest.raises(ValueError, match="token: expected a token index in \\[0, 63\\), got 63"):
+        at.sweep(q, k, "softmax", 63)
