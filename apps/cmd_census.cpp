@@ -45,26 +45,15 @@ po::options_description census_options(CensusFlags& f) {
 
 /// An image's record: its census cells (in the collector's order), one array per field.
 nlohmann::json to_record(const std::vector<analyses::CensusCell>& cells) {
-  std::vector<long long> rows, weights, negative, zero, not_summing, degenerate;
-  std::vector<double> most_negative, max_error;
-  for (const auto& c : cells) {
-    rows.push_back(c.rows);
-    weights.push_back(c.weights);
-    negative.push_back(c.negative);
-    zero.push_back(c.zero);
-    most_negative.push_back(c.most_negative);
-    not_summing.push_back(c.rows_not_summing_to_one);
-    max_error.push_back(c.max_row_sum_error);
-    degenerate.push_back(c.degenerate_rows);
-  }
-  return {{"rows", rows},
-          {"weights", weights},
-          {"negative", negative},
-          {"zero", zero},
-          {"most_negative", most_negative},
-          {"rows_not_summing_to_one", not_summing},
-          {"max_row_sum_error", max_error},
-          {"degenerate_rows", degenerate}};
+  const analyses::CensusColumns c = analyses::census_columns(cells);
+  return {{"rows", c.rows},
+          {"weights", c.weights},
+          {"negative", c.negative},
+          {"zero", c.zero},
+          {"most_negative", c.most_negative},
+          {"rows_not_summing_to_one", c.rows_not_summing_to_one},
+          {"max_row_sum_error", c.max_row_sum_error},
+          {"degenerate_rows", c.degenerate_rows}};
 }
 
 std::vector<analyses::CensusCell> from_record(int image, const nlohmann::json& r) {

@@ -22,6 +22,21 @@ void CensusCell::merge(const CensusCell& o) {
   degenerate_rows += o.degenerate_rows;
 }
 
+CensusColumns census_columns(const std::vector<CensusCell>& cells) {
+  CensusColumns c;
+  for (const CensusCell& x : cells) {
+    c.rows.push_back(x.rows);
+    c.weights.push_back(x.weights);
+    c.negative.push_back(x.negative);
+    c.zero.push_back(x.zero);
+    c.most_negative.push_back(x.most_negative);
+    c.rows_not_summing_to_one.push_back(x.rows_not_summing_to_one);
+    c.max_row_sum_error.push_back(x.max_row_sum_error);
+    c.degenerate_rows.push_back(x.degenerate_rows);
+  }
+  return c;
+}
+
 CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double sum_tolerance) {
   CensusCell c;
   std::size_t next_degenerate = 0;  // `degenerate` is sorted

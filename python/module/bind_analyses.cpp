@@ -192,27 +192,16 @@ pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
   const TokenGrid grid{0, 1, static_cast<int>(q.tokens())};
   LiveCensus live(one_layer_setup(v, q, scale_obj, grid), sum_tolerance);
   live.add({q}, {k});
-  std::vector<long long> rows, weights, negative, zero, not_summing, dead;
-  std::vector<double> most_negative, max_error;
-  for (const auto& c : live.cells()) {
-    rows.push_back(c.rows);
-    weights.push_back(c.weights);
-    negative.push_back(c.negative);
-    zero.push_back(c.zero);
-    most_negative.push_back(c.most_negative);
-    not_summing.push_back(c.rows_not_summing_to_one);
-    max_error.push_back(c.max_row_sum_error);
-    dead.push_back(c.degenerate_rows);
-  }
+  const analyses::CensusColumns c = analyses::census_columns(live.cells());
   pyb::dict d;
-  d["rows"] = per_head_total(q, rows);
-  d["weights"] = per_head_total(q, weights);
-  d["negative"] = per_head_total(q, negative);
-  d["zero"] = per_head_total(q, zero);
-  d["most_negative"] = per_head_total(q, most_negative);
-  d["rows_not_summing_to_one"] = per_head_total(q, not_summing);
-  d["max_row_sum_error"] = per_head_total(q, max_error);
-  d["degenerate_rows"] = per_head_total(q, dead);
+  d["rows"] = per_head_total(q, c.rows);
+  d["weights"] = per_head_total(q, c.weights);
+  d["negative"] = per_head_total(q, c.negative);
+  d["zero"] = per_head_total(q, c.zero);
+  d["most_negative"] = per_head_total(q, c.most_negative);
+  d["rows_not_summing_to_one"] = per_head_total(q, c.rows_not_summing_to_one);
+  d["max_row_sum_error"] = per_head_total(q, c.max_row_sum_error);
+  d["degenerate_rows"] = per_head_total(q, c.degenerate_rows);
   return d;
 }
 

@@ -42,6 +42,13 @@ struct CensusCell {
   void merge(const CensusCell& other);
 };
 
+/// Cells as columns: one vector per count, in the cells' order (a result record, a table).
+struct CensusColumns {
+  std::vector<long long> rows, weights, negative, zero, rows_not_summing_to_one, degenerate_rows;
+  std::vector<double> most_negative, max_row_sum_error;
+};
+[[nodiscard]] CensusColumns census_columns(const std::vector<CensusCell>& cells);
+
 /// The census of one head's weight matrix w (rows = queries). `degenerate` lists rows to skip.
 [[nodiscard]] CensusCell census_of(const MatD& w, const std::vector<int>& degenerate,
                                    double sum_tolerance);
