@@ -131,19 +131,11 @@ int run_distance_cmd(const std::vector<std::string>& args) {
   }
   RunMetadata meta("distance");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)},
-                   {"patch_size", patch_json},
-                   {"renormalise", f.opt.renormalise},
-                   {"prefix_tokens", "dropped as queries and keys"},
-                   {"bins", f.bins},
-                   {"transform", sel.transform.name()},
-                   {"images", sel.images.size()},
-                   {"layers", model_layers_of(schema, sel.layers)},
-                   {"heads", sel.heads},
-                   {"reference", f.reference},
-                   {"threads", threads},
-                   {"seed", f.common.seed}};
-  meta.params()["device"] = device.description;
+  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params().update({{"patch_size", patch_json},
+                        {"renormalise", f.opt.renormalise},
+                        {"prefix_tokens", "dropped as queries and keys"},
+                        {"bins", f.bins}});
   ImageRun run(f.control, "distance", args, dir, run_fingerprint("distance", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;

@@ -122,20 +122,12 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
 
   RunMetadata meta("entropy");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)},
-                   {"log_eps", f.opt.log_eps},
-                   {"queries", "every token, prefix tokens included"},
-                   {"keys", "every token"},
-                   {"negative_weights", kNegativeRows},
-                   {"bins", f.bins},
-                   {"transform", sel.transform.name()},
-                   {"images", sel.images.size()},
-                   {"layers", model_layers_of(schema, sel.layers)},
-                   {"heads", sel.heads},
-                   {"reference", f.reference},
-                   {"threads", threads},
-                   {"seed", f.common.seed}};
-  meta.params()["device"] = device.description;
+  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params().update({{"log_eps", f.opt.log_eps},
+                        {"queries", "every token, prefix tokens included"},
+                        {"keys", "every token"},
+                        {"negative_weights", kNegativeRows},
+                        {"bins", f.bins}});
   ImageRun run(f.control, "entropy", args, dir, run_fingerprint("entropy", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;

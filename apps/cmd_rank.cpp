@@ -130,19 +130,11 @@ int run_rank_cmd(const std::vector<std::string>& args) {
   }
   RunMetadata meta("rank");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)},
-                   {"rank_tol", f.opt.rank_tol},
-                   {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
-                                                    : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
-                   {"out_layers", out_layers},
-                   {"transform", sel.transform.name()},
-                   {"images", sel.images.size()},
-                   {"layers", model_layers_of(schema, sel.layers)},
-                   {"heads", sel.heads},
-                   {"reference", f.reference},
-                   {"threads", threads},
-                   {"seed", f.common.seed}};
-  meta.params()["device"] = device.description;
+  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params().update({{"rank_tol", f.opt.rank_tol},
+                        {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
+                                                         : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
+                        {"out_layers", out_layers}});
   ImageRun run(f.control, "rank", args, dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);

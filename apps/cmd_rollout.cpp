@@ -75,18 +75,10 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
 
   RunMetadata meta("rollout");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)},
-                   {"fusion", analyses::to_string(fusion)},
-                   {"layers_in_order", model_layers_of(schema, analyses::layers_in_model_order(schema, sel.layers))},
-                   {"step", "A = rownorm(fuse(W_heads) + I); R = A_last ... A_first; the map: R's row of token 0"},
-                   {"transform", sel.transform.name()},
-                   {"images", sel.images.size()},
-                   {"layers", model_layers_of(schema, sel.layers)},
-                   {"heads", sel.heads},
-                   {"reference", f.reference},
-                   {"threads", threads},
-                   {"seed", f.common.seed}};
-  meta.params()["device"] = device.description;
+  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params().update({{"fusion", analyses::to_string(fusion)},
+                        {"layers_in_order", model_layers_of(schema, analyses::layers_in_model_order(schema, sel.layers))},
+                        {"step", "A = rownorm(fuse(W_heads) + I); R = A_last ... A_first; the map: R's row of token 0"}});
   ImageRun run(f.control, "rollout", args, dir, run_fingerprint("rollout", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;

@@ -231,19 +231,11 @@ int run_sinks_cmd(const std::vector<std::string>& args) {
 
   RunMetadata meta("sinks");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)},
-                   {"threshold", f.opt.threshold},
-                   {"norms", to_string(f.opt.norms)},
-                   {"norm_ratio", f.opt.norm_ratio},
-                   {"queries_and_keys", "every token, prefix tokens included"},
-                   {"transform", sel.transform.name()},
-                   {"images", sel.images.size()},
-                   {"layers", model_layers_of(schema, sel.layers)},
-                   {"heads", sel.heads},
-                   {"reference", f.reference},
-                   {"threads", threads},
-                   {"seed", f.common.seed}};
-  meta.params()["device"] = device.description;
+  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params().update({{"threshold", f.opt.threshold},
+                        {"norms", to_string(f.opt.norms)},
+                        {"norm_ratio", f.opt.norm_ratio},
+                        {"queries_and_keys", "every token, prefix tokens included"}});
   ImageRun run(f.control, "sinks", args, dir, run_fingerprint("sinks", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   run.compute([&] {

@@ -4,9 +4,13 @@
 
 #include "common.hpp"
 #include "image_run.hpp"
+#include "model_layers.hpp"
 #include "selection_flags.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <string>
+#include <vector>
 
 namespace attnscope::app {
 
@@ -26,6 +30,23 @@ inline void add_diagnostic_run_options(po::options_description& d, CommonOptions
   add_device_option(d, common);
   add_seed_option(d, common);
   add_run_control_options(d, control);
+}
+
+/// The run parameters every diagnostic records beside its own (which the caller adds): the
+/// variants, the selection (transform, images, layers, heads), --reference, the threads, the seed
+/// and the device.
+inline nlohmann::json diagnostic_params(const std::vector<Variant>& variants, const analyses::Selection& sel,
+                                        const DumpSchema& schema, bool reference, int threads,
+                                        const CommonOptions& common, const ResolvedDevice& device) {
+  return {{"variants", variant_names(variants)},
+          {"transform", sel.transform.name()},
+          {"images", sel.images.size()},
+          {"layers", model_layers_of(schema, sel.layers)},
+          {"heads", sel.heads},
+          {"reference", reference},
+          {"threads", threads},
+          {"seed", common.seed},
+          {"device", device.description}};
 }
 
 }  // namespace attnscope::app
