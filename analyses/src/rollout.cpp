@@ -73,6 +73,19 @@ MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, in
   return r;
 }
 
+void carry_cls_row(const MatD& step, VecD& v, VecD& next) {
+  // next_j = sum_i v_i A(i, j), summed in i's order for every j (vectorised across j).
+  next.resize(v.size());
+  next.setZero();
+  for (Eigen::Index i = 0; i < step.rows(); ++i) {
+    const double vi = v(i);
+    const double* row = step.row(i).data();
+    double* out = next.data();
+    for (Eigen::Index j = 0; j < step.cols(); ++j) out[j] += vi * row[j];
+  }
+  v.swap(next);
+}
+
 VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, int* fixed) {
   if (layers.empty()) throw UsageError("rollout: no layer");
   // The steps are independent: formed on OpenMP threads, their counts added in the layers' order.
@@ -86,18 +99,7 @@ VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fu
     for (int c : counts) *fixed += c;
   VecD v = steps.back().row(0).transpose();
   VecD next(v.size());
-  for (std::size_t l = steps.size() - 1; l-- > 0;) {
-    // next_j = sum_i v_i A(i, j), summed in i's order for every j (vectorised across j).
-    const MatD& a = steps[l];
-    next.setZero();
-    for (Eigen::Index i = 0; i < a.rows(); ++i) {
-      const double vi = v(i);
-      const double* row = a.row(i).data();
-      double* out = next.data();
-      for (Eigen::Index j = 0; j < a.cols(); ++j) out[j] += vi * row[j];
-    }
-    v.swap(next);
-  }
+  for (std::size_t l = steps.size() - 1; l-- > 0;) carry_cls_row(steps[l], v, next);
   return v;
 }
 
@@ -105,6 +107,35 @@ std::vector<int> layers_in_model_order(const DumpSchema& schema, std::vector<int
   std::stable_sort(layers.begin(), layers.end(),
                    [&](int a, int b) { return schema.model_layer(a) < schema.model_layer(b); });
   return layers;
+}
+
+namespace {
+
+/// One head's N x N weights for the rollout (rollout_images' doc) into w; returns its degenerate
+/// rows.
+int rollout_head_weights(const Variant& v, const MatF& q, const MatF& k, double scale, bool reference, MatD& w) {
+  if (reference) {
+    const ExactRows rows(v, q, k, scale);
+    w.resize(rows.tokens(), rows.tokens());
+    for (int i = 0; i < rows.tokens(); ++i) rows.row(i, w.row(i).data());
+    return rows.degenerate_count();
+  }
+  if (!v.has_linear_form() && v.supports() && detail::float_softmax_weights(q, k, scale, w)) return 0;
+  Diagnostics diag;
+  const MatD qd = q.cast<double>(), kd = k.cast<double>();
+  w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+  return static_cast<int>(diag.degenerate_rows.size());
+}
+
+}  // namespace
+
+bool rollout_holds_every_head(const DumpSchema& schema, const Selection& resolved, std::size_t variants,
+                              bool reference) {
+  const auto n = static_cast<double>(schema.attrs.num_tokens);
+  const double all_heads =
+      8.0 * n * n * static_cast<double>(resolved.layers.size() * resolved.heads.size() * variants);
+  const std::size_t budget = resolved.max_memory == 0 ? kDefaultMaxMemory : resolved.max_memory;
+  return reference || all_heads <= static_cast<double>(budget);
 }
 
 void rollout_images(DumpReader& reader, const Selection& resolved,
@@ -123,6 +154,46 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
   const std::vector<int> order = layers_in_model_order(schema, resolved.layers);
+  Selection sel = resolved;
+  sel.need_v = false;
+
+  if (!rollout_holds_every_head(schema, resolved, variants.size(), reference)) {
+    std::vector<MatD> heads(nh);
+    std::vector<int> dead(nh, 0);
+    MatD step;
+    VecD v, next;
+    for_each_image_batch(reader, sel, 1, [&](const std::vector<ImageHeads>& images) {
+      const ImageHeads& image = images.front();
+      RolloutImage done;
+      done.image = image.front().image;
+      for (const Variant& var : variants) {
+        std::int64_t degenerate = 0;
+        int fixed = 0;
+        for (std::size_t o = order.size(); o-- > 0;) {
+          const std::size_t ls = static_cast<std::size_t>(layer_slot[order[o]]);
+          parallel_for(static_cast<int>(nh), [&](int hs) {
+            const HeadView& hv = image[ls * nh + static_cast<std::size_t>(hs)];
+            in_head(hv.image, hv.layer, hv.head, [&] {
+              dead[static_cast<std::size_t>(hs)] =
+                  rollout_head_weights(var, hv.q, hv.k, scale, false, heads[static_cast<std::size_t>(hs)]);
+            });
+          });
+          for (int c : dead) degenerate += c;
+          step = rollout_step(heads, fusion, &fixed);
+          if (o + 1 == order.size()) {
+            v = step.row(0).transpose();
+          } else {
+            carry_cls_row(step, v, next);
+          }
+        }
+        done.cls.emplace_back(v.data(), v.data() + v.size());
+        done.fixed_rows.push_back(fixed);
+        done.degenerate_rows.push_back(degenerate);
+      }
+      sink(std::move(done));
+    });
+    return;
+  }
 
   // [variant][slot]: each slot written by one thread per image.
   std::vector<std::vector<MatD>> weights(variants.size(),
@@ -133,26 +204,8 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      in_head(hv.image, hv.layer, hv.head, [&] {
-        if (reference) {
-          const ExactRows rows(variants[vi], hv.q, hv.k, scale);
-          MatD& w = weights[vi][s];
-          w.resize(rows.tokens(), rows.tokens());
-          for (int i = 0; i < rows.tokens(); ++i) rows.row(i, w.row(i).data());
-          dead[vi][s] = rows.degenerate_count();
-          return;
-        }
-        const Variant& v = variants[vi];
-        if (!v.has_linear_form() && v.supports() &&
-            detail::float_softmax_weights(hv.q, hv.k, scale, weights[vi][s])) {
-          dead[vi][s] = 0;
-          return;
-        }
-        Diagnostics diag;
-        const MatD qd = hv.q.cast<double>(), kd = hv.k.cast<double>();
-        weights[vi][s] = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
-        dead[vi][s] = static_cast<int>(diag.degenerate_rows.size());
-      });
+      in_head(hv.image, hv.layer, hv.head,
+              [&] { dead[vi][s] = rollout_head_weights(variants[vi], hv.q, hv.k, scale, reference, weights[vi][s]); });
     }
   };
   auto on_image = [&](int image) {
@@ -192,8 +245,6 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     }
     sink(std::move(done));
   };
-  Selection sel = resolved;
-  sel.need_v = false;
   for_each_head(reader, sel, on_head, on_image);
 }
 

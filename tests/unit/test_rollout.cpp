@@ -2,12 +2,15 @@
 // and every fusion; exact answers where they are known (self-attention gives the identity; uniform
 // rows give I / 2^L + (1 - 1/2^L) U); the layer order matters (a negative control: reversed layers
 // give another product); max and min fusion on a hand example; rows without mass replaced by the
-// identity's and counted; layers taken in the model's order.
+// identity's and counted; layers taken in the model's order; a budget too small for an image's
+// heads takes the layers one at a time and gives the same bits.
 #include "attnscope/analyses/rollout.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/synth.hpp"
 #include "random_inputs.hpp"
+#include "scratch_dir.hpp"
 #include "tolerances.hpp"
 #include "variant_specs.hpp"
 
@@ -156,6 +159,60 @@ TEST(Rollout, LayersInTheModelsOrder) {
   EXPECT_EQ(layers_in_model_order(schema, {0, 1, 2}), (std::vector<int>{1, 2, 0}));
   schema.source_layers.clear();
   EXPECT_EQ(layers_in_model_order(schema, {2, 0}), (std::vector<int>{0, 2}));
+}
+
+class RolloutRunTest : public test::ScratchDirTest {};
+
+// Under a --max-memory too small for an image's heads, rollout_images takes the layers one at a
+// time (last first): the same CLS rows, bit for bit, and the same counts, for every family, with
+// layers selected out of the model's order and a head subset.
+TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
+  SynthOptions o;
+  o.layers = 4;
+  o.heads = 3;
+  o.grid = TokenGrid{1, 5, 6};
+  o.head_dim = 7;
+  o.images = 3;
+  o.seed = 11;
+  {
+    DumpWriter writer(path("d.h5"), o.attributes(), DumpWriterOptions{});
+    for (int i = 0; i < o.images; ++i) writer.append(synth_image(o, i));
+    writer.close();
+  }
+  std::vector<Variant> variants;
+  for (const std::string& spec : test::all_variant_specs()) variants.push_back(parse_variant(spec));
+  DumpReader reader(path("d.h5"));
+  Selection sel;
+  sel.layers = {3, 0, 2};
+  sel.heads = {2, 0};
+  Selection whole = resolve(reader.schema(), sel);
+  Selection by_layer = whole;
+  const double n = o.tokens();
+  const auto all_heads = static_cast<std::size_t>(8.0 * n * n * 3 * 2 * static_cast<double>(variants.size()));
+  whole.max_memory = all_heads + (std::size_t{1} << 20);
+  by_layer.max_memory = all_heads - 1;
+  ASSERT_TRUE(rollout_holds_every_head(reader.schema(), whole, variants.size(), false));
+  ASSERT_FALSE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), false));
+  EXPECT_TRUE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), true)) << "--reference holds them";
+  for (HeadFusion fusion : {HeadFusion::Mean, HeadFusion::Max, HeadFusion::Min}) {
+    std::vector<RolloutImage> a, b;
+    rollout_images(reader, whole, variants, fusion, false, [&](RolloutImage&& img) { a.push_back(std::move(img)); });
+    rollout_images(reader, by_layer, variants, fusion, false, [&](RolloutImage&& img) { b.push_back(std::move(img)); });
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].image, b[i].image);
+      ASSERT_EQ(a[i].cls.size(), variants.size());
+      for (std::size_t v = 0; v < variants.size(); ++v) {
+        const std::string where = variants[v].name() + " fusion " + to_string(fusion) + " image " +
+                                  std::to_string(a[i].image);
+        ASSERT_EQ(a[i].cls[v].size(), static_cast<std::size_t>(o.tokens())) << where;
+        EXPECT_EQ(a[i].cls[v], b[i].cls[v]) << where;  // bit for bit
+        EXPECT_EQ(a[i].fixed_rows[v], b[i].fixed_rows[v]) << where;
+        EXPECT_EQ(a[i].degenerate_rows[v], b[i].degenerate_rows[v]) << where;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -45,6 +45,10 @@ enum class HeadFusion { Mean, Max, Min };
 /// same steps and counts, a different order of the sums (within a few ulps per product).
 [[nodiscard]] VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion,
                                    int* fixed = nullptr);
+/// One of rollout_cls_row's products: v <- v^T step, summed in step's row order for every column
+/// (`next` is scratch space). Carrying e_0^T A_L through A_{L-1}, ..., A_1 this way one step at a
+/// time gives rollout_cls_row's bits.
+void carry_cls_row(const MatD& step, VecD& v, VecD& next);
 /// The same by plain loops (fusion, normalisation and products written out).
 [[nodiscard]] MatD rollout_reference(const std::vector<std::vector<MatD>>& layers,
                                      HeadFusion fusion, int* fixed = nullptr);
@@ -63,7 +67,17 @@ struct RolloutImage {
 /// double; the CLS row by rollout_cls_row (`reference`: ExactRows' rows and rollout_reference,
 /// the full product). The selected layers are taken in the
 /// model's order (DumpSchema::model_layer). InputError naming the file when the dump has no
-/// prefix token. Memory: the selected heads' N x N doubles of one image, per variant.
+/// prefix token. Memory: the selected heads' N x N doubles of one image, per variant, when they fit
+/// in the selection's max_memory (kDefaultMaxMemory when 0); otherwise the layers are taken one
+/// at a time, last first, so that one layer's heads and its step are held (H + 1) N x N doubles
+/// (the heads of a layer on OpenMP threads): the same products in the same order, the same bits.
+/// `--reference` always holds them all (its full product needs every step).
+/// Whether rollout_images holds every selected head of an image at once (true) or takes the
+/// layers one at a time (false): the former when 8 N^2 bytes per head and variant fit in the
+/// selection's max_memory (kDefaultMaxMemory when 0), and always under `reference`.
+[[nodiscard]] bool rollout_holds_every_head(const DumpSchema& schema, const Selection& resolved,
+                                            std::size_t variants, bool reference);
+
 void rollout_images(DumpReader& reader, const Selection& resolved,
                     const std::vector<Variant>& variants, HeadFusion fusion, bool reference,
                     const std::function<void(RolloutImage&&)>& sink);
