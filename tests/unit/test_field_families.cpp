@@ -65,7 +65,8 @@ MatD complex_rotate(const MatD& x, const MatD& angles) {
 /// R fq R fk^T / (fq sum fk + N eps), rows divided by their unrotated sums.
 MatD rope_normalised(const MatD& fq, const MatD& fk, const MatD& angles, double eps) {
   const MatD num = complex_rotate(fq, angles) * complex_rotate(fk, angles).transpose();
-  const VecD den = (fq * fk.colwise().sum().transpose()).array() + eps * static_cast<double>(fk.rows());
+  const VecD den =
+      (fq * fk.colwise().sum().transpose()).array() + eps * static_cast<double>(fk.rows());
   return (num.array().colwise() / den.array()).matrix();
 }
 
@@ -80,11 +81,13 @@ MatD independent_rala(const MatD& q, const MatD& k, double scale, const MatD& an
   const MatD qbar = fq.colwise().mean();
   const MatD weights = softmax_rows(scale * qbar * fk.transpose());  // 1 x N
   MatD kk = fk;
-  for (Eigen::Index j = 0; j < fk.rows(); ++j) kk.row(j) *= weights(0, j) * static_cast<double>(fk.rows());
+  for (Eigen::Index j = 0; j < fk.rows(); ++j)
+    kk.row(j) *= weights(0, j) * static_cast<double>(fk.rows());
   return rope_normalised(fq, kk, angles, eps);
 }
 
-MatD independent_mala(Convention c, const MatD& q, const MatD& k, double scale, const MatD& angles) {
+MatD independent_mala(Convention c, const MatD& q, const MatD& k, double scale,
+                      const MatD& angles) {
   const MatD fq = elu1(q), fk = elu1(k);
   const double n = static_cast<double>(k.rows());
   const MatD num = complex_rotate(fq, angles) * complex_rotate(fk, angles).transpose();
@@ -128,7 +131,8 @@ struct RopeFamily {
   std::function<MatD(Convention, const MatD&, const MatD&, double, const ref::Rotation&,
                      std::vector<int>*)>
       weights;
-  std::function<MatD(Convention, const MatD&, const MatD&, const MatD&, double, const ref::Rotation&)>
+  std::function<MatD(Convention, const MatD&, const MatD&, const MatD&, double,
+                     const ref::Rotation&)>
       outputs;
   std::function<MatD(Convention, const MatD&, const MatD&, double, const MatD&)> independent;
   /// The largest addend of a weight over the largest weight: MALA subtracts terms of size S,
@@ -142,34 +146,25 @@ std::vector<RopeFamily> rope_families() {
   return {
       {"mlla",
        [](Convention c, const MatD& q, const MatD& k, double, const ref::Rotation& r,
-          std::vector<int>* deg) {
-         return ref::mlla_weights(c, q, k, r, deg);
-       },
-       [](Convention c, const MatD& q, const MatD& k, const MatD& v, double, const ref::Rotation& r) {
-         return ref::mlla_outputs(c, q, k, v, r);
-       },
+          std::vector<int>* deg) { return ref::mlla_weights(c, q, k, r, deg); },
+       [](Convention c, const MatD& q, const MatD& k, const MatD& v, double,
+          const ref::Rotation& r) { return ref::mlla_outputs(c, q, k, v, r); },
        [](Convention c, const MatD& q, const MatD& k, double, const MatD& a) {
          return rope_normalised(elu1(q), elu1(k), a, c == Convention::Paper ? 0.0 : 1e-6);
        }},
       {"rala",
        [](Convention c, const MatD& q, const MatD& k, double s, const ref::Rotation& r,
-          std::vector<int>* deg) {
-         return ref::rala_weights(c, q, k, s, r, deg);
-       },
-       [](Convention c, const MatD& q, const MatD& k, const MatD& v, double s, const ref::Rotation& r) {
-         return ref::rala_outputs(c, q, k, v, s, r);
-       },
+          std::vector<int>* deg) { return ref::rala_weights(c, q, k, s, r, deg); },
+       [](Convention c, const MatD& q, const MatD& k, const MatD& v, double s,
+          const ref::Rotation& r) { return ref::rala_outputs(c, q, k, v, s, r); },
        [](Convention c, const MatD& q, const MatD& k, double s, const MatD& a) {
          return independent_rala(q, k, s, a, c == Convention::Paper ? 0.0 : 1e-6);
        }},
       {"mala_rope",
        [](Convention c, const MatD& q, const MatD& k, double s, const ref::Rotation& r,
-          std::vector<int>* deg) {
-         return ref::mala_rope_weights(c, q, k, s, r, deg);
-       },
-       [](Convention c, const MatD& q, const MatD& k, const MatD& v, double s, const ref::Rotation& r) {
-         return ref::mala_rope_outputs(c, q, k, v, s, r);
-       },
+          std::vector<int>* deg) { return ref::mala_rope_weights(c, q, k, s, r, deg); },
+       [](Convention c, const MatD& q, const MatD& k, const MatD& v, double s,
+          const ref::Rotation& r) { return ref::mala_rope_outputs(c, q, k, v, s, r); },
        [](Convention c, const MatD& q, const MatD& k, double s, const MatD& a) {
          return independent_mala(c, q, k, s, a);
        },
@@ -219,8 +214,9 @@ TEST(FieldRope, MatchesIndependentAndOutputsAreWV) {
             EXPECT_EQ(degenerate, undefined) << at;
             const double cond = f.conditioning(want, q, k, s, angles);
             EXPECT_TRUE(relatively_near(w, want, kTol * cond, at + " W"));
-            EXPECT_TRUE(relatively_near(f.outputs(c, q, k, in.v, s, rot), ref::apply_weights(w, in.v),
-                                        1e-11 * cond, at + " O = W V"));
+            EXPECT_TRUE(relatively_near(f.outputs(c, q, k, in.v, s, rot),
+                                        ref::apply_weights(w, in.v), 1e-11 * cond,
+                                        at + " O = W V"));
           }
         }
       }
@@ -246,7 +242,8 @@ TEST(FieldRope, OddHeadDimIsRefusedInOneLine) {
   }
   const test::Qkv in = test::random_qkv(7, 4, 4, kSeed);
   try {
-    (void)ref::mlla_weights(Convention::Code, in.q, in.k, ref::rotation_from_angles(MatD::Zero(6, 2)));
+    (void)ref::mlla_weights(Convention::Code, in.q, in.k,
+                            ref::rotation_from_angles(MatD::Zero(6, 2)));
     ADD_FAILURE() << "a 6-token rotation for 7 tokens was accepted";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("expected 7x2"), std::string::npos) << e.what();
@@ -255,7 +252,8 @@ TEST(FieldRope, OddHeadDimIsRefusedInOneLine) {
 
 /// Angles of the tokens of an h x w window at (dr, dc) inside a larger grid, as the model would
 /// compute them there.
-MatD window_angles(ref::RopeLayout layout, int h, int w, int dr, int dc, int d, int head, int heads) {
+MatD window_angles(ref::RopeLayout layout, int h, int w, int dr, int dc, int d, int head,
+                   int heads) {
   const MatD big = ref::rope_angles(layout, h + dr, w + dc, d, head, heads);
   MatD a(static_cast<Eigen::Index>(h) * w, d / 2);
   for (int r = 0; r < h; ++r) {
@@ -276,8 +274,8 @@ TEST(FieldRope, CommonOffsetOfAllPositionsLeavesWeightsUnchanged) {
       const ref::Rotation shifted =
           ref::rotation_from_angles(window_angles(layout, h, w, 5, 2, d, 1, heads));
       const MatD w0 = f.weights(Convention::Code, in.q, in.k, 0.25, at_origin, nullptr);
-      EXPECT_TRUE(relatively_near(f.weights(Convention::Code, in.q, in.k, 0.25, shifted, nullptr), w0, 1e-12,
-                                  std::string(f.name) + ": offset (5, 2)"));
+      EXPECT_TRUE(relatively_near(f.weights(Convention::Code, in.q, in.k, 0.25, shifted, nullptr),
+                                  w0, 1e-12, std::string(f.name) + ": offset (5, 2)"));
       // Negative control: shifting the keys' positions only (not the queries') moves the map.
       const MatD rq = ref::rotate(at_origin, elu1(in.q));
       const MatD rk_shifted = ref::rotate(shifted, elu1(in.k));
@@ -337,11 +335,13 @@ TEST(FieldPolaFormer, MatchesIndependentAndOutputsAreWV) {
           const MatD q = m * in.q, k = m * in.k;
           const VecD a = (test::random_matrix(d, 1, seed + 5).array().exp()).matrix();  // > 0
           // exponents 1 + 4 sigmoid(x), up to 5: magnitudes up to (1e8)^5 stay finite
-          const VecD p = (1.0 + 4.0 / (1.0 + (-test::random_matrix(d, 1, seed + 6).array()).exp())).matrix();
+          const VecD p =
+              (1.0 + 4.0 / (1.0 + (-test::random_matrix(d, 1, seed + 6).array()).exp())).matrix();
           const std::string at = where(std::string("polaformer@") + to_string(c), n, d, seed, m);
           const double eps = c == Convention::Paper ? 0.0 : 1e-6;
           std::vector<int> deg_same, deg_opposite;
-          const ref::PolaMaps maps = ref::polaformer_weights(c, q, k, a, p, &deg_same, &deg_opposite);
+          const ref::PolaMaps maps =
+              ref::polaformer_weights(c, q, k, a, p, &deg_same, &deg_opposite);
           const MatD fk = signed_features(k, a, p, false);
           for (bool opposite : {false, true}) {
             const MatD fq = signed_features(q, a, p, opposite);
@@ -352,7 +352,8 @@ TEST(FieldPolaFormer, MatchesIndependentAndOutputsAreWV) {
             const VecD ksum = fk.colwise().sum().transpose();
             for (Eigen::Index i = 0; i < fq.rows(); ++i) {
               const double S = fq.row(i) * ksum;
-              if (c == Convention::Paper && !(std::abs(S) > 1e-12 * fq.row(i).norm() * ksum.norm())) {
+              if (c == Convention::Paper &&
+                  !(std::abs(S) > 1e-12 * fq.row(i).norm() * ksum.norm())) {
                 tiny.push_back(static_cast<int>(i));
                 want.row(i).setZero();
               }
@@ -392,16 +393,20 @@ TEST(FieldPolaFormer, ZeroQueryIsDegenerateInThePaperFormAndZeroInTheCode) {
   in.q.row(2).setZero();
   const VecD a = VecD::Ones(3), p = VecD::Constant(3, 2.0);
   std::vector<int> same, opposite;
-  const ref::PolaMaps paper = ref::polaformer_weights(Convention::Paper, in.q, in.k, a, p, &same, &opposite);
+  const ref::PolaMaps paper =
+      ref::polaformer_weights(Convention::Paper, in.q, in.k, a, p, &same, &opposite);
   EXPECT_EQ(same, std::vector<int>{2});
   EXPECT_EQ(opposite, std::vector<int>{2});
   EXPECT_TRUE(paper.same.row(2).isZero(0.0));
   std::vector<int> code_rows;
-  const ref::PolaMaps code = ref::polaformer_weights(Convention::Code, in.q, in.k, a, p, &code_rows);
+  const ref::PolaMaps code =
+      ref::polaformer_weights(Convention::Code, in.q, in.k, a, p, &code_rows);
   EXPECT_TRUE(code_rows.empty());
   EXPECT_TRUE(code.same.row(2).isZero(0.0));
-  EXPECT_THROW((void)ref::polaformer_weights(Convention::Code, in.q, in.k, VecD::Ones(2), p), UsageError);
-  EXPECT_THROW((void)ref::polaformer_weights(Convention::Code, in.q, in.k, VecD::Zero(3), p), UsageError);
+  EXPECT_THROW((void)ref::polaformer_weights(Convention::Code, in.q, in.k, VecD::Ones(2), p),
+               UsageError);
+  EXPECT_THROW((void)ref::polaformer_weights(Convention::Code, in.q, in.k, VecD::Zero(3), p),
+               UsageError);
 }
 
 // ----------------------------------------------------------------------------- Agent attention
@@ -419,7 +424,8 @@ TEST(FieldAgent, MatchesIndependentAndOutputsAreWV) {
           const double s = 1.0 / std::sqrt(static_cast<double>(d));
           const std::string at = where("agent agents=" + std::to_string(agents), n, d, seed, m);
           const MatD w = ref::agent_weights(q, k, A, s, b1, b2);
-          const MatD want = softmax_rows(s * q * A.transpose() + b2) * softmax_rows(s * A * k.transpose() + b1);
+          const MatD want =
+              softmax_rows(s * q * A.transpose() + b2) * softmax_rows(s * A * k.transpose() + b1);
           EXPECT_TRUE(relatively_near(w, want, kTol, at + " W"));
           EXPECT_TRUE(relatively_near(ref::agent_outputs(q, k, in.v, A, s, b1, b2),
                                       ref::apply_weights(w, in.v), 1e-11, at + " O = W V"));

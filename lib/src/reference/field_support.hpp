@@ -15,7 +15,8 @@ namespace attnscope::reference::field {
 inline MatD elu1(const MatD& x) {
   MatD y(x.rows(), x.cols());
   for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    for (Eigen::Index t = 0; t < x.cols(); ++t) y(i, t) = x(i, t) > 0.0 ? x(i, t) + 1.0 : std::exp(x(i, t));
+    for (Eigen::Index t = 0; t < x.cols(); ++t)
+      y(i, t) = x(i, t) > 0.0 ? x(i, t) + 1.0 : std::exp(x(i, t));
   }
   return y;
 }
@@ -58,7 +59,8 @@ namespace attnscope::reference::field {
 /// w_ij = R fq_i . R fk_j / (sum_m fq_i . fk_m + N eps(c)). Defined in families/mlla.cpp.
 MatD rope_normalised_weights(Convention c, const MatD& fq, const MatD& fk, const Rotation& rotation,
                              std::vector<int>* degenerate);
-/// Its output as the released modules form it: R fq_i . (sum_j R fk_j v_j / N) / (fq_i . mean fk + eps).
+/// Its output as the released modules form it: R fq_i . (sum_j R fk_j v_j / N) / (fq_i . mean fk +
+/// eps).
 MatD rope_normalised_outputs(Convention c, const MatD& fq, const MatD& fk, const MatD& v,
                              const Rotation& rotation);
 

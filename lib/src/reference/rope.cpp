@@ -41,10 +41,12 @@ MatD rope_angles(RopeLayout layout, int grid_h, int grid_w, int head_dim, int he
                  double base) {
   if (grid_h < 1 || grid_w < 1 || head_dim < 4 || head_dim % 4 != 0 || num_heads < 1 || head < 0 ||
       head >= num_heads) {
-    throw UsageError("rope_angles: needs a grid of at least 1x1, head_dim a positive multiple of 4"
-                     " and 0 <= head < num_heads; got " + std::to_string(grid_h) + "x" +
-                     std::to_string(grid_w) + ", head_dim " + std::to_string(head_dim) + ", head " +
-                     std::to_string(head) + " of " + std::to_string(num_heads));
+    throw UsageError(
+        "rope_angles: needs a grid of at least 1x1, head_dim a positive multiple of 4"
+        " and 0 <= head < num_heads; got " +
+        std::to_string(grid_h) + "x" + std::to_string(grid_w) + ", head_dim " +
+        std::to_string(head_dim) + ", head " + std::to_string(head) + " of " +
+        std::to_string(num_heads));
   }
   const int pairs = head_dim / 2;
   MatD angles(static_cast<Eigen::Index>(grid_h) * grid_w, pairs);

@@ -34,15 +34,17 @@ struct AgentMaps {
   MatD read;    // T, N x n
 };
 
-AgentMaps maps(const MatD& q, const MatD& k, const MatD& agents, double scale, const MatD& agent_bias,
-               const MatD& token_bias) {
+AgentMaps maps(const MatD& q, const MatD& k, const MatD& agents, double scale,
+               const MatD& agent_bias, const MatD& token_bias) {
   if (agents.cols() != q.cols() || k.cols() != q.cols() || agents.rows() < 1) {
     throw UsageError("agent: agents must be n x " + std::to_string(q.cols()) + " with n >= 1 (" +
                      "the head_dim of q and k); got " + std::to_string(agents.rows()) + "x" +
                      std::to_string(agents.cols()));
   }
-  if (agent_bias.size()) field::expect_shape("agent", "agent_bias", agent_bias, agents.rows(), k.rows());
-  if (token_bias.size()) field::expect_shape("agent", "token_bias", token_bias, q.rows(), agents.rows());
+  if (agent_bias.size())
+    field::expect_shape("agent", "agent_bias", agent_bias, agents.rows(), k.rows());
+  if (token_bias.size())
+    field::expect_shape("agent", "token_bias", token_bias, q.rows(), agents.rows());
   return {softmax_rows(agents, k, scale, agent_bias), softmax_rows(q, agents, scale, token_bias)};
 }
 
@@ -86,7 +88,8 @@ MatD pooled_agents(const MatD& q, int prefix, int grid_h, int grid_w, int pool_h
   return agents;
 }
 
-MatD weights_agent(const Variant&, const MatD&, const MatD&, double, const Mask*, std::vector<int>&) {
+MatD weights_agent(const Variant&, const MatD&, const MatD&, double, const Mask*,
+                   std::vector<int>&) {
   field::needs_layer_data("agent", "the layer's agent tokens and position biases", "agent_weights");
 }
 

@@ -23,7 +23,8 @@ MatD rope_normalised_weights(Convention c, const MatD& fq, const MatD& fk, const
       poison(w, i);
       continue;
     }
-    const bool zero = c == Convention::Paper ? tiny(S, magnitude(fq, fk, nullptr, i)) : denominator == 0.0;
+    const bool zero =
+        c == Convention::Paper ? tiny(S, magnitude(fq, fk, nullptr, i)) : denominator == 0.0;
     if (zero) {
       if (degenerate) degenerate->push_back(static_cast<int>(i));
       continue;
@@ -45,7 +46,8 @@ MatD rope_normalised_outputs(Convention c, const MatD& fq, const MatD& fk, const
   for (Eigen::Index j = 0; j < n; ++j) {
     for (Eigen::Index t = 0; t < d; ++t) {
       mean_k(t) += fk(j, t) / static_cast<double>(n);
-      for (Eigen::Index e = 0; e < v.cols(); ++e) kv(t, e) += rk(j, t) * v(j, e) / static_cast<double>(n);
+      for (Eigen::Index e = 0; e < v.cols(); ++e)
+        kv(t, e) += rk(j, t) * v(j, e) / static_cast<double>(n);
     }
   }
   MatD out = MatD::Zero(fq.rows(), v.cols());
@@ -76,11 +78,13 @@ MatD mlla_weights(Convention c, const MatD& q, const MatD& k, const Rotation& ro
   return field::rope_normalised_weights(c, field::elu1(q), field::elu1(k), rotation, degenerate);
 }
 
-MatD mlla_outputs(Convention c, const MatD& q, const MatD& k, const MatD& v, const Rotation& rotation) {
+MatD mlla_outputs(Convention c, const MatD& q, const MatD& k, const MatD& v,
+                  const Rotation& rotation) {
   return field::rope_normalised_outputs(c, field::elu1(q), field::elu1(k), v, rotation);
 }
 
-MatD weights_mlla(const Variant&, const MatD&, const MatD&, double, const Mask*, std::vector<int>&) {
+MatD weights_mlla(const Variant&, const MatD&, const MatD&, double, const Mask*,
+                  std::vector<int>&) {
   field::needs_layer_data("mlla", "the layer's RoPE rotation", "mlla_weights");
 }
 

@@ -43,9 +43,11 @@ PolaFeatures features(const MatD& q, const MatD& k, const VecD& scale, const Vec
   }
   for (Eigen::Index t = 0; t < d; ++t) {
     if (!(scale(t) > 0.0) || !(exponent(t) > 0.0)) {
-      throw UsageError("polaformer: feature_scale and exponent must be > 0 (softplus and "
-                       "1 + alpha sigmoid are); channel " + std::to_string(t) + " has " +
-                       std::to_string(scale(t)) + ", " + std::to_string(exponent(t)));
+      throw UsageError(
+          "polaformer: feature_scale and exponent must be > 0 (softplus and "
+          "1 + alpha sigmoid are); channel " +
+          std::to_string(t) + " has " + std::to_string(scale(t)) + ", " +
+          std::to_string(exponent(t)));
     }
   }
   return {signed_powers(q, scale, exponent, false), signed_powers(q, scale, exponent, true),
@@ -63,7 +65,8 @@ MatD normalised_map(Convention c, const MatD& fq, const MatD& fk, std::vector<in
       poison(w, i);
       continue;
     }
-    const bool zero = c == Convention::Paper ? tiny(S, magnitude(fq, fk, nullptr, i)) : denominator == 0.0;
+    const bool zero =
+        c == Convention::Paper ? tiny(S, magnitude(fq, fk, nullptr, i)) : denominator == 0.0;
     if (zero) {
       if (degenerate) degenerate->push_back(static_cast<int>(i));
       continue;
@@ -81,7 +84,8 @@ MatD linear_time(Convention c, const MatD& fq, const MatD& fk, const MatD& v) {
   for (Eigen::Index j = 0; j < n; ++j) {
     for (Eigen::Index t = 0; t < r; ++t) {
       mean_k(t) += fk(j, t) / static_cast<double>(n);
-      for (Eigen::Index e = 0; e < v.cols(); ++e) kv(t, e) += fk(j, t) * v(j, e) / static_cast<double>(n);
+      for (Eigen::Index e = 0; e < v.cols(); ++e)
+        kv(t, e) += fk(j, t) * v(j, e) / static_cast<double>(n);
     }
   }
   MatD out = MatD::Zero(fq.rows(), v.cols());
@@ -93,7 +97,9 @@ MatD linear_time(Convention c, const MatD& fq, const MatD& fk, const MatD& v) {
       m2 += mean_k(t) * mean_k(t);
     }
     const double denominator = qk + field::eps(c);
-    if (c == Convention::Paper ? support::tiny(qk, std::sqrt(q2) * std::sqrt(m2)) : denominator == 0.0) continue;
+    if (c == Convention::Paper ? support::tiny(qk, std::sqrt(q2) * std::sqrt(m2))
+                               : denominator == 0.0)
+      continue;
     for (Eigen::Index e = 0; e < v.cols(); ++e) {
       double s = 0.0;
       for (Eigen::Index t = 0; t < r; ++t) s += fq(i, t) * kv(t, e);

@@ -35,8 +35,8 @@ MatD reweighted_keys(const MatD& fq, const MatD& fk, double scale) {
 
 }  // namespace
 
-MatD rala_weights(Convention c, const MatD& q, const MatD& k, double scale, const Rotation& rotation,
-                  std::vector<int>* degenerate) {
+MatD rala_weights(Convention c, const MatD& q, const MatD& k, double scale,
+                  const Rotation& rotation, std::vector<int>* degenerate) {
   const MatD fq = field::elu1(q);
   return field::rope_normalised_weights(c, fq, reweighted_keys(fq, field::elu1(k), scale), rotation,
                                         degenerate);
@@ -45,10 +45,12 @@ MatD rala_weights(Convention c, const MatD& q, const MatD& k, double scale, cons
 MatD rala_outputs(Convention c, const MatD& q, const MatD& k, const MatD& v, double scale,
                   const Rotation& rotation) {
   const MatD fq = field::elu1(q);
-  return field::rope_normalised_outputs(c, fq, reweighted_keys(fq, field::elu1(k), scale), v, rotation);
+  return field::rope_normalised_outputs(c, fq, reweighted_keys(fq, field::elu1(k), scale), v,
+                                        rotation);
 }
 
-MatD weights_rala(const Variant&, const MatD&, const MatD&, double, const Mask*, std::vector<int>&) {
+MatD weights_rala(const Variant&, const MatD&, const MatD&, double, const Mask*,
+                  std::vector<int>&) {
   field::needs_layer_data("rala", "the layer's RoPE rotation", "rala_weights");
 }
 
