@@ -364,6 +364,18 @@ class PolaLinearAttention(nn.Module):
         return self.proj_drop(self.proj((y + local) * g))
 
 
+class PolaWindowAttention(nn.Module):
+    """PolaFormer's Swin form: one `qkvg` Linear, called once per window (attributes only)."""
+
+    def __init__(self, dim, num_heads=2, window_size=(4, 4), alpha=4):
+        super().__init__()
+        self.num_heads, self.window_size, self.alpha = num_heads, window_size, alpha
+        self.qkvg = nn.Linear(dim, 4 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, dim // num_heads))
+        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
+
+
 class RALA(nn.Module):
     """RAVLT's rank-augmented linear attention: one `qkvo` 1x1 convolution (C -> 4C) over a
     [B, C, H, W] map, `elu`, and a 1x1 convolution `proj`."""
