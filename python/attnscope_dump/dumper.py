@@ -17,6 +17,7 @@ import torch
 
 from .attention import attention_outputs
 from .attention import family as family_entry
+from .field_families import FIELD_FAMILIES, field_outputs, is_field_variant
 from .hooks import call_kwargs, check_rotary, find_sites, rotary_sources, token_layout
 
 _DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -198,7 +199,8 @@ def model_setup(model, layers, model_name, attention_family, feature_map, conven
     if convention != "code":  # the convention alone: every layer's, whatever its family
         for site in sites:
             site.info.convention = convention
-    check_rotary(model, sites, allow_rotary)
+    if not all(getattr(s, "captures_rotation", False) for s in sites):  # else each site records it
+        check_rotary(model, sites, allow_rotary)
     keep = list(range(len(sites))) if layers is None else [int(i) for i in layers]
     for i in keep:
         if not 0 <= i < len(sites):
@@ -316,6 +318,8 @@ def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first,
                         raise ValueError(f"layer {src} {name}: captured shape {a.shape[1:]}, "
                                          f"expected {want} from the model's attributes")
                     layer[name] = a
+                if "agents" in s:  # per image, the family's own tokens (Agent attention)
+                    layer["agents"] = _checked("agents", src, s["agents"], np_dtype)
                 captured.append(layer)
             yield x, y, output, captured
             if stop is not None and pos >= stop:
@@ -333,6 +337,8 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
     for x, y, output, captured in captured_batches(model, loader, stores, keep, names, attrs,
                                                    np_dtype, first, stop, device, kwargs, hints,
                                                    check):
+        if n == 0:
+            _write_family_params(f, stores)
         for slot, layer in enumerate(captured):
             for name, a in layer.items():
                 w.append(f"layers/{slot}/{name}", a)
@@ -347,12 +353,32 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
     return n
 
 
+def _write_family_params(f: h5py.File, stores) -> None:
+    """/layers/L/family_params/NAME, float32 [heads, rows, cols], as the first batch's modules
+    computed them (docs/dump-format.md, "Family parameters")."""
+    for slot, s in enumerate(stores):
+        for name, t in (s.get("params") or {}).items():
+            a = t.detach().to(torch.float32).cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
+            if not np.isfinite(a).all():
+                raise ValueError(f"layer {slot} family parameter {name}: non-finite value")
+            f.create_dataset(f"layers/{slot}/family_params/{name}", data=a.astype(np.float32))
+
+
 def _layer_map(info) -> str:
+    if info.family in FIELD_FAMILIES and info.family != "mala":
+        return "none"  # their maps are part of the family (ELU+1, PolaFormer's signed powers)
     return info.feature_map if family_entry(info.family).takes_map else "none"
 
 
 def _self_check(layer: int, info, store: dict, tol: float = 1e-3) -> None:
     """The model's own W V against the layer's family recomputed from its q, k, v (in float64)."""
+    if is_field_variant(info.family, info.convention):
+        if "params" not in store:
+            raise ValueError(f"layer {layer}: no family parameters were captured for "
+                             f"{info.family}@{info.convention}")
+        mine = field_outputs(info.family, info.convention, store["q"], store["k"], store["v"],
+                             info.scale, store["params"], store.get("agents"))
+        return _compare(layer, info, mine, store["out"].detach().double().cpu(), tol)
     if info.convention != "code" and info.family != "softmax":  # softmax: one form in both
         raise ValueError(f"layer {layer}: self_check recomputes the code convention only, the "
                          f"layer states '{info.convention}'; dump with self_check=False")
@@ -360,6 +386,10 @@ def _self_check(layer: int, info, store: dict, tol: float = 1e-3) -> None:
         raise ValueError(f"layer {layer}: no per-head output was captured for the self-check")
     q, k, v, out = (store[n].detach().double().cpu() for n in ("q", "k", "v", "out"))
     mine = attention_outputs(info.family, q, k, v, info.scale, _layer_map(info))
+    _compare(layer, info, mine, out, tol)
+
+
+def _compare(layer: int, info, mine: torch.Tensor, out: torch.Tensor, tol: float) -> None:
     worst = ((mine - out).abs().amax(dim=(-2, -1)) / out.abs().amax(dim=(-2, -1)).clamp_min(1e-30))
     if worst.max().item() > tol:
         b, h = divmod(int(worst.argmax()), worst.shape[1])

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import FAMILY_TABLE
+from .field_families import FIELD_FAMILIES
 
 
 @dataclass
@@ -178,6 +179,7 @@ class Structure:
     convention: str = "code"
     site: Callable | None = None
     refusal: str | None = None
+    layer_info: Callable | None = None  # module -> (heads, head_dim, scale) where not from qkv/q
 
 
 def _windowed_or_reduced(m) -> bool:
@@ -209,20 +211,54 @@ def _agent(m) -> bool:
     return hasattr(m, "agent_num") and isinstance(getattr(m, "an_bias", None), nn.Parameter)
 
 
+def _agent_deit(m) -> bool:
+    return _agent(m) and _is(m, "qkv", nn.Linear) and _is(m, "pool") and _is(m, "dwc", nn.Conv2d) \
+        and not _windowed_or_reduced(m)
+
+
 def _polaformer(m) -> bool:
     return isinstance(getattr(m, "power", None), nn.Parameter) and hasattr(m, "alpha") \
         and (_is(m, "qg", nn.Linear) or _is(m, "qkvg", nn.Linear))
 
 
-def _rala(m) -> bool:
+def _pola_pvt(m) -> bool:
+    return _polaformer(m) and _is(m, "qg", nn.Linear) and _is(m, "kv", nn.Linear) \
+        and isinstance(getattr(m, "positional_encoding", None), nn.Parameter) \
+        and _is(m, "dwc", nn.Conv2d) and int(getattr(m, "sr_ratio", 1)) == 1
+
+
+def _qkvo_elu(m) -> bool:
     qkvo = getattr(m, "qkvo", None)
     return isinstance(qkvo, nn.Conv2d) and qkvo.out_channels == 4 * qkvo.in_channels \
         and _is(m, "elu", nn.ELU)
 
 
+def _rala(m) -> bool:
+    return _qkvo_elu(m) and type(m).__name__ != "AddLinearAttention"
+
+
+def _rala_lepe(m) -> bool:
+    return _rala(m) and _is(m, "lepe", nn.Conv2d) and _is(m, "proj", nn.Conv2d)
+
+
+def _mala_released(m) -> bool:
+    """MALA's AddLinearAttention has RALA's attributes exactly; only its forward differs."""
+    return _qkvo_elu(m) and type(m).__name__ == "AddLinearAttention" and _is(m, "lepe", nn.Conv2d)
+
+
+def _mlla(m) -> bool:
+    qk = getattr(m, "qk", None)
+    return isinstance(qk, nn.Linear) and qk.out_features == 2 * qk.in_features \
+        and _is(m, "elu", nn.ELU) and _is(m, "lepe", nn.Conv2d) \
+        and torch.is_tensor(getattr(getattr(m, "rope", None), "rotations", None))
+
+
 _WINDOWS = ("window attention (one call per window, the shifted-window mask between calls) or "
             "keys from a spatially reduced grid: the dump format holds one token grid per layer, "
             "the same for queries and keys")
+
+from .released_field import (AgentDeiTSite, MllaSite, PolaPVTSite, RetNetRopeSite,  # noqa: E402
+                             agent_info, mlla_info, pola_info, qkvo_info)
 
 STRUCTURES: tuple[Structure, ...] = (
     Structure("InLine DeiT (InLineAttention)",
@@ -244,15 +280,37 @@ STRUCTURES: tuple[Structure, ...] = (
               _flatten, "linear", lambda m: f"focused={float(m.focusing_factor):g}",
               refusal="keys from a spatially reduced grid (fewer key tokens than queries) or "
                       "windows: the dump format holds one token grid per layer for both"),
+    Structure("Agent attention, DeiT form (AgentAttention)",
+              "`agent_num`, an `an_bias` Parameter, `qkv` Linear, `pool`, `dwc` Conv2d, none of "
+              "the window or reduction attributes",
+              _agent_deit, "agent", site=AgentDeiTSite, layer_info=agent_info),
     Structure("Agent attention (AgentAttention)",
               "`agent_num` and an `an_bias` Parameter",
-              _agent, "agent"),
+              _agent, "agent", refusal=_WINDOWS),
+    Structure("PolaFormer, PVT form (PolaLinearAttention, sr_ratio 1)",
+              "a `power` Parameter, `alpha`, `qg` and `kv` Linears, `positional_encoding` "
+              "Parameter, `dwc` Conv2d, `sr_ratio` 1",
+              _pola_pvt, "polaformer", site=PolaPVTSite, layer_info=pola_info),
     Structure("PolaFormer (PolaLinearAttention)",
               "a `power` Parameter, `alpha`, and a `qg` (PVT form) or `qkvg` (Swin form) Linear",
-              _polaformer, "polaformer"),
+              _polaformer, "polaformer", refusal=_WINDOWS),
+    Structure("MALA as released (AddLinearAttention)",
+              "class AddLinearAttention with `qkvo` Conv2d C->4C, an `elu` ELU module and `lepe` "
+              "(RALA's attributes exactly: the class name tells them apart)",
+              _mala_released, "mala", "elu1", "code+rope", site=RetNetRopeSite,
+              layer_info=qkvo_info),
     Structure("RALA (RAVLT's rank-augmented linear attention)",
+              "`qkvo` Conv2d C->4C, an `elu` ELU module, `lepe` and `proj` Conv2d, any class "
+              "name but AddLinearAttention",
+              _rala_lepe, "rala", site=RetNetRopeSite, layer_info=qkvo_info),
+    Structure("RALA without LePE",
               "`qkvo` Conv2d C->4C and an `elu` ELU module",
-              _rala, "rala"),
+              _rala, "rala", refusal="no `lepe` and `proj` convolutions: not the released "
+              "structure whose forward the capture reads"),
+    Structure("MLLA (LinearAttention of MLLA)",
+              "`qk` Linear C->2C, an `elu` ELU module, `lepe` Conv2d and `rope` holding a "
+              "`rotations` buffer",
+              _mlla, "mlla", site=MllaSite, layer_info=mlla_info),
 )
 
 
@@ -266,7 +324,7 @@ def site_for(structure: Structure, m: nn.Module, layer: int, layout_hint=None):
     when it is refused (or its family is not in the registry)."""
     where = f"{f'layer {layer}' if isinstance(layer, int) else layer}: {type(m).__name__} is " \
         f"{structure.name}"
-    if structure.family not in FAMILY_TABLE:
+    if structure.family not in FAMILY_TABLE and structure.family not in FIELD_FAMILIES:
         raise ValueError(f"{where}, family '{structure.family}', which this build's registry "
                          f"lacks (attnscope info --families: {', '.join(FAMILY_TABLE)}); it "
                          "cannot be dumped")
@@ -276,9 +334,12 @@ def site_for(structure: Structure, m: nn.Module, layer: int, layout_hint=None):
                                     "as timm's names, checked by the self-check")
         raise ValueError(f"{where}: not supported: {why}")
     fmap = structure.feature_map(m) if callable(structure.feature_map) else structure.feature_map
-    h = int(m.num_heads)
-    proj = m.qkv if _is(m, "qkv") else m.q
-    d = proj.out_features // (3 if proj is getattr(m, "qkv", None) else 1) // h
-    scale = float(m.scale) if isinstance(getattr(m, "scale", None), float) else d ** -0.5
+    if structure.layer_info is not None:
+        h, d, scale = structure.layer_info(m)
+    else:
+        h = int(m.num_heads)
+        proj = m.qkv if _is(m, "qkv") else m.q
+        d = proj.out_features // (3 if proj is getattr(m, "qkv", None) else 1) // h
+        scale = float(m.scale) if isinstance(getattr(m, "scale", None), float) else d ** -0.5
     info = LayerInfo(h, d, scale, structure.family, fmap, structure.convention, structure.name)
     return structure.site(m, info, layout_hint)

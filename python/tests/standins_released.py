@@ -7,9 +7,14 @@ their structure (attribute names, submodules, shapes) and their forward computat
   a PVT (`block1`.., `patch_embed1`.. with H and W), stages 'L' (FLatten) or 'S' (PVT softmax);
 * Agent attention (LeapLabTHU/Agent-Attention, agent_transformer/models/agent_deit.py): the
   DeiT whose first `agent_layer` blocks use `AgentAttention` and the others DeiT's softmax;
-* PolaFormer (PolaLinearAttention, PVT form), RALA (RAVLT's `RALA`, `qkvo` Conv2d) and
-  InLine-Swin's window attention (models/inline_swin.py): their attributes only, enough for the
-  dumper to recognise and refuse them (it never calls them).
+* PolaFormer (PolaLinearAttention, PVT form, as in third-party copies of its pola_pvt code; the
+  official repository ZacharyMeng/PolaFormer holds no model file in the index read),
+  MLLA (LeapLabTHU/MLLA models/mlla.py: LinearAttention with its RoPE buffer), RALA (qhfan/RALA
+  classfication/RALA.py: GateLinearAttentionNoSilu) and MALA as released (qhfan/MALA
+  classfication_release/model.py: AddLinearAttention), the last two called with the stage's RoPE
+  sine and cosine;
+* RAVLT's nesting and InLine-Swin's window attention (models/inline_swin.py): their attributes
+  only, enough for the dumper to recognise and refuse them (it never calls them).
 
 Only what the dumper touches is kept, and the code is this project's own: the forward passes
 compute the same quantities in other words (e.g. InLine's W V through the row sums S_i).
@@ -183,9 +188,13 @@ class PVTBlock(nn.Module):
     def __init__(self, dim, num_patches, num_heads, sr_ratio, attn_type):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = FocusedLinearAttention(dim, num_patches, num_heads, qkv_bias=True,
-                                           sr_ratio=sr_ratio) if attn_type == "L" \
-            else PVTAttention(dim, num_heads, qkv_bias=True, sr_ratio=sr_ratio)
+        if attn_type == "P":
+            self.attn = PolaLinearAttention(dim, num_patches, num_heads)
+        elif attn_type == "L":
+            self.attn = FocusedLinearAttention(dim, num_patches, num_heads, qkv_bias=True,
+                                               sr_ratio=sr_ratio)
+        else:
+            self.attn = PVTAttention(dim, num_heads, qkv_bias=True, sr_ratio=sr_ratio)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = TimmMlp(dim, 4 * dim)
 
@@ -210,7 +219,8 @@ class PVTPatchEmbed(nn.Module):
 
 class FLattenPVT(nn.Module):
     """Stages of `block{i}` behind `patch_embed{i}` (patch 4, then 2), no CLS token, the mean of
-    the last stage's tokens classified; attn_type 'L' (FLatten) or 'S' (PVT softmax) per stage."""
+    the last stage's tokens classified; attn_type 'L' (FLatten), 'P' (PolaFormer) or 'S' (PVT
+    softmax) per stage."""
 
     def __init__(self, img_size=32, in_chans=1, num_classes=5, embed_dims=(16, 32),
                  num_heads=(1, 2), depths=(2, 1), sr_ratios=(1, 1), attn_type="LS"):
@@ -244,10 +254,9 @@ class FLattenPVT(nn.Module):
 
 # ----------------------------------------------------------------------------- Agent (DeiT)
 class AgentAttention(nn.Module):
-    """The structure the dumper sees (agent tokens pooled from q, their biases). The forward
-    keeps the released depthwise term `dwc` of V's grid added after the attention, but plain
-    softmax attention stands in for the two agent softmaxes: the dumper refuses the family before
-    any image runs, and a user's statement of another family is caught by the self-check."""
+    """Agent tokens pooled from q's grid; agents gather from the tokens (softmax over keys, with
+    the agent biases), tokens read from the agents (softmax over agents, with the token biases);
+    the depthwise `dwc` of V's grid is added to the grid tokens after the attention."""
 
     def __init__(self, dim, num_heads=8, agent_num=4, window=4):
         super().__init__()
@@ -260,16 +269,33 @@ class AgentAttention(nn.Module):
         self.softmax = nn.Softmax(dim=-1)
         self.agent_num, self.window = agent_num, window
         self.dwc = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-        self.an_bias = nn.Parameter(torch.zeros(num_heads, agent_num, 7, 7))
-        self.na_bias = nn.Parameter(torch.zeros(num_heads, agent_num, 7, 7))
+        h, a = num_heads, agent_num
+        for name, shape in (("an_bias", (h, a, 7, 7)), ("na_bias", (h, a, 7, 7)),
+                            ("ah_bias", (1, h, a, window, 1)), ("aw_bias", (1, h, a, 1, window)),
+                            ("ha_bias", (1, h, window, 1, a)), ("wa_bias", (1, h, 1, window, a)),
+                            ("ac_bias", (1, h, a, 1)), ("ca_bias", (1, h, 1, a))):
+            setattr(self, name, nn.Parameter(torch.randn(shape) * 0.3))
         side = int(agent_num ** 0.5)
         self.pool = nn.AdaptiveAvgPool2d((side, side))
 
     def forward(self, x):
         b, n, c = x.shape
-        side = int(math.isqrt(n - 1))
-        q, k, v = (_split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
-        y = _join_heads(self.softmax(self.scale * q @ k.transpose(-2, -1)) @ v)
+        side, h, a = int(math.isqrt(n - 1)), self.num_heads, self.agent_num
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        grid_q = q[:, 1:].transpose(1, 2).reshape(b, c, side, side)
+        agents = _split_heads(self.pool(grid_q).flatten(2).transpose(1, 2), h)
+        q, k, v = (_split_heads(t, h) for t in (q, k, v))
+        # agents <- tokens: CLS column from ac_bias, grid columns from the resized table + row/col
+        table = F.interpolate(self.an_bias, size=(self.window, self.window), mode="bilinear")
+        to_tokens = table.reshape(1, h, a, -1) + (self.ah_bias + self.aw_bias).reshape(1, h, a, -1)
+        to_tokens = torch.cat([self.ac_bias, to_tokens], dim=-1)
+        gather = self.softmax(self.scale * agents @ k.transpose(-2, -1) + to_tokens)
+        table = F.interpolate(self.na_bias, size=(self.window, self.window), mode="bilinear")
+        to_agents = table.reshape(1, h, a, -1).transpose(-2, -1) \
+            + (self.ha_bias + self.wa_bias).reshape(1, h, -1, a)
+        to_agents = torch.cat([self.ca_bias, to_agents], dim=-2)
+        read = self.softmax(self.scale * q @ agents.transpose(-2, -1) + to_agents)
+        y = _join_heads(read @ (gather @ v))
         grid = _join_heads(v)[:, 1:].transpose(1, 2).reshape(b, c, side, side)
         local = self.dwc(grid).flatten(2).transpose(1, 2)
         return self.proj(torch.cat([y[:, :1], y[:, 1:] + local], dim=1))
@@ -294,19 +320,59 @@ class AgentDeiT(InLineDeiT):
 
 # ----------------------------------------------------------------------------- refused, by structure
 class PolaLinearAttention(nn.Module):
-    """PolaFormer's attention in the PVT form: `qg` and `kv` Linears, the learnable `power`,
-    `alpha`, a depthwise `dwc` and a learnable `scale`."""
+    """PolaFormer's attention in the PVT form (sr_ratio 1): `qg` gives q and a gate, `kv` gives k
+    (plus `positional_encoding`) and v; both divided by softplus(`scale`), split by sign and
+    raised to 1 + alpha sigmoid(`power`); same-sign features read the first half of v, opposite-
+    sign ones the second, each normalised with the released 1e-6 per key; `dwc` of v's grid added,
+    the sum gated before `proj`."""
 
-    def __init__(self, dim, num_heads=2, kernel_size=5, alpha=4):
+    def __init__(self, dim, num_patches=16, num_heads=2, kernel_size=5, alpha=4):
         super().__init__()
         self.num_heads, head_dim = num_heads, dim // num_heads
         self.qg = nn.Linear(dim, 2 * dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+        self.sr_ratio = 1
         self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size, padding=kernel_size // 2,
                              groups=head_dim)
-        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dim))
+        self.power = nn.Parameter(torch.randn(1, num_heads, 1, head_dim))
         self.alpha = alpha
+        self.scale = nn.Parameter(torch.randn(1, 1, dim) * 0.5)
+        self.positional_encoding = nn.Parameter(torch.randn(1, num_patches, dim) * 0.1)
+
+    def forward(self, x, H, W):
+        b, n, c = x.shape
+        h = self.num_heads
+        q, g = self.qg(x).chunk(2, dim=-1)
+        k, v = self.kv(x).chunk(2, dim=-1)
+        a = F.softplus(self.scale)
+        p = 1 + self.alpha * torch.sigmoid(self.power)
+        q, k = _split_heads(q / a, h), _split_heads((k + self.positional_encoding) / a, h)
+        v = _split_heads(v, h)
+        keys = torch.cat([F.relu(k) ** p, F.relu(-k) ** p], dim=-1)
+        halves = torch.chunk(v, 2, dim=-1)
+        outs = []
+        for first, half in ((1, halves[0]), (-1, halves[1])):
+            feats = torch.cat([F.relu(first * q) ** p, F.relu(-first * q) ** p], dim=-1)
+            den = feats @ keys.mean(dim=2, keepdim=True).transpose(-2, -1) + 1e-6
+            outs.append(feats @ (keys.transpose(-2, -1) @ half / n) / den)
+        y = _join_heads(torch.cat(outs, dim=-1))
+        d = c // h
+        local = self.dwc(v.reshape(b * h, H, W, d).permute(0, 3, 1, 2))
+        local = local.reshape(b, h, d, n).permute(0, 3, 1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj((y + local) * g))
+
+
+class PolaWindowAttention(nn.Module):
+    """PolaFormer's Swin form: one `qkvg` Linear, called once per window (attributes only)."""
+
+    def __init__(self, dim, num_heads=2, window_size=(4, 4), alpha=4):
+        super().__init__()
+        self.num_heads, self.window_size, self.alpha = num_heads, window_size, alpha
+        self.qkvg = nn.Linear(dim, 4 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, dim // num_heads))
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
 
 
@@ -351,3 +417,186 @@ class InLineWindowAttention(InLineAttention):
         del self.window
         self.window_size, self.shift_size = window_size, shift_size
         self.kernel_func, self.phi = "identity", None
+
+
+# ----------------------------------------------------------------------------- RoPE families
+class MllaRoPE(nn.Module):
+    """MLLA's RoPE over a gh x gw grid of C channels, kept as float32 cos/sin in `rotations`
+    [gh, gw, C/2, 2]: pair P < C/4 turns by row * theta_P, the others by col * theta_(P - C/4),
+    theta_m = 10000^(-m / (C/4)), all in float32 as the released module builds them."""
+
+    def __init__(self, gh, gw, dim, base=10000):
+        super().__init__()
+        k_max = dim // 4
+        theta = 1 / (base ** (torch.arange(k_max) / k_max))  # float32
+        rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+        angles = torch.cat([rows[..., None] * theta, cols[..., None] * theta], dim=-1)
+        self.register_buffer("rotations", torch.stack([angles.cos(), angles.sin()], dim=-1))
+
+    def forward(self, x):  # x [b, gh, gw, C]
+        pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+        c, s = self.rotations[..., 0], self.rotations[..., 1]
+        turned = torch.stack([pairs[..., 0] * c - pairs[..., 1] * s,
+                              pairs[..., 0] * s + pairs[..., 1] * c], dim=-1)
+        return turned.flatten(-2)
+
+
+class LinearAttention(nn.Module):
+    """MLLA's linear attention: `qk` Linear, v the input itself, ELU+1, the numerator rotated,
+    z = 1 / (q . mean k + 1e-6) unrotated, plus `lepe` (3x3 depthwise) of v's grid."""
+
+    def __init__(self, dim, grid, num_heads):
+        super().__init__()
+        self.dim, self.num_heads = dim, num_heads
+        self.qk = nn.Linear(dim, 2 * dim)
+        self.elu = nn.ELU()
+        self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.rope = MllaRoPE(grid[0], grid[1], dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        side, h = int(n ** 0.5), self.num_heads
+        q, k = self.qk(x).chunk(2, dim=-1)
+        q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
+        rq = _split_heads(self.rope(q.reshape(b, side, side, c)).reshape(b, n, c), h)
+        rk = _split_heads(self.rope(k.reshape(b, side, side, c)).reshape(b, n, c), h)
+        q, k, v = _split_heads(q, h), _split_heads(k, h), _split_heads(x, h)
+        z = 1 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + 1e-6)
+        y = _join_heads(rq @ (rk.transpose(-2, -1) @ v / n) * z)
+        return y + self.lepe(x.transpose(1, 2).reshape(b, c, side, side)).flatten(2).transpose(1, 2)
+
+
+class MllaBlock(nn.Module):
+    def __init__(self, dim, grid, num_heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.in_proj = nn.Linear(dim, dim)
+        self.attn = LinearAttention(dim, grid, num_heads)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + self.out_proj(self.attn(self.in_proj(self.norm1(x))))
+
+
+class MllaModel(nn.Module):
+    """One stage of MLLA blocks over timm's PatchEmbed grid, no prefix token."""
+
+    def __init__(self, img_size=16, patch_size=2, in_chans=1, num_classes=5, dim=32, depth=2,
+                 num_heads=2):
+        super().__init__()
+        self.num_prefix_tokens = 0
+        self.patch_embed = TimmPatchEmbed(img_size, patch_size, in_chans, dim)
+        self.blocks = nn.ModuleList([MllaBlock(dim, self.patch_embed.grid_size, num_heads)
+                                     for _ in range(depth)])
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x.mean(dim=1))
+
+
+def _turn_every_two(x, sin, cos):
+    """RetNet-style rotation: pairs (2p, 2p+1) -> (x0 c - x1 s, x1 c + x0 s), sin/cos per channel."""
+    pairs = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * cos + pairs * sin
+
+
+class StageRoPE(nn.Module):
+    """RALA's and MALA's RoPE: per head f = d/4 frequencies 10000^-linspace(0, 1, f), each used
+    for a pair; rows on the first half of the channels, columns on the second; float32."""
+
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        freq = 1.0 / (10000 ** torch.linspace(0, 1, dim // num_heads // 4))
+        self.register_buffer("freq", freq.repeat_interleave(2))
+
+    def forward(self, gh, gw):
+        rows = torch.arange(gh).to(self.freq)[:, None] * self.freq
+        cols = torch.arange(gw).to(self.freq)[:, None] * self.freq
+        ang = torch.cat([rows[:, None].expand(gh, gw, -1), cols[None].expand(gh, gw, -1)], -1)
+        return ang.sin().flatten(0, 1), ang.cos().flatten(0, 1)
+
+
+class _QkvoAttention(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkvo = nn.Conv2d(dim, 4 * dim, 1)
+        self.lepe = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim)
+        self.proj = nn.Conv2d(dim, dim, 1)
+        self.elu = nn.ELU()
+
+    def split(self, x):
+        b, c, gh, gw = x.shape
+        t = self.qkvo(x)
+        qkv, gate = t[:, :3 * c], t[:, 3 * c:]
+        heads = qkv.reshape(b, 3, self.num_heads, self.head_dim, gh * gw).transpose(-2, -1)
+        return heads[:, 0], heads[:, 1], heads[:, 2], gate, self.lepe(qkv[:, 2 * c:])
+
+    def finish(self, y, gate, lepe):
+        b, c, gh, gw = lepe.shape
+        return self.proj((y.transpose(-2, -1).reshape(b, c, gh, gw) + lepe) * gate)
+
+
+class GateLinearAttentionNoSilu(_QkvoAttention):
+    """RALA: keys re-weighted by N softmax_j(s mean(q) . k_j), then MLLA's RoPE-numerator form."""
+
+    def forward(self, x, sin, cos):
+        q, k, v, gate, lepe = self.split(x)
+        n = q.shape[2]
+        q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
+        w = torch.softmax(self.scale * q.mean(dim=2, keepdim=True) @ k.transpose(-1, -2), -1)
+        k = k * w.transpose(-1, -2) * n
+        z = 1 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + 1e-6)
+        kv = _turn_every_two(k, sin, cos).transpose(-2, -1) @ v / n
+        return self.finish(_turn_every_two(q, sin, cos) @ kv * z, gate, lepe)
+
+
+class AddLinearAttention(_QkvoAttention):
+    """MALA as released: z = s q . mean k unrotated, the numerator rotated,
+    (s/N) R q (R K^T V) (1 + 1/(z + 1e-6)) - z mean v."""
+
+    def forward(self, x, sin, cos):
+        q, k, v, gate, lepe = self.split(x)
+        n = q.shape[2]
+        q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
+        z = self.scale * q @ k.mean(dim=2, keepdim=True).transpose(-2, -1)
+        kv = _turn_every_two(k, sin, cos).transpose(-2, -1) @ v * (self.scale / n)
+        y = _turn_every_two(q, sin, cos) @ kv * (1 + 1 / (z + 1e-6)) - z * v.mean(2, keepdim=True)
+        return self.finish(y, gate, lepe)
+
+
+class RopeStageBlock(nn.Module):
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+        self.norm = nn.GroupNorm(1, attn.dim)
+
+    def forward(self, x, sin, cos):
+        return x + self.attn(self.norm(x), sin, cos)
+
+
+class RopeStageModel(nn.Module):
+    """One stage of RALA ('rala') or released-MALA ('mala') blocks on a 2-D map, the stage's RoPE
+    computed once per forward and passed to every block; no prefix token."""
+
+    def __init__(self, kind="mala", img_size=16, patch_size=2, in_chans=1, num_classes=5,
+                 dim=32, depth=2, num_heads=2):
+        super().__init__()
+        cls = AddLinearAttention if kind == "mala" else GateLinearAttentionNoSilu
+        self.num_prefix_tokens = 0
+        self.patch_embed = TimmPatchEmbed(img_size, patch_size, in_chans, dim)
+        self.RoPE = StageRoPE(dim, num_heads)
+        self.blocks = nn.ModuleList([RopeStageBlock(cls(dim, num_heads)) for _ in range(depth)])
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed.proj(x)
+        sin, cos = self.RoPE(*x.shape[-2:])
+        for blk in self.blocks:
+            x = blk(x, sin, cos)
+        return self.head(x.mean(dim=(2, 3)))

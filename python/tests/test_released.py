@@ -17,7 +17,7 @@ from cli_check import info_and_recompute
 from conftest import REPO, image_loader
 from standins import TimmAttention
 from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, InLineWindowAttention,
-                               OneBlockModel, PolaLinearAttention, RAVLT)
+                               OneBlockModel, PolaWindowAttention, RAVLT)
 
 
 def _proj_inputs(attns, x, model, *args):
@@ -99,12 +99,13 @@ def test_a_right_statement_keeps_the_recognised_capture(tmp_path):
         assert "local" in f["layers/1"] and f["layers/1"].attrs["attention_family"] == "inline"
 
 
-def test_a_statement_for_a_refused_family_uses_timm_names_and_is_checked(tmp_path):
-    """Agent attention is refused by name; stating softmax for it takes its timm-named q, k, v,
-    and the self-check then finds that its output is not softmax of them."""
+def test_a_wrong_statement_for_a_recognised_module_is_caught_by_the_self_check(tmp_path):
+    """Stating softmax for Agent attention keeps its capture (q, k, v, its DWC apart), and the
+    self-check then finds that its output is not softmax of them."""
     model = AgentDeiT(agent_layer=1, depth=2).eval()
-    with pytest.raises(ValueError, match=r"layer 0 \(AgentAttention \(family as stated\)\): the "
-                                         r"model's attention output is not softmax"):
+    with pytest.raises(ValueError, match=r"layer 0 \(Agent attention, DeiT form \(AgentAttention\), "
+                                         r"family as stated\): the model's attention output is "
+                                         r"not softmax"):
         dump_model(model, image_loader(2, size=28), str(tmp_path / "d.h5"),
                    families={0: "softmax"})
 
@@ -159,11 +160,13 @@ def test_pvt_softmax_stage_and_spatial_reduction_are_refused(tmp_path):
         dump_model(reduced, image_loader(2, size=32), str(tmp_path / "c.h5"), layers=[0])
 
 
-def test_agent_attention_is_refused_by_name_and_its_softmax_layers_dump(tmp_path):
+def test_agent_deit_dumps_its_agent_layers_as_agent_and_its_softmax_layers(tmp_path):
     model = AgentDeiT(agent_layer=2, depth=4).eval()
-    with pytest.raises(ValueError, match=r"layer 0: AgentAttention is Agent attention .*family "
-                                         r"'agent', which this build's registry lacks"):
-        dump_model(model, image_loader(2, size=28), str(tmp_path / "a.h5"))
+    dump_model(model, image_loader(2, size=28), str(tmp_path / "a.h5"))
+    with h5py.File(tmp_path / "a.h5") as f:
+        assert [f[f"layers/{i}"].attrs["attention_family"] for i in range(4)] == \
+            ["agent", "agent", "softmax", "softmax"]
+        assert "agents" in f["layers/0"] and "agents" not in f["layers/2"]
     s = dump_model(model, image_loader(2, size=28), str(tmp_path / "b.h5"), layers=[2, 3])
     assert s.attributes["attention_family"] == "softmax"
 
@@ -172,9 +175,10 @@ def test_agent_attention_is_refused_by_name_and_its_softmax_layers_dump(tmp_path
     (OneBlockModel(InLineWindowAttention(16)), r"layer 0: InLineWindowAttention is InLine Swin / "
                                                r"CSwin / PVT attention: not supported: window "
                                                r"attention"),
-    (OneBlockModel(PolaLinearAttention(16)), r"layer 0: PolaLinearAttention is PolaFormer .*"
-                                             r"family 'polaformer', which this build's registry"),
-    (RAVLT(), r"module layers.0.blocks.0.attn: RALA is RALA .*family 'rala', which this build's"),
+    (OneBlockModel(PolaWindowAttention(16)), r"layer 0: PolaWindowAttention is PolaFormer "
+                                             r"\(PolaLinearAttention\): not supported: window"),
+    (RAVLT(), r"module layers.0.blocks.0.attn: RALA is RALA without LePE: not supported: no "
+              r"`lepe`"),
 ])
 def test_other_released_families_are_refused_by_name(tmp_path, model, match):
     with pytest.raises(ValueError, match=match):
