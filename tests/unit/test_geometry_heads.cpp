@@ -55,7 +55,9 @@ TEST(GeometryHeads, SquareLayerMatchesTheSquareAnalyses) {
         EXPECT_EQ(dead_units, dead_ref) << what;
         for (std::size_t i = 0; i < got.size(); ++i) {
           ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << what << " token " << i;
-          if (!std::isnan(got[i])) EXPECT_NEAR(got[i], want[i], test::kDoubleTol) << what << " token " << i;
+          if (!std::isnan(got[i])) {
+            EXPECT_NEAR(got[i], want[i], test::kDoubleTol) << what << " token " << i;
+          }
         }
         EXPECT_NEAR(uniform_baseline_units(geo, 3), uniform_baseline(g, 3), 1e-12) << what;
       }
@@ -97,7 +99,9 @@ TEST(GeometryHeads, MaskedWindowsAreEachWindowsOwnMaskedAttention) {
     for (int i = 0; i < 9; ++i) {
       EXPECT_NEAR(rows.w.row(i).sum(), 1.0, 1e-12) << "window " << w << " row " << i;
       for (int j = 0; j < 9; ++j) {
-        if (!mask(i, j)) EXPECT_EQ(rows.w(i, j), 0.0) << "window " << w << " " << i << "," << j;
+        if (!mask(i, j)) {
+          EXPECT_EQ(rows.w(i, j), 0.0) << "window " << w << " " << i << "," << j;
+        }
       }
     }
   }
