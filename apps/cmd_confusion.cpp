@@ -32,7 +32,7 @@ po::options_description confusion_options(ConfusionFlags& f) {
   po::options_description d("options");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/confusion");
-  add_variant_option(d, f.common);
+  add_variant_option(d, f.common, dumps_own_variant(true));
   add_selection_options(d, f.sel, true);
   d.add_options()
       ("eps", po::value(&f.opt.eps)->value_name("E")->default_value(f.opt.eps, "1e-3"),
@@ -95,7 +95,7 @@ void print_histogram(const analyses::ConfusionResult& r, const Histograms& hist)
   for (const auto& label : analyses::confusion_bin_labels()) std::cout << std::setw(7) << label;
   std::cout << "\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << std::setw(28) << r.variants[v].name();
+    std::cout << std::setw(28) << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
     for (auto n : hist[v]) std::cout << std::setw(7) << n;
     std::cout << "\n";
   }
@@ -107,8 +107,9 @@ void print_per_layer(const analyses::ConfusionResult& r) {
   std::vector<int> width;
   std::cout << std::left << std::setw(7) << "layer";
   for (const Variant& v : r.variants) {
-    width.push_back(std::max<int>(20, static_cast<int>(v.name().size()) + 2));
-    std::cout << std::setw(width.back()) << v.name();
+    const std::string name = analyses::all_layers_variant_name(r.layer_variant_names, v);
+    width.push_back(std::max<int>(20, static_cast<int>(name.size()) + 2));
+    std::cout << std::setw(width.back()) << name;
   }
   std::cout << "\n";
   const std::size_t layers = r.per_layer.empty() ? 0 : r.per_layer.front().size();
@@ -119,6 +120,10 @@ void print_per_layer(const analyses::ConfusionResult& r) {
       cell << std::fixed << std::setprecision(2) << mean_per_image(r.per_layer[v][l].count, r.images)
            << " (" << r.per_layer[v][l].count << ")";
       std::cout << std::setw(width[v]) << cell.str();
+    }
+    if (!r.layer_variant_names.empty()) {
+      std::cout << analyses::row_variant_name(r.layer_variant_names, r.variants.front(),
+                                              r.per_layer.front()[l].layer);
     }
     std::cout << "\n";
   }
@@ -133,7 +138,9 @@ void print_summary(const analyses::ConfusionResult& r, const analyses::TokenFilt
   print_histogram(r, r.histogram_with_degenerate);
   std::cout << "degenerate pairs, all images:";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << (v ? ", " : " ") << r.variants[v].name() << " " << degenerate_pairs[v];
+    std::cout << (v ? ", " : " ")
+              << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]) << " "
+              << degenerate_pairs[v];
   }
   std::cout << "\n";
   print_per_layer(r);
@@ -160,18 +167,23 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   f.opt.device = device.used;
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
+  sel.own_variants = layers_own_variants(f.common, schema, sel.layers);
+  const std::map<int, std::string> own_names = own_variant_names(schema, sel.own_variants, sel.layers);
   analyses::check_token_filter(reader, f.opt.exclude);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("confusion");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)}, {"eps", f.opt.eps}, {"query_eps", f.opt.query_eps},
+  meta.params() = {{"variants", variants_json(variants, own_names)}, {"eps", f.opt.eps}, {"query_eps", f.opt.query_eps},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"exclude_tokens", f.opt.exclude.name()}, {"threads", threads}, {"seed", f.common.seed}};
   meta.params()["device"] = device.description;
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+  }
   ImageRun run(f.control, "confusion", args, dir,
                run_fingerprint("confusion", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
@@ -198,6 +210,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     if (set) return;
     set = std::make_unique<ResultSet>(dir, "confusion.json");
     files = std::make_unique<ConfusionFiles>(*set, variants, model_layers, f.opt.exclude.active());
+    files->set_layer_variant_names(own_names);
   };
   auto apply = [&](int image, const nlohmann::json& rec) {
     open_set();
@@ -206,6 +219,8 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   };
   auto publish = [&] {
     analyses::ConfusionResult& r = totals.result();
+    r.layer_variant_names = own_names;
+    for (auto& heads : r.per_head) drop_missing_heads(heads, schema);
     for (auto& heads : r.per_head) report_model_layers(heads, schema);
     for (auto& layers : r.per_layer) report_model_layers(layers, schema);
     std::int64_t degenerate = 0, slots = 0;
@@ -227,18 +242,20 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
     nlohmann::json pairs_degenerate = nlohmann::json::object(), per_layer = nlohmann::json::object();
     for (std::size_t v = 0; v < variants.size(); ++v) {
       for (const auto& h : r.per_head[v]) degenerate_pairs[v] += h.degenerate_pairs;
-      hist[variants[v].name()] = r.histogram[v];
-      hist_degenerate[variants[v].name()] = r.histogram_with_degenerate[v];
-      pairs_degenerate[variants[v].name()] = degenerate_pairs[v];
+      const std::string name = analyses::all_layers_variant_name(own_names, variants[v]);
+      hist[name] = r.histogram[v];
+      hist_degenerate[name] = r.histogram_with_degenerate[v];
+      pairs_degenerate[name] = degenerate_pairs[v];
       nlohmann::json layers = nlohmann::json::array();
       for (const auto& l : r.per_layer[v]) {
         layers.push_back({{"layer", l.layer},
+                          {"variant", analyses::row_variant_name(own_names, variants[v], l.layer)},
                           {"count", l.count},
                           {"mean_per_image", mean_per_image(l.count, r.images)},
                           {"images_with_pairs", l.images_with_pairs},
                           {"degenerate_pairs", l.degenerate_pairs}});
       }
-      per_layer[variants[v].name()] = std::move(layers);
+      per_layer[name] = std::move(layers);
     }
     const nlohmann::json excluded_tokens = {
         {"filter", f.opt.exclude.name()},

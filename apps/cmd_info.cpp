@@ -37,6 +37,18 @@ std::string per_layer_variants(const DumpSchema& s) {
   return s.variants_differ() ? "per layer   " + s.layer_variants_text() + "\n" : "";
 }
 
+/// "geometry    0: 2 heads x 8, 4 windows of 7x7 on 14x14" per layer where a layer's shape is
+/// not the root attributes', else nothing.
+std::string per_layer_geometry(const DumpSchema& s) {
+  if (!s.geometry_differs()) return "";
+  std::string out;
+  for (int l = 0; l < s.attrs.num_layers; ++l) {
+    out += (l ? "            " : "geometry    ") + std::to_string(s.model_layer(l)) + ": " +
+           s.geometry(l).describe() + "\n";
+  }
+  return out;
+}
+
 std::string layers_with(const std::vector<bool>& has) {
   std::string out;
   int count = 0;
@@ -73,6 +85,7 @@ void print_schema(const DumpReader& r, std::ostream& os) {
      << a.num_heads << " heads x " << a.num_tokens << " tokens x " << a.head_dim << " dims\n"
      << source_layers_line(s) << "tokens      " << a.num_tokens << " = " << a.grid.prefix
      << " prefix + " << a.grid.height << "x" << a.grid.width << " grid\n"
+     << per_layer_geometry(s)
      << "dtype       " << (s.dtype == DType::F16 ? "float16" : "float32") << "\n"
      << "optional    attn: " << layers_with(s.layer_has_attn)
      << "; out: " << layers_with(s.layer_has_out) << "; local: " << layers_with(s.layer_has_local)

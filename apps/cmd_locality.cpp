@@ -6,6 +6,7 @@
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
 
+#include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/local_share.hpp"
 #include "attnscope/analyses/locality.hpp"
 
@@ -27,7 +28,7 @@ po::options_description locality_options(LocalityFlags& f) {
   po::options_description d("options");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/locality");
-  add_variant_option(d, f.common);
+  add_variant_option(d, f.common, dumps_own_variant(true));
   add_selection_options(d, f.sel, true);
   d.add_options()
       ("window", po::value(&f.window)->value_name("K")->default_value(f.window),
@@ -94,7 +95,7 @@ void print_summary(const analyses::LocalityResult& r) {
             << " images; uniform rows: " << std::setprecision(4) << r.uniform_baseline << ")\n"
             << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << std::setw(28) << r.variants[v].name();
+    std::cout << std::setw(28) << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
     std::map<int, analyses::RunningStats> layers;
     for (const auto& h : r.per_head[v]) {
       if (h.mass.count > 0) layers[h.layer].add(h.mass.mean);
@@ -117,17 +118,22 @@ int run_locality_cmd(const std::vector<std::string>& args) {
       apply_device(f.reference ? "locality --reference" : "locality", f.common, !f.reference);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
+  sel.own_variants = layers_own_variants(f.common, schema, sel.layers);
+  const std::map<int, std::string> own_names = own_variant_names(schema, sel.own_variants, sel.layers);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("locality");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)}, {"window", f.window},
+  meta.params() = {{"variants", variants_json(variants, own_names)}, {"window", f.window},
                    {"transform", sel.transform.name()}, {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
   meta.params()["device"] = device.description;
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+  }
   ImageRun run(f.control, "locality", args, dir,
                run_fingerprint("locality", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
@@ -154,11 +160,22 @@ int run_locality_cmd(const std::vector<std::string>& args) {
       for (const auto& h : heads) measured += h.mass.count;
     }
     require_measured_rows(measured, "there is no mass to measure");
+    r.layer_variant_names = own_names;
+    const std::vector<char> by_units = analyses::layers_by_units(schema, sel.layers);
+    nlohmann::json baselines = nlohmann::json::object();
+    for (int l : sel.layers) {
+      if (!by_units[static_cast<std::size_t>(l)]) continue;
+      r.layer_baselines[schema.model_layer(l)] =
+          analyses::uniform_baseline_units(schema.geometry(l), f.window);
+      baselines[std::to_string(schema.model_layer(l))] = r.layer_baselines[schema.model_layer(l)];
+    }
+    for (auto& heads : r.per_head) drop_missing_heads(heads, schema);
     for (auto& heads : r.per_head) report_model_layers(heads, schema);
     ResultSet set(dir, "locality.json");
     write_locality_files(set, r);
     meta.results() = {{"images", r.images}, {"uniform_baseline", r.uniform_baseline},
                       {"ms_per_image", timer.summary()}};
+    if (!baselines.empty()) meta.results()["uniform_baseline_per_layer"] = baselines;
     // The local term (/layers/L/local) is apart from W V in the dump: its share of the output.
     std::vector<analyses::LocalShareHead> shares = analyses::local_share(reader, sel);
     if (!shares.empty()) {

@@ -25,7 +25,7 @@ po::options_description maps_options(MapsFlags& f) {
   po::options_description d("options");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/maps");
-  add_variant_option(d, f.common);
+  add_variant_option(d, f.common, dumps_own_variant(true));
   add_selection_options(d, f.sel, true, "0");
   d.add_options()("tokens", po::value(&f.tokens)->value_name("LIST")->required(),
                   "query tokens: indices (0 = first prefix token) or grid cells ROW:COL, e.g. 0,7:7");
@@ -48,7 +48,16 @@ nlohmann::json to_record(const analyses::MapsImage& img) {
   return {{"degenerate_rows", img.degenerate_rows}, {"maps", std::move(maps)}};
 }
 
-analyses::MapsImage from_record(int image, const nlohmann::json& r, const TokenGrid& grid,
+/// The grid a map of dump layer `layer` is laid out on: its keys' (the dump's grid for layers of
+/// the dump's geometry; the reduced grid, or the stage's grid of a layer with windows).
+TokenGrid map_grid(const DumpSchema& schema, int layer) {
+  const LayerGeometry g = schema.geometry(layer);
+  TokenGrid grid = g.key_grid;
+  if (g.windows > 0) grid.prefix = 0;
+  return grid;
+}
+
+analyses::MapsImage from_record(int image, const nlohmann::json& r, const DumpSchema& schema,
                                 std::size_t variants) {
   analyses::MapsImage img;
   img.image = image;
@@ -67,6 +76,8 @@ analyses::MapsImage from_record(int image, const nlohmann::json& r, const TokenG
     e.map.query_col = j[5].get<int>();
     const auto cells = j[6].get<std::vector<double>>();
     e.map.prefix = j[7].get<std::vector<double>>();
+    if (e.layer < 0 || e.layer >= schema.attrs.num_layers) throw bad();
+    const TokenGrid grid = map_grid(schema, e.layer);
     if (e.variant >= variants || cells.size() != static_cast<std::size_t>(grid.height) * grid.width ||
         e.map.prefix.size() != static_cast<std::size_t>(grid.prefix)) {
       throw bad();
@@ -87,17 +98,22 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   const TokenGrid grid = schema.attrs.grid;
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
+  sel.own_variants = layers_own_variants(f.common, schema, sel.layers);
+  const std::map<int, std::string> own_names = own_variant_names(schema, sel.own_variants, sel.layers);
   const std::vector<int> tokens = analyses::parse_tokens(f.tokens, grid);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("maps");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = {{"variants", variant_names(variants)}, {"tokens", tokens}, {"images", sel.images},
+  meta.params() = {{"variants", variants_json(variants, own_names)}, {"tokens", tokens}, {"images", sel.images},
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"transform", sel.transform.name()},
                    {"threads", threads}, {"seed", f.common.seed}};
   meta.params()["device"] = device.description;
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+  }
   ImageRun run(f.control, "maps", args, dir, run_fingerprint("maps", f.common.dump, meta.params()),
                sel.images);
   run.compute([&] {
@@ -127,10 +143,10 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   long long written = 0, degenerate = 0;
   auto apply = [&](int image, const nlohmann::json& rec) {
     open_set();
-    const analyses::MapsImage img = from_record(image, rec, grid, variants.size());
+    const analyses::MapsImage img = from_record(image, rec, schema, variants.size());
     for (const analyses::MapEntry& e : img.maps) {
-      const std::string name = variants[e.variant].name();
       const int layer = schema.model_layer(e.layer);
+      const std::string name = analyses::row_variant_name(own_names, variants[e.variant], layer);
       const analyses::AttentionMap& m = e.map;
       h5->write_matrix("/" + name + "/image_" + std::to_string(e.image) + "/layer_" + std::to_string(layer) +
                            "/head_" + std::to_string(e.head) + "/query_" + std::to_string(m.token),

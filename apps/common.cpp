@@ -72,15 +72,15 @@ void add_out_option(po::options_description& d, CommonOptions& o, const std::str
                   "results folder, created if missing");
 }
 
-VariantDefault dumps_own_variant() {
-  return {"the dump's own",
-          [](const DumpSchema& schema, std::uint64_t seed, const std::vector<int>& layers) {
-            if (schema.variants_differ(layers)) {
+VariantDefault dumps_own_variant(bool each_layer) {
+  return {each_layer ? "the dump's own, each layer's where they differ" : "the dump's own",
+          [each_layer](const DumpSchema& schema, std::uint64_t seed, const std::vector<int>& layers) {
+            if (schema.variants_differ(layers) && !each_layer) {
               throw UsageError(schema.path + ": its layers differ in attention family (" +
                                schema.layer_variants_text(layers) +
                                "); this command applies one variant to every layer: give "
-                               "--variant, or --layers of one family (recompute uses each "
-                               "layer's own)");
+                               "--variant, or --layers of one family (recompute, confusion, "
+                               "locality and maps use each layer's own)");
             }
             try {
               return std::vector<Variant>{
@@ -89,7 +89,57 @@ VariantDefault dumps_own_variant() {
               throw InputError(schema.path, "attribute 'feature_map'", "a known feature-map spec",
                                e.what());
             }
-          }};
+          },
+          each_layer};
+}
+
+std::vector<Variant> layers_own_variants(const CommonOptions& o, const DumpSchema& schema,
+                                         const std::vector<int>& layers) {
+  if (!o.variant.empty() || !o.variant_default.each_layer || !schema.variants_differ(layers)) {
+    return {};
+  }
+  std::vector<Variant> own;
+  for (int l = 0; l < schema.attrs.num_layers; ++l) {
+    own.push_back(schema.layer_variant(l, o.seed));
+    std::string why;
+    const bool read = layers.empty() || std::find(layers.begin(), layers.end(), l) != layers.end();
+    if (read && !own.back().supports(&why)) {
+      throw UsageError("model layer " + std::to_string(schema.model_layer(l)) + ": its own " +
+                       own.back().name() + " cannot be computed: " + why +
+                       " (choose the variants with --variant)");
+    }
+  }
+  return own;
+}
+
+std::map<int, std::string> own_variant_names(const DumpSchema& schema,
+                                             const std::vector<Variant>& own,
+                                             const std::vector<int>& layers) {
+  std::map<int, std::string> names;
+  if (own.empty()) return names;
+  for (int l : layers) names[schema.model_layer(l)] = own[static_cast<std::size_t>(l)].name();
+  return names;
+}
+
+nlohmann::json variants_json(const std::vector<Variant>& variants,
+                             const std::map<int, std::string>& own_names) {
+  if (own_names.empty()) {
+    nlohmann::json names = nlohmann::json::array();
+    for (const Variant& v : variants) names.push_back(v.name());
+    return names;
+  }
+  nlohmann::json per_layer = nlohmann::json::object();
+  for (const auto& [layer, name] : own_names) per_layer[std::to_string(layer)] = name;
+  return {{"each_layer_own", per_layer}};
+}
+
+nlohmann::json layer_geometry_json(const DumpSchema& schema, const std::vector<int>& layers) {
+  bool differs = false;
+  for (int l : layers) differs = differs || schema.geometry_differs(l);
+  if (!differs) return nullptr;
+  nlohmann::json out = nlohmann::json::object();
+  for (int l : layers) out[std::to_string(schema.model_layer(l))] = schema.geometry(l).describe();
+  return out;
 }
 
 VariantDefault variants_under_dump_convention(const std::string& specs) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -73,10 +74,14 @@ struct VariantDefault {
   std::function<std::vector<Variant>(const DumpSchema&, std::uint64_t seed,
                                      const std::vector<int>& layers)>
       variants;
+  /// Whether the command applies each layer's own variant to a dump whose layers differ in
+  /// family (layers_own_variants) rather than asking for --variant.
+  bool each_layer = false;
 };
 /// The dump's own variant (its attention_family, feature_map and convention attributes; those
-/// of the layers read, which must agree where the dump's layers differ in family).
-VariantDefault dumps_own_variant();
+/// of the layers read, which must agree where the dump's layers differ in family, unless
+/// `each_layer`: then each layer's own, see layers_own_variants).
+VariantDefault dumps_own_variant(bool each_layer = false);
 /// A fixed list of variant names, parsed under the dump's convention.
 VariantDefault variants_under_dump_convention(const std::string& specs);
 
@@ -132,6 +137,24 @@ ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, 
 /// `layers`: the dump layers the command reads (empty: all), whose own variant is the default.
 std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& schema,
                                       const std::vector<int>& layers = {});
+
+/// Each dump layer's own variant (indexed by dump layer, for Selection::own_variants) when
+/// --variant was left out, the default is the dump's own with each_layer, and the layers read
+/// differ in family; empty otherwise. UsageError naming the model layer of a variant this build
+/// cannot compute.
+std::vector<Variant> layers_own_variants(const CommonOptions& o, const DumpSchema& schema,
+                                         const std::vector<int>& layers);
+/// The names of `own` (layers_own_variants) by model layer, for the results' variant column.
+std::map<int, std::string> own_variant_names(const DumpSchema& schema,
+                                             const std::vector<Variant>& own,
+                                             const std::vector<int>& layers);
+/// What a run's JSON says of the variants: their names, or with each layer's own variant
+/// "each layer's own" and the per-layer names.
+nlohmann::json variants_json(const std::vector<Variant>& variants,
+                             const std::map<int, std::string>& own_names);
+/// The geometry of each layer read (geometry.hpp's describe()) by model layer, when some layer's
+/// differs from the root attributes'; null otherwise (old dumps: results unchanged).
+nlohmann::json layer_geometry_json(const DumpSchema& schema, const std::vector<int>& layers);
 
 /// The arguments of the last parse_args, canonical: every flag by its full name as
 /// `--name=value` (an abbreviation such as `--ou` becomes `--out=...`), positional values as given.

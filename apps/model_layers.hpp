@@ -6,6 +6,7 @@
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,18 @@ inline std::vector<int> model_layers_of(const DumpSchema& s, const std::vector<i
   std::vector<int> out;
   for (int l : dump) out.push_back(s.model_layer(l));
   return out;
+}
+
+/// Drops the rows of heads a layer does not have (a dump whose layers differ in heads: the
+/// selection's heads go up to the most of any layer). Call before report_model_layers: `layer`
+/// is still the dump's.
+template <class Rows>
+void drop_missing_heads(Rows& rows, const DumpSchema& s) {
+  rows.erase(std::remove_if(rows.begin(), rows.end(),
+                            [&s](const auto& row) {
+                              return row.layer >= 0 && row.head >= s.geometry(row.layer).num_heads;
+                            }),
+             rows.end());
 }
 
 /// Rewrites the `layer` of every result row from its dump position to the model's index (rows

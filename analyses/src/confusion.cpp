@@ -2,6 +2,7 @@
 #include "attnscope/analyses/confusion.hpp"
 
 #include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/softmax.hpp"
@@ -257,6 +258,28 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
 
   Selection without_v = resolved;  // confusion compares attention weights only: V is not read
   without_v.need_v = false;
+  without_v.any_geometry = true;  // layers of another geometry: unit by unit (geometry_heads.hpp)
+  const std::vector<char> by_units = layers_by_units(schema, resolved.layers);
+  for (int layer : resolved.layers) {
+    if (!by_units[static_cast<std::size_t>(layer)]) continue;
+    const std::string where = schema.path + ": model layer " +
+                              std::to_string(schema.model_layer(layer)) + " (" +
+                              schema.geometry(layer).describe() + ")";
+    if (opt.exclude.active()) {
+      throw UsageError("confusion --exclude-tokens: " + where +
+                       " has other tokens than the dump's grid, which the token masks describe; "
+                       "select --layers of the dump's grid");
+    }
+    if (opt.device == Device::Cuda && !reference) {
+      throw UsageError("confusion --device cuda: " + where +
+                       " is counted window by window on the CPU only; run with --device cpu");
+    }
+  }
+  if (opt.device == Device::Cuda && !reference && !resolved.own_variants.empty()) {
+    throw UsageError("confusion --device cuda: " + schema.path +
+                     ": its layers differ in family, which the GPU path does not take; give "
+                     "--variant, or run with --device cpu");
+  }
   auto slot_of = [&](const HeadView& hv) {
     return static_cast<std::size_t>(layer_slot[hv.layer]) * nh + static_cast<std::size_t>(head_slot[hv.head]);
   };
@@ -280,10 +303,14 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
   auto count_one = [&](const HeadView& hv, std::size_t vi) {
     const MatF& raw = hv.q_raw ? *hv.q_raw : hv.q;
     const ExcludedTokens* left_out = excluded_of(hv.image);
+    const Variant& v = head_variant(variants, vi, hv);
+    const double s = head_scale(hv, scale);
     return in_head(hv.image, hv.layer, hv.head, [&] {
-      return reference
-                 ? count_confusion_reference(variants[vi], hv.q, raw, hv.k, scale, opt, left_out)
-                 : count_confusion(variants[vi], hv.q, raw, hv.k, scale, opt, left_out);
+      if (by_units[static_cast<std::size_t>(hv.layer)]) {
+        return count_confusion_units(v, hv.q, raw, hv.k, s, *hv.geometry, opt);
+      }
+      return reference ? count_confusion_reference(v, hv.q, raw, hv.k, s, opt, left_out)
+                       : count_confusion(v, hv.q, raw, hv.k, s, opt, left_out);
     });
   };
 

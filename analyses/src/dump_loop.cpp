@@ -64,7 +64,8 @@ std::vector<MatF> transform_queries(const ImageQKV& img, const Selection& sel) {
   out.reserve(sel.layers.size() * sel.heads.size());
   for (std::size_t slot = 0; slot < sel.layers.size(); ++slot) {
     for (int h : sel.heads) {
-      out.push_back(sel.transform.apply<float>(img.Q(static_cast<int>(slot), h)));
+      const MatF& q = img.Q(static_cast<int>(slot), h);
+      out.push_back(q.size() == 0 ? MatF() : sel.transform.apply<float>(q));
     }
   }
   return out;
@@ -73,19 +74,27 @@ std::vector<MatF> transform_queries(const ImageQKV& img, const Selection& sel) {
 /// One image in flight: its Q, K, V and, when the selection asks for them, the model's own
 /// tensors of each selected (layer, head), indexed like ImageQKV::q (empty when not asked for).
 struct ImageBuffer {
+  const DumpSchema* schema = nullptr;
   ImageQKV qkv;
   std::vector<std::optional<MatF>> attn, out;
 };
 
 void read_image(DumpReader& reader, const Selection& sel, int image, ImageBuffer& buf) {
   reader.read_image_into(buf.qkv, image, sel.layers, sel.need_v);
+  buf.schema = &reader.schema();
   buf.attn.clear();
   buf.out.clear();
   if (!sel.need_model_tensors) return;
   const DumpSchema& s = reader.schema();
   for (int layer : sel.layers) {
-    for (int h = 0; h < s.attrs.num_heads; ++h) {
+    const int heads = s.geometry(layer).num_heads;
+    for (int h = 0; h < buf.qkv.heads; ++h) {
       const auto l = static_cast<std::size_t>(layer);
+      if (h >= heads) {
+        buf.attn.emplace_back();
+        buf.out.emplace_back();
+        continue;
+      }
       buf.attn.push_back(s.layer_has_attn[l] ? reader.read_attn(image, layer, h) : std::nullopt);
       buf.out.push_back(s.layer_has_out[l] ? reader.read_out(image, layer, h) : std::nullopt);
     }
@@ -107,11 +116,17 @@ ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::
   for (int item = 0; item < n_items; ++item) {
     const int slot = item / n_heads;
     const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
+    const int layer = img.layers[static_cast<std::size_t>(slot)];
+    const LayerGeometry& geo = buf.schema->layer_geometry[static_cast<std::size_t>(layer)];
+    if (head >= geo.num_heads) continue;  // a layer with fewer heads than the selection's
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
     const auto stored = static_cast<std::size_t>(slot * img.heads + head);
-    out.push_back(HeadView{img.image, img.layers[static_cast<std::size_t>(slot)], head, q, img.K(slot, head),
-                           img.V(slot, head), &raw, model_tensor(buf.attn, stored), model_tensor(buf.out, stored)});
+    out.push_back(HeadView{img.image, layer, head, q, img.K(slot, head), img.V(slot, head), &raw,
+                           model_tensor(buf.attn, stored), model_tensor(buf.out, stored), &geo,
+                           sel.own_variants.empty()
+                               ? nullptr
+                               : &sel.own_variants[static_cast<std::size_t>(layer)]});
   }
   return out;
 }
@@ -128,7 +143,13 @@ void compute_image(const ImageBuffer& buf, const Selection& sel,
 Selection resolve(const DumpSchema& schema, Selection sel) {
   fill_or_check(sel.images, schema.num_images, "image");
   fill_or_check(sel.layers, schema.attrs.num_layers, "layer");
-  fill_or_check(sel.heads, schema.attrs.num_heads, "head");
+  fill_or_check(sel.heads, schema.max_heads(), "head");
+  if (!sel.own_variants.empty() &&
+      sel.own_variants.size() != static_cast<std::size_t>(schema.attrs.num_layers)) {
+    throw UsageError("each layer's own variant: " + std::to_string(sel.own_variants.size()) +
+                     " variants for the " + std::to_string(schema.attrs.num_layers) +
+                     " layers of " + schema.path);
+  }
   return sel;
 }
 
@@ -251,25 +272,42 @@ struct ReaderThread {
 
 std::size_t float_bytes(std::size_t n) { return n * sizeof(float); }
 
+/// Refuses a selected layer whose geometry is not the root attributes' (Selection::any_geometry).
+void require_root_geometry(const DumpSchema& s, const std::vector<int>& layers) {
+  for (int l : layers) {
+    if (!s.geometry_differs(l)) continue;
+    throw InputError(s.path, "/layers/" + std::to_string(l) + " (model layer " +
+                                 std::to_string(s.model_layer(l)) + ")",
+                     "the root attributes' geometry (" + s.geometry(-1).describe() +
+                         "): this analysis reads layers of that shape only (recompute, "
+                         "confusion, locality and maps take every geometry; or select --layers)",
+                     s.geometry(l).describe());
+  }
+}
+
 }  // namespace
 
 LoopMemory plan_loop_memory(const DumpSchema& schema, const Selection& resolved) {
-  const auto H = static_cast<std::size_t>(schema.attrs.num_heads);
-  const auto N = static_cast<std::size_t>(schema.attrs.num_tokens);
-  const auto d = static_cast<std::size_t>(schema.attrs.head_dim);
   LoopMemory m;
+  std::size_t most_q = 0;  // the largest layer's q of one head (the transformed queries)
   // Every head of a selected layer is read (a layer is one block on disk).
   for (int layer : resolved.layers) {
     const auto l = static_cast<std::size_t>(layer);
-    m.image_bytes += float_bytes(H * N * d) * (resolved.need_v ? 3 : 2);
+    const LayerGeometry g = schema.geometry(layer);
+    const auto H = static_cast<std::size_t>(g.num_heads), d = static_cast<std::size_t>(g.head_dim);
+    const auto Nq = static_cast<std::size_t>(g.query_rows()), Nk = static_cast<std::size_t>(g.key_rows());
+    m.image_bytes += float_bytes(H * Nq * d) + float_bytes(H * Nk * d) * (resolved.need_v ? 2 : 1);
+    most_q = std::max(most_q, Nq * d);
     if (resolved.need_model_tensors) {
-      if (l < schema.layer_has_attn.size() && schema.layer_has_attn[l]) m.image_bytes += float_bytes(H * N * N);
-      if (l < schema.layer_has_out.size() && schema.layer_has_out[l]) m.image_bytes += float_bytes(H * N * d);
+      if (l < schema.layer_has_attn.size() && schema.layer_has_attn[l]) {
+        m.image_bytes += float_bytes(H * Nq * static_cast<std::size_t>(g.unit_keys()));
+      }
+      if (l < schema.layer_has_out.size() && schema.layer_has_out[l]) m.image_bytes += float_bytes(H * Nq * d);
     }
   }
-  m.fixed_bytes = read_buffer_bytes(schema.attrs);
+  m.fixed_bytes = read_buffer_bytes(schema);
   if (!resolved.transform.is_identity()) {
-    m.fixed_bytes += float_bytes(resolved.layers.size() * resolved.heads.size() * N * d);
+    m.fixed_bytes += float_bytes(resolved.layers.size() * resolved.heads.size() * most_q);
   }
   const std::size_t budget = resolved.max_memory == 0 ? kDefaultMaxMemory : resolved.max_memory;
   const std::size_t needed = m.fixed_bytes + 2 * m.image_bytes;
@@ -341,6 +379,7 @@ namespace {
 void stream_images(DumpReader& reader, const Selection& resolved,
                    const std::function<std::size_t(ImageQueue&, double& waited, std::size_t left)>& consume) {
   if (resolved.images.empty()) return;
+  if (!resolved.any_geometry) require_root_geometry(reader.schema(), resolved.layers);
   const auto t0 = std::chrono::steady_clock::now();
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
   reader.set_chunk_cache(plan.chunk_cache);

@@ -8,12 +8,14 @@ namespace attnscope::analyses {
 std::vector<LocalShareHead> local_share(DumpReader& reader, const Selection& selection) {
   const DumpSchema& s = reader.schema();
   const Selection sel = resolve(s, selection);
-  const int prefix = s.attrs.grid.prefix, grid_tokens = s.attrs.num_tokens - prefix;
   std::vector<LocalShareHead> out;
   for (int layer : sel.layers) {
     const auto l = static_cast<std::size_t>(layer);
     if (!s.layer_has_local[l] || !s.layer_has_out[l]) continue;
+    const LayerGeometry geo = s.geometry(layer);  // the grid rows: all but the prefix tokens
+    const int grid_tokens = geo.query_rows() - (geo.windows > 0 ? 0 : geo.grid.prefix);
     for (int head : sel.heads) {
+      if (head >= geo.num_heads) continue;
       LocalShareHead h;
       h.layer = layer;
       h.head = head;

@@ -4,6 +4,7 @@
 #include "attnscope/analyses/locality.hpp"
 
 #include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 
@@ -75,6 +76,15 @@ void locality_images(DumpReader& reader, const Selection& resolved,
   for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
 
+  const std::vector<char> by_units = layers_by_units(schema, resolved.layers);
+  for (int layer : resolved.layers) {
+    if (by_units[static_cast<std::size_t>(layer)] && device == Device::Cuda && !reference) {
+      throw UsageError("locality --device cuda: " + schema.path + ": model layer " +
+                       std::to_string(schema.model_layer(layer)) + " (" +
+                       schema.geometry(layer).describe() +
+                       ") is measured window by window on the CPU only; run with --device cpu");
+    }
+  }
   // Each (layer, head) slot is written by one thread per image, so the slots need no lock.
   LocalityImage current;
   current.heads = labelled_heads(variants.size(), resolved);
@@ -83,10 +93,15 @@ void locality_images(DumpReader& reader, const Selection& resolved,
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       int dead = 0;
+      const Variant& v = head_variant(variants, vi, hv);
+      const double sc = head_scale(hv, scale);
       const std::vector<double> mass = in_head(hv.image, hv.layer, hv.head, [&] {
-        if (reference) return local_mass_reference(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
-        if (device == Device::Cuda) return local_mass_cuda(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
-        return local_mass(variants[vi], hv.q, hv.k, scale, grid, window, &dead);
+        if (by_units[static_cast<std::size_t>(hv.layer)]) {
+          return local_mass_units(v, hv.q, hv.k, sc, *hv.geometry, window, &dead);
+        }
+        if (reference) return local_mass_reference(v, hv.q, hv.k, sc, grid, window, &dead);
+        if (device == Device::Cuda) return local_mass_cuda(v, hv.q, hv.k, sc, grid, window, &dead);
+        return local_mass(v, hv.q, hv.k, sc, grid, window, &dead);
       });
       LocalityHead& h = current.heads[vi][s];
       h.mass = mass_stats(mass);
@@ -101,6 +116,7 @@ void locality_images(DumpReader& reader, const Selection& resolved,
   };
   Selection without_v = resolved;  // locality looks at attention weights only: V is not read
   without_v.need_v = false;
+  without_v.any_geometry = true;  // layers of another geometry: unit by unit
   for_each_head(reader, without_v, on_head, on_image);
 }
 

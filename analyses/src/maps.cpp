@@ -1,6 +1,7 @@
 // Attention maps: one row of a head laid out on the patch grid.
 #include "attnscope/analyses/maps.hpp"
 
+#include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/text.hpp"
@@ -53,13 +54,33 @@ void maps_images(DumpReader& reader, const Selection& resolved, const std::vecto
   const DumpSchema& schema = reader.schema();
   Selection sel = resolved;
   sel.need_v = false;  // maps are weights only
+  sel.any_geometry = true;  // layers of another geometry: the query's window or reduced keys
+  const std::vector<char> by_units = layers_by_units(schema, resolved.layers);
   std::vector<MapEntry> pending;
   std::mutex pending_mutex;
   std::atomic<long long> degenerate{0};
   auto on_head = [&](const HeadView& hv) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
+      const Variant& variant = head_variant(variants, v, hv);
+      const double scale = head_scale(hv, schema.attrs.scale);
+      if (by_units[static_cast<std::size_t>(hv.layer)]) {
+        for (int t : tokens) {
+          std::optional<AttentionMap> m = in_head(hv.image, hv.layer, hv.head, [&] {
+            return attention_map_units(variant, hv.q, hv.k, scale, *hv.geometry, schema.attrs.grid,
+                                       t, schema.model_layer(hv.layer));
+          });
+          if (!m) {
+            degenerate.fetch_add(1);
+            continue;
+          }
+          MapEntry e{v, hv.image, hv.layer, hv.head, std::move(*m)};
+          const std::lock_guard<std::mutex> lock(pending_mutex);
+          pending.push_back(std::move(e));
+        }
+        continue;
+      }
       const ExactRows rows = in_head(hv.image, hv.layer, hv.head, [&] {
-        return ExactRows(variants[v], hv.q, hv.k, schema.attrs.scale);
+        return ExactRows(variant, hv.q, hv.k, scale);
       });
       for (int t : tokens) {
         if (rows.degenerate(t)) {

@@ -17,14 +17,55 @@ double magnitude(const MatF& m) {
   return std::max(static_cast<double>(m.cwiseAbs().maxCoeff()), 1e-30);
 }
 
+/// The library's outputs and weights of a head of another geometry than one square attention:
+/// each unit (window, or the one attention of keys from a reduced grid) computed apart with its
+/// mask, the units' rows one under the other as the dump stores them.
+void geometry_forms(const Variant& variant, const MatD& qd, const MatD& kd, const MatD& vd,
+                    double scale, const LayerGeometry& geo, MatD* out, MatD* weights,
+                    Diagnostics& diag) {
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  if (qd.rows() != geo.query_rows() || kd.rows() != geo.key_rows()) {
+    throw UsageError("recompute: a head of " + std::to_string(qd.rows()) + " queries and " +
+                     std::to_string(kd.rows()) + " keys, not the layer's " + geo.describe());
+  }
+  if (out) out->resize(qd.rows(), vd.cols());
+  if (weights) weights->resize(qd.rows(), nk);
+  std::vector<int> degenerate;
+  for (int w = 0; w < geo.units(); ++w) {
+    const Mask mask = geo.unit_mask(w);
+    const Mask* m = geo.masked(w) ? &mask : nullptr;
+    const auto q = qd.middleRows(static_cast<Eigen::Index>(w) * nq, nq);
+    const auto k = kd.middleRows(static_cast<Eigen::Index>(w) * nk, nk);
+    Diagnostics unit;
+    if (out) {
+      out->middleRows(static_cast<Eigen::Index>(w) * nq, nq) = attention_outputs<double>(
+          variant, q, k, vd.middleRows(static_cast<Eigen::Index>(w) * nk, nk), scale, m, &unit);
+    }
+    if (weights) {
+      weights->middleRows(static_cast<Eigen::Index>(w) * nq, nq) =
+          attention_weights<double>(variant, q, k, scale, m, &unit);
+    }
+    for (int r : unit.degenerate_rows) degenerate.push_back(w * nq + r);
+  }
+  std::sort(degenerate.begin(), degenerate.end());
+  degenerate.erase(std::unique(degenerate.begin(), degenerate.end()), degenerate.end());
+  diag.degenerate_rows = std::move(degenerate);
+}
+
 void compare_head_in(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
                      double scale, const MatF* out_model, const MatF* attn_model,
-                     RecomputeCell& cell) {
+                     RecomputeCell& cell, const LayerGeometry* geo) {
   const MatD qd = q.cast<double>(), kd = k.cast<double>(), vd = v.cast<double>();
   Diagnostics diag;
   ++cell.images;
+  const bool units = geo != nullptr && !geo->square();
   if (out_model) {
-    const MatD out = attention_outputs<double>(variant, qd, kd, vd, scale, nullptr, &diag);
+    MatD out;
+    if (units) {
+      geometry_forms(variant, qd, kd, vd, scale, *geo, &out, nullptr, diag);
+    } else {
+      out = attention_outputs<double>(variant, qd, kd, vd, scale, nullptr, &diag);
+    }
     const MatD err = (out - out_model->cast<double>()).cwiseAbs();
     cell.has_out = true;
     cell.out_max_abs = std::max(cell.out_max_abs, err.maxCoeff());
@@ -34,7 +75,12 @@ void compare_head_in(const Variant& variant, const MatF& q, const MatF& k, const
     cell.degenerate_rows += static_cast<long long>(diag.degenerate_rows.size());
   }
   if (attn_model) {
-    const MatD w = attention_weights<double>(variant, qd, kd, scale, nullptr, &diag);
+    MatD w;
+    if (units) {
+      geometry_forms(variant, qd, kd, vd, scale, *geo, nullptr, &w, diag);
+    } else {
+      w = attention_weights<double>(variant, qd, kd, scale, nullptr, &diag);
+    }
     cell.has_attn = true;
     cell.attn_max_abs =
         std::max(cell.attn_max_abs, (w - attn_model->cast<double>()).cwiseAbs().maxCoeff());
@@ -45,9 +91,9 @@ void compare_head_in(const Variant& variant, const MatF& q, const MatF& k, const
 
 void compare_head(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
                   double scale, const MatF* out_model, const MatF* attn_model,
-                  RecomputeCell& cell) {
+                  RecomputeCell& cell, const LayerGeometry* geometry) {
   in_head(-1, cell.layer, cell.head, [&] {
-    compare_head_in(variant, q, k, v, scale, out_model, attn_model, cell);
+    compare_head_in(variant, q, k, v, scale, out_model, attn_model, cell, geometry);
   });
 }
 
@@ -64,13 +110,14 @@ void RecomputeCell::merge(const RecomputeCell& o) {
 }
 
 std::vector<RecomputeCell> recompute_cells(const DumpSchema& s) {
-  const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
-  std::vector<RecomputeCell> cells(static_cast<std::size_t>(layers * heads));
-  for (int l = 0; l < layers; ++l)
-    for (int h = 0; h < heads; ++h) {
-      cells[static_cast<std::size_t>(l * heads + h)].layer = l;
-      cells[static_cast<std::size_t>(l * heads + h)].head = h;
+  std::vector<RecomputeCell> cells;
+  for (int l = 0; l < s.attrs.num_layers; ++l) {
+    for (int h = 0; h < s.geometry(l).num_heads; ++h) {
+      cells.emplace_back();
+      cells.back().layer = l;
+      cells.back().head = h;
     }
+  }
   return cells;
 }
 
@@ -91,7 +138,11 @@ void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
     throw UsageError("recompute: " + std::to_string(per_layer.size()) + " variants for the " +
                      std::to_string(s.attrs.num_layers) + " layers of " + s.path);
   }
-  const int layers = s.attrs.num_layers, heads = s.attrs.num_heads;
+  const int layers = s.attrs.num_layers;
+  std::vector<std::size_t> first_cell;  // each layer's first cell (heads differ per layer)
+  for (int l = 0, at = 0; l < layers; at += s.geometry(l).num_heads, ++l) {
+    first_cell.push_back(static_cast<std::size_t>(at));
+  }
   bool any = false;
   for (int l = 0; l < layers; ++l) any = any || s.layer_has_out[l] || s.layer_has_attn[l];
   if (!any) {
@@ -104,15 +155,18 @@ void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
   sel.stats = streaming.stats;
   sel = resolve(s, sel);
   sel.need_model_tensors = true;
+  sel.any_geometry = true;  // each unit (window, reduced keys) recomputed apart
   RecomputeImage current;
   current.cells = recompute_cells(s);
   // Each head's cell is updated by one thread, and the image's cells are handed on when it is done.
   for_each_head(
       reader, sel,
       [&](const HeadView& hv) {
-        compare_head(per_layer[static_cast<std::size_t>(hv.layer)], hv.q, hv.k, hv.v, s.attrs.scale,
-                     hv.out, hv.attn,
-                     current.cells[static_cast<std::size_t>(hv.layer * heads + hv.head)]);
+        compare_head(per_layer[static_cast<std::size_t>(hv.layer)], hv.q, hv.k, hv.v,
+                     head_scale(hv, s.attrs.scale), hv.out, hv.attn,
+                     current.cells[first_cell[static_cast<std::size_t>(hv.layer)] +
+                                   static_cast<std::size_t>(hv.head)],
+                     hv.geometry);
       },
       [&](int image) {
         RecomputeImage done;

@@ -42,6 +42,14 @@ DumpAttributes read_attributes(hid_t root, const std::string& file);
 /// attribute when one is not a string or the three do not name a variant of the registry.
 DumpAttributes read_layer_attributes(hid_t file_id, const std::string& group,
                                      const DumpAttributes& root, const std::string& file);
+/// A layer's geometry as the root attributes state it (no windows, keys = queries).
+LayerGeometry root_geometry(const DumpAttributes& a);
+/// A layer's geometry (geometry.hpp): the root's, with the group's own num_heads, head_dim, scale,
+/// grid_height, grid_width, prefix_tokens, key_grid_height/width, and windows (windows,
+/// window_height, window_width, shift, token_positions, window_mask) where it has them.
+/// InputError naming the group and attribute or dataset when one is out of range.
+LayerGeometry read_layer_geometry(hid_t file_id, const std::string& group, const DumpAttributes& root,
+                                  const std::string& file);
 /// The optional `source_layers` attribute: num_layers distinct model layer indices, each >= 0 and
 /// below 2^30 (empty when absent). Throws InputError naming the attribute.
 std::vector<int> read_source_layers(hid_t root, const std::string& file, int num_layers);

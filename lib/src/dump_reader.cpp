@@ -269,6 +269,12 @@ struct FileReader {
   int shard_first_image = -1;  // the optional attribute of a shard (-1: absent)
 
   FileReader(const std::string& path, ReadScratch& s);
+  /// The shape of /layers/L/`name` past the image axis, in the layer's geometry, and its names.
+  struct LayerShape {
+    std::vector<hsize_t> dims;
+    const char* layout;
+  };
+  [[nodiscard]] LayerShape layer_shape(int layer, std::string_view name) const;
   void open_layers();
   void open_optional();
   /// Opens every dataset again with a chunk cache of at most scratch->dataset_cache bytes (and
@@ -287,15 +293,27 @@ struct FileReader {
                           const std::vector<const char*>& labels_of_dims);
   void check_image(int image) const;
   void check_layer(int layer) const;
-  void check_head(int head) const;
+  void check_head(int layer, int head) const;
 };
+
+FileReader::LayerShape FileReader::layer_shape(int layer, std::string_view name) const {
+  const LayerGeometry& g = schema.layer_geometry[static_cast<std::size_t>(layer)];
+  const auto H = static_cast<hsize_t>(g.num_heads), d = static_cast<hsize_t>(g.head_dim);
+  const bool keys = name == "k" || name == "v";
+  if (g.windows > 0) {
+    const auto W = static_cast<hsize_t>(g.windows), T = static_cast<hsize_t>(g.window_tokens());
+    if (name == "attn") return {{H, W, T, T}, "[images, heads, windows, queries, keys]"};
+    return {{H, W, T, d}, "[images, heads, windows, window_tokens, dim]"};
+  }
+  const auto Nq = static_cast<hsize_t>(g.grid.tokens()), Nk = static_cast<hsize_t>(g.key_grid.tokens());
+  if (name == "attn") return {{H, Nq, Nk}, "[images, heads, tokens, key_tokens]"};
+  return {{H, keys ? Nk : Nq, d}, keys ? "[images, heads, key_tokens, dim]" : kQkvLayout};
+}
 
 void FileReader::open_layers() {
   const std::string& path = schema.path;
   const DumpAttributes& a = schema.attrs;
   if (!h5::exists(file.get(), "layers")) throw InputError(path, "/layers", "a group", "none");
-  const auto H = static_cast<hsize_t>(a.num_heads), N = static_cast<hsize_t>(a.num_tokens),
-             d = static_cast<hsize_t>(a.head_dim);
   layers.resize(static_cast<std::size_t>(a.num_layers));
   for (int l = 0; l < a.num_layers; ++l) {
     const std::string group = "/layers/" + std::to_string(l);
@@ -304,6 +322,7 @@ void FileReader::open_layers() {
                        "a layer group (num_layers = " + std::to_string(a.num_layers) + ")", "none");
     }
     schema.layer_attrs.push_back(dump_detail::read_layer_attributes(file.get(), group, a, path));
+    schema.layer_geometry.push_back(dump_detail::read_layer_geometry(file.get(), group, a, path));
     LayerSets& ls = layers[static_cast<std::size_t>(l)];
     h5::Handle* sets[3] = {&ls.q, &ls.k, &ls.v};
     const char* names[3] = {"q", "k", "v"};
@@ -313,7 +332,10 @@ void FileReader::open_layers() {
       const std::vector<hsize_t> got = h5::dims(sets[s]->get());
       const bool first = l == 0 && s == 0;
       const hsize_t n = first && !got.empty() ? got[0] : static_cast<hsize_t>(schema.num_images);
-      check_shape(sets[s]->get(), name, path, {n, H, N, d}, false, kQkvLayout);
+      const LayerShape shape = layer_shape(l, names[s]);
+      std::vector<hsize_t> want{n};
+      want.insert(want.end(), shape.dims.begin(), shape.dims.end());
+      check_shape(sets[s]->get(), name, path, want, false, shape.layout);
       const DType t = dataset_dtype(sets[s]->get(), name, path);
       if (first) {
         schema.num_images = static_cast<int>(n);
@@ -338,34 +360,25 @@ void FileReader::open_layers() {
 void FileReader::open_optional() {
   const std::string& path = schema.path;
   const auto n = static_cast<hsize_t>(schema.num_images);
-  const auto H = static_cast<hsize_t>(schema.attrs.num_heads),
-             N = static_cast<hsize_t>(schema.attrs.num_tokens),
-             d = static_cast<hsize_t>(schema.attrs.head_dim);
   schema.layer_has_attn.assign(layers.size(), false);
   schema.layer_has_out.assign(layers.size(), false);
   schema.layer_has_local.assign(layers.size(), false);
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    const std::string an = layer_path(static_cast<int>(l), "attn");
-    if (h5::exists(file.get(), an.substr(1))) {
-      layers[l].attn = open_dataset(file.get(), an, path);
-      check_shape(layers[l].attn.get(), an, path, {n, H, N, N}, false,
-                  "[images, heads, tokens, tokens]");
-      check_float_class(layers[l].attn.get(), an, path);
-      schema.layer_has_attn[l] = true;
-    }
-    const std::string on = layer_path(static_cast<int>(l), "out");
-    if (h5::exists(file.get(), on.substr(1))) {
-      layers[l].out = open_dataset(file.get(), on, path);
-      check_shape(layers[l].out.get(), on, path, {n, H, N, d}, false, kQkvLayout);
-      check_float_class(layers[l].out.get(), on, path);
-      schema.layer_has_out[l] = true;
-    }
-    const std::string ln = layer_path(static_cast<int>(l), "local");
-    if (h5::exists(file.get(), ln.substr(1))) {
-      layers[l].local = open_dataset(file.get(), ln, path);
-      check_shape(layers[l].local.get(), ln, path, {n, H, N, d}, false, kQkvLayout);
-      check_float_class(layers[l].local.get(), ln, path);
-      schema.layer_has_local[l] = true;
+    const int li = static_cast<int>(l);
+    const std::pair<const char*, std::pair<h5::Handle*, std::vector<bool>*>> sets[3] = {
+        {"attn", {&layers[l].attn, &schema.layer_has_attn}},
+        {"out", {&layers[l].out, &schema.layer_has_out}},
+        {"local", {&layers[l].local, &schema.layer_has_local}}};
+    for (const auto& [what, where] : sets) {
+      const std::string name = layer_path(li, what);
+      if (!h5::exists(file.get(), name.substr(1))) continue;
+      *where.first = open_dataset(file.get(), name, path);
+      const LayerShape shape = layer_shape(li, what);
+      std::vector<hsize_t> want{n};
+      want.insert(want.end(), shape.dims.begin(), shape.dims.end());
+      check_shape(where.first->get(), name, path, want, false, shape.layout);
+      check_float_class(where.first->get(), name, path);
+      (*where.second)[l] = true;
     }
   }
   if (h5::exists(file.get(), "labels")) {
@@ -443,10 +456,11 @@ void FileReader::check_layer(int layer) const {
   }
 }
 
-void FileReader::check_head(int head) const {
-  if (head < 0 || head >= schema.attrs.num_heads) {
+void FileReader::check_head(int layer, int head) const {
+  const int heads = schema.layer_geometry[static_cast<std::size_t>(layer)].num_heads;
+  if (head < 0 || head >= heads) {
     throw UsageError(schema.path + ": head " + std::to_string(head) + " out of range [0, " +
-                     std::to_string(schema.attrs.num_heads) + ")");
+                     std::to_string(heads) + ") of layer " + std::to_string(layer));
   }
 }
 
@@ -499,7 +513,7 @@ void FileReader::reopen_datasets() {
 void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers_wanted,
                                  bool with_v) {
   check_image(image);
-  img.heads = schema.attrs.num_heads;
+  img.heads = schema.max_heads();
   img.layers.clear();
   if (layers_wanted.empty()) {
     for (int l = 0; l < schema.attrs.num_layers; ++l) img.layers.push_back(l);
@@ -507,10 +521,8 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
     for (int l : layers_wanted) check_layer(l);
     img.layers = layers_wanted;
   }
-  const int H = img.heads, N = schema.attrs.num_tokens, d = schema.attrs.head_dim;
-  const std::vector<hsize_t> count{static_cast<hsize_t>(H), static_cast<hsize_t>(N),
-                                   static_cast<hsize_t>(d)};
-  const std::size_t slots = img.layers.size() * static_cast<std::size_t>(H);
+  const int stride = img.heads;
+  const std::size_t slots = img.layers.size() * static_cast<std::size_t>(stride);
   img.q.resize(slots);
   img.k.resize(slots);
   img.v.resize(slots);
@@ -519,16 +531,29 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
   }
   const int n_sets = with_v ? 3 : 2;
   for (std::size_t s = 0; s < img.layers.size(); ++s) {
-    const LayerSets& ls = layers[static_cast<std::size_t>(img.layers[s])];
+    const int layer = img.layers[s];
+    const LayerSets& ls = layers[static_cast<std::size_t>(layer)];
+    const LayerGeometry& g = schema.layer_geometry[static_cast<std::size_t>(layer)];
+    const int H = g.num_heads, d = g.head_dim;
     const std::pair<const h5::Handle*, std::vector<MatF>*> sets[3] = {
         {&ls.q, &img.q}, {&ls.k, &img.k}, {&ls.v, &img.v}};
     const char* names[3] = {"q", "k", "v"};
     for (int t = 0; t < n_sets; ++t) {
-      const float* p = read_block(sets[t].first->get(), layer_path(img.layers[s], names[t]),
-                                  image, {0, 0, 0}, count, {"head", "token", "dim"});
-      for (int h = 0; h < H; ++h) {
-        (*sets[t].second)[s * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)] =
-            Eigen::Map<const MatF>(p + static_cast<std::ptrdiff_t>(h) * N * d, N, d);
+      const LayerShape shape = layer_shape(layer, names[t]);
+      const int rows = t == 0 ? g.query_rows() : g.key_rows();
+      const std::vector<hsize_t> start(shape.dims.size(), 0);
+      const std::vector<const char*> dim_names =
+          g.windows > 0 ? std::vector<const char*>{"head", "window", "token", "dim"}
+                        : std::vector<const char*>{"head", "token", "dim"};
+      const float* p = read_block(sets[t].first->get(), layer_path(layer, names[t]), image, start,
+                                  shape.dims, dim_names);
+      for (int h = 0; h < stride; ++h) {
+        MatF& m = (*sets[t].second)[s * static_cast<std::size_t>(stride) + static_cast<std::size_t>(h)];
+        if (h >= H) {
+          m.resize(0, 0);
+          continue;
+        }
+        m = Eigen::Map<const MatF>(p + static_cast<std::ptrdiff_t>(h) * rows * d, rows, d);
       }
     }
   }
@@ -537,18 +562,23 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
 std::optional<MatF> FileReader::read_head(int image, int layer, int head, const char* name) {
   check_image(image);
   check_layer(layer);
-  check_head(head);
+  check_head(layer, head);
   const LayerSets& ls = layers[static_cast<std::size_t>(layer)];
   const bool attn = std::string_view(name) == "attn";
   const h5::Handle& ds = attn ? ls.attn : std::string_view(name) == "out" ? ls.out : ls.local;
   if (!ds.valid()) return std::nullopt;
-  const auto N = static_cast<hsize_t>(schema.attrs.num_tokens);
-  const auto cols = attn ? N : static_cast<hsize_t>(schema.attrs.head_dim);
-  const float* p =
-      read_block(ds.get(), layer_path(layer, name), image, {static_cast<hsize_t>(head), 0, 0},
-                 {1, N, cols}, {"head", attn ? "query" : "token", attn ? "key" : "dim"});
-  return MatF(
-      Eigen::Map<const MatF>(p, static_cast<Eigen::Index>(N), static_cast<Eigen::Index>(cols)));
+  const LayerGeometry& g = schema.layer_geometry[static_cast<std::size_t>(layer)];
+  LayerShape shape = layer_shape(layer, name);
+  std::vector<hsize_t> start(shape.dims.size(), 0);
+  start[0] = static_cast<hsize_t>(head);
+  shape.dims[0] = 1;
+  const auto rows = static_cast<Eigen::Index>(g.query_rows());
+  const auto cols = static_cast<Eigen::Index>(attn ? g.unit_keys() : g.head_dim);
+  const std::vector<const char*> dim_names =
+      g.windows > 0 ? std::vector<const char*>{"head", "window", attn ? "query" : "token", attn ? "key" : "dim"}
+                    : std::vector<const char*>{"head", attn ? "query" : "token", attn ? "key" : "dim"};
+  const float* p = read_block(ds.get(), layer_path(layer, name), image, start, shape.dims, dim_names);
+  return MatF(Eigen::Map<const MatF>(p, rows, cols));
 }
 
 VecF FileReader::read_input_image(int image, std::vector<int>* shape) {
@@ -689,6 +719,12 @@ void check_compatible(const FileReader& a, const FileReader& b) {
   for (int l = 0; l < p.num_layers; ++l) {
     differ("/layers/" + std::to_string(l) + " family, feature_map, convention",
            variant_attributes(x, l), variant_attributes(y, l));
+    const LayerGeometry gx = x.geometry(l), gy = y.geometry(l);
+    if (gx != gy) {
+      differ("/layers/" + std::to_string(l) + " geometry", gx.describe(),
+             gy.describe() == gx.describe() ? gy.describe() + " (other positions, mask or scale)"
+                                            : gy.describe());
+    }
   }
   const auto present = [](bool has) { return std::string(has ? "present" : "absent"); };
   differ("/labels", present(x.has_labels), present(y.has_labels));
@@ -825,6 +861,38 @@ std::size_t read_buffer_bytes(const DumpAttributes& a) {
   // The largest block read at once: one layer's q, k or v, or one head's attn.
   const std::size_t block = std::max(H * N * d, N * N);
   return block * (sizeof(float) + sizeof(std::uint16_t));
+}
+
+std::size_t read_buffer_bytes(const DumpSchema& s) {
+  std::size_t most = read_buffer_bytes(s.attrs);
+  for (const LayerGeometry& g : s.layer_geometry) {
+    const auto H = static_cast<std::size_t>(g.num_heads), d = static_cast<std::size_t>(g.head_dim);
+    const std::size_t block = std::max({H * static_cast<std::size_t>(g.query_rows()) * d,
+                                        H * static_cast<std::size_t>(g.key_rows()) * d,
+                                        static_cast<std::size_t>(g.query_rows()) * g.unit_keys()});
+    most = std::max(most, block * (sizeof(float) + sizeof(std::uint16_t)));
+  }
+  return most;
+}
+
+LayerGeometry DumpSchema::geometry(int layer) const {
+  if (layer < 0 || static_cast<std::size_t>(layer) >= layer_geometry.size()) {
+    return dump_detail::root_geometry(attrs);
+  }
+  return layer_geometry[static_cast<std::size_t>(layer)];
+}
+
+bool DumpSchema::geometry_differs(int layer) const {
+  const LayerGeometry root = dump_detail::root_geometry(attrs);
+  if (layer >= 0) return geometry(layer) != root;
+  return std::any_of(layer_geometry.begin(), layer_geometry.end(),
+                     [&root](const LayerGeometry& g) { return g != root; });
+}
+
+int DumpSchema::max_heads() const {
+  int most = attrs.num_heads;
+  for (const LayerGeometry& g : layer_geometry) most = std::max(most, g.num_heads);
+  return most;
 }
 
 void set_dump_warning_handler(std::function<void(const std::string&)> handler) {

@@ -246,14 +246,18 @@ def test_a_hybrid_dump_says_its_layers_and_single_variant_commands_refuse(tmp_pa
     info = _run(attnscope_bin, "info", path)
     assert info.returncode == 0 and "per layer   0: inline:identity@code, 1: softmax@code" \
         in info.stdout, info.stdout
-    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "loc")
+    r = _run(attnscope_bin, "distance", "--dump", path, "--out", tmp_path / "dist")
     assert r.returncode != 0 and "its layers differ in attention family (0: inline:identity@code, " \
         "1: softmax@code); this command applies one variant to every layer: give --variant" \
         in r.stderr, r.stderr
+    from attnscope_dump.figures import read_csv
+    own = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "loc")
+    assert own.returncode == 0, own.stderr  # each layer's own, named per row
+    assert list(read_csv(str(tmp_path / "loc" / "locality.csv"))["variant"]) \
+        == ["inline:identity@code"] * 3 + ["softmax@code"] * 3
     ok = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "l2", "--variant",
               "softmax")
     assert ok.returncode == 0, ok.stderr
-    from attnscope_dump.figures import read_csv
     for layer, variant in ((0, "inline:identity@code"), (1, "softmax@code")):  # the layer's own
         out = tmp_path / f"l{layer}"
         one = _run(attnscope_bin, "locality", "--dump", path, "--out", out, "--layers", layer)

@@ -12,10 +12,13 @@ void write_locality_files(ResultSet& set, const analyses::LocalityResult& r) {
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (const auto& h : r.per_head[v]) {
       const bool any = h.mass.count > 0;
-      f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << r.window
-                 << "," << (any ? h.mass.mean : 0.0) << "," << h.mass.stddev() << ","
+      const auto own = r.layer_baselines.find(h.layer);
+      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], h.layer)
+                 << "," << h.layer << "," << h.head << "," << r.window << ","
+                 << (any ? h.mass.mean : 0.0) << "," << h.mass.stddev() << ","
                  << (any ? h.mass.min : 0.0) << "," << (any ? h.mass.max : 0.0) << ","
-                 << h.mass.count << "," << r.uniform_baseline << "\n";
+                 << h.mass.count << ","
+                 << (own == r.layer_baselines.end() ? r.uniform_baseline : own->second) << "\n";
     }
   }
   f.close();
@@ -87,10 +90,13 @@ ConfusionFiles::~ConfusionFiles() = default;
 void ConfusionFiles::add_image(const analyses::ConfusionImage& img,
                                const analyses::ConfusionImageTotals& t) {
   for (std::size_t v = 0; v < variants_.size(); ++v) {
-    per_image_->stream() << variants_[v].name() << "," << img.image << "," << t.count[v] << ","
+    per_image_->stream() << analyses::all_layers_variant_name(layer_variant_names_, variants_[v])
+                         << "," << img.image << "," << t.count[v] << ","
                          << t.degenerate_pairs[v] << "\n";
     for (std::size_t l = 0; l < model_layers_.size(); ++l) {
-      per_image_layer_->stream() << variants_[v].name() << "," << img.image << ","
+      per_image_layer_->stream() << analyses::row_variant_name(layer_variant_names_, variants_[v],
+                                                               model_layers_[l])
+                                 << "," << img.image << ","
                                  << model_layers_[l] << "," << t.layer_count[v][l] << ","
                                  << t.layer_degenerate_pairs[v][l] << "\n";
     }
@@ -107,7 +113,8 @@ void ConfusionFiles::finish(const analyses::ConfusionResult& r) {
     f.stream() << "variant,layer,head,count,degenerate_rows,degenerate_pairs\n";
     for (std::size_t v = 0; v < r.variants.size(); ++v) {
       for (const auto& h : r.per_head[v]) {
-        f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << h.count
+        f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], h.layer)
+                   << "," << h.layer << "," << h.head << "," << h.count
                    << "," << h.degenerate_rows << "," << h.degenerate_pairs << "\n";
       }
     }
@@ -119,7 +126,8 @@ void ConfusionFiles::finish(const analyses::ConfusionResult& r) {
                << std::setprecision(10);
     for (std::size_t v = 0; v < r.variants.size(); ++v) {
       for (const auto& l : r.per_layer[v]) {
-        f.stream() << r.variants[v].name() << "," << l.layer << "," << l.count << "," << r.images
+        f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], l.layer)
+                   << "," << l.layer << "," << l.count << "," << r.images
                    << "," << mean_per_image(l.count, r.images) << "," << l.images_with_pairs << ","
                    << l.degenerate_pairs << "\n";
       }
@@ -130,7 +138,8 @@ void ConfusionFiles::finish(const analyses::ConfusionResult& r) {
   f.stream() << "variant,bin,images,images_with_degenerate_pairs\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (int b = 0; b < analyses::kConfusionBins; ++b) {
-      f.stream() << r.variants[v].name() << "," << analyses::confusion_bin_labels()[b] << ","
+      f.stream() << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]) << ","
+                 << analyses::confusion_bin_labels()[b] << ","
                  << r.histogram[v][static_cast<std::size_t>(b)] << ","
                  << r.histogram_with_degenerate[v][static_cast<std::size_t>(b)] << "\n";
     }

@@ -4,6 +4,7 @@
 // at a time. Analyses read images on one thread and compute on many.
 #pragma once
 
+#include "attnscope/geometry.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -55,6 +56,9 @@ struct DumpSchema {
   /// attribute where it has one and the root's otherwise (docs/dump-format.md). The other
   /// fields of each entry are the root's.
   std::vector<DumpAttributes> layer_attrs;
+  /// Per layer: its shape (heads, head dim, scale, query and key grids, windows), the /layers/L
+  /// group's own attributes over the root's (docs/dump-format.md, "Per-layer geometry").
+  std::vector<LayerGeometry> layer_geometry;
   /// The model's layer index of each dump layer (the optional `source_layers` attribute, written
   /// when a subset of the model's layers was dumped): /layers/L holds model layer
   /// source_layers[L]. Empty when the attribute is absent: dump layer L is model layer L.
@@ -70,6 +74,12 @@ struct DumpSchema {
   [[nodiscard]] Variant layer_variant(int layer, std::uint64_t seed = 0) const;
   /// Whether the given dump layers (empty = all) differ in family, feature map or convention.
   [[nodiscard]] bool variants_differ(const std::vector<int>& layers = {}) const;
+  /// Dump layer `layer`'s geometry (the root's where the schema has none).
+  [[nodiscard]] LayerGeometry geometry(int layer) const;
+  /// Whether a given dump layer (-1: any layer) has another shape than the root attributes state.
+  [[nodiscard]] bool geometry_differs(int layer = -1) const;
+  /// The most heads of any layer (the root's num_heads when no layer says otherwise).
+  [[nodiscard]] int max_heads() const;
   /// "0: inline:identity@code, 1: softmax@code" for the given dump layers (empty = all), each
   /// by its model layer index.
   [[nodiscard]] std::string layer_variants_text(const std::vector<int>& layers = {}) const;
@@ -80,12 +90,14 @@ struct DumpSchema {
 /// prints them on stderr. Set it once, before readers are opened.
 void set_dump_warning_handler(std::function<void(const std::string&)> handler);
 
-/// One image: for each requested layer and each head, Q, K, V as N x head_dim float matrices.
+/// One image: for each requested layer and each head, Q, K, V as N x head_dim float matrices
+/// (per layer its own geometry: LayerGeometry::query_rows() rows of q, key_rows() of k and v,
+/// its head_dim columns).
 struct ImageQKV {
   int image = -1;
   std::vector<int> layers;  ///< the dump layer index of each slot
-  int heads = 0;
-  std::vector<MatF> q, k, v;  ///< index slot * heads + head
+  int heads = 0;            ///< the slots' stride: the most heads of any layer (max_heads())
+  std::vector<MatF> q, k, v;  ///< index slot * heads + head; 0 x 0 past a layer's own heads
 
   [[nodiscard]] const MatF& Q(int slot, int head) const { return q[slot * heads + head]; }
   [[nodiscard]] const MatF& K(int slot, int head) const { return k[slot * heads + head]; }
@@ -127,7 +139,9 @@ class DumpReader {
   /// loop then allocates, and page-faults, nothing per image).
   void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers = {},
                        bool with_v = true);
-  /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent).
+  /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent). In
+  /// the layer's geometry: attn is query_rows() x unit_keys() (a layer with windows: each
+  /// window's block under the one before), out and local query_rows() x head_dim.
   [[nodiscard]] std::optional<MatF> read_attn(int image, int layer, int head);  ///< N x N
   [[nodiscard]] std::optional<MatF> read_out(int image, int layer, int head);   ///< N x head_dim
   /// The layer's local term (InLine's local residual, FLatten's depthwise convolution), which the
@@ -165,6 +179,8 @@ class DumpReader {
 /// Bytes of the buffers a DumpReader of such a dump keeps for its reads (one layer's q, k or v,
 /// or one head's attn, as float and as raw half), besides the images it fills and the chunk cache.
 [[nodiscard]] std::size_t read_buffer_bytes(const DumpAttributes& attrs);
+/// The same for a dump whose layers may differ in geometry: its largest layer's buffers.
+[[nodiscard]] std::size_t read_buffer_bytes(const DumpSchema& schema);
 
 struct DumpWriterOptions {
   DType dtype = DType::F32;

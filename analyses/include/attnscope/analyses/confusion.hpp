@@ -33,6 +33,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -153,7 +154,22 @@ struct ConfusionResult {
   int min_excluded_tokens = 0, max_excluded_tokens = 0;  ///< over images (0 without images)
   /// Images with at least two tokens left, i.e. with a pair to compare.
   std::int64_t images_with_two_tokens_left = 0;
+  /// With each layer's own variant (Selection::own_variants): its name by the layer the rows
+  /// report; the rows' variant column then names each layer's (empty otherwise).
+  std::map<int, std::string> layer_variant_names;
 };
+
+/// The variant a row of `layer` was computed under: the layer's own (names non-empty) or `v`'s.
+inline std::string row_variant_name(const std::map<int, std::string>& names, const Variant& v,
+                                    int layer) {
+  const auto it = names.find(layer);
+  return names.empty() || it == names.end() ? v.name() : it->second;
+}
+/// What the rows of all layers together are computed under: "each layer's own" or `v`'s name.
+inline std::string all_layers_variant_name(const std::map<int, std::string>& names,
+                                           const Variant& v) {
+  return names.empty() ? v.name() : "each_layer_own";
+}
 
 /// One image's counts, per variant and per (layer, head) slot of the selection (slot =
 /// layer slot * heads + head slot, the order of ConfusionResult::per_head).

@@ -52,6 +52,15 @@ struct Selection {
   /// When set, for_each_head adds its measurements here (the copies an analysis makes of its
   /// selection share it).
   std::shared_ptr<LoopStats> stats;
+  /// Whether the analysis takes every layer geometry (geometry.hpp: windows, keys from a reduced
+  /// grid, heads and dims of its own; HeadView::geometry). When false the loop refuses, naming
+  /// the file and layer, a selected layer whose geometry is not the root attributes'.
+  bool any_geometry = false;
+  /// Each layer's own variant, indexed by dump layer (DumpSchema::layer_variant), for a dump
+  /// whose layers differ in family: the loop hands each head its layer's (HeadView::own_variant)
+  /// and the analysis applies it in place of its one variant (head_variant). Empty: the
+  /// analysis's variants apply to every layer.
+  std::vector<Variant> own_variants;
   /// The most images in flight (0: kMaxQueueDepth). A path that takes many images per launch
   /// (the GPU's, for_each_image_batch) asks for more read-ahead here; the memory budget still
   /// bounds it.
@@ -94,10 +103,28 @@ struct HeadView {
   /// asks for them and the dump holds them; null otherwise.
   const MatF* attn = nullptr;
   const MatF* out = nullptr;
+  /// The layer's geometry (never null in a loop): with windows, q holds every window's rows one
+  /// window after the other (geometry.hpp), as do k, v, attn and out.
+  const LayerGeometry* geometry = nullptr;
+  /// The layer's own variant when the selection asks for each layer's (Selection::own_variants).
+  const Variant* own_variant = nullptr;
 };
 
-/// Resolves the selection against the dump (empty lists become everything) and validates the
-/// indices (UsageError naming the bad one).
+/// The variant an analysis applies to a head: its layer's own (Selection::own_variants), or
+/// variants[vi].
+inline const Variant& head_variant(const std::vector<Variant>& variants, std::size_t vi,
+                                   const HeadView& hv) {
+  return hv.own_variant != nullptr ? *hv.own_variant : variants[vi];
+}
+
+/// The model's scale of a head's layer (its geometry's, else the dump's).
+inline double head_scale(const HeadView& hv, double dump_scale) {
+  return hv.geometry != nullptr ? hv.geometry->scale : dump_scale;
+}
+
+/// Resolves the selection against the dump (empty lists become everything: heads up to the most
+/// heads of any layer, each layer then giving the heads it has) and validates the indices
+/// (UsageError naming the bad one).
 Selection resolve(const DumpSchema& schema, Selection sel);
 
 /// Calls fn for every selected (image, layer, head), heads of an image in parallel (fn must be

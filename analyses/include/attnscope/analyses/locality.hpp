@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace attnscope::analyses {
@@ -57,6 +59,11 @@ struct LocalityResult {
   int window = 3;
   double uniform_baseline = 0.0;
   std::int64_t images = 0;
+  /// Layers of another geometry than the dump's (geometry_heads.hpp): their own uniform
+  /// baselines, by the layer the rows report.
+  std::map<int, double> layer_baselines;
+  /// With each layer's own variant: its name by the layer the rows report (empty otherwise).
+  std::map<int, std::string> layer_variant_names;
 };
 
 /// One image's part of every (variant, slot): its statistics over the image's grid queries, in

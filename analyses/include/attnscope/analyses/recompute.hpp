@@ -37,9 +37,12 @@ struct RecomputeCell {
 
 /// Compares one head: `out_model` (N x d) and/or `attn_model` (N x N) may be null.
 /// The library's outputs are computed in double with the variant's linear-time form where it has
-/// one (the fast path), the weights explicitly.
+/// one (the fast path), the weights explicitly. With a `geometry` of windows or reduced keys
+/// (geometry.hpp), each unit is computed apart (windows with their masks, the masked ones through
+/// the explicit weights) and compared with its rows of the model's tensors.
 void compare_head(const Variant& variant, const MatF& q, const MatF& k, const MatF& v,
-                  double scale, const MatF* out_model, const MatF* attn_model, RecomputeCell& cell);
+                  double scale, const MatF* out_model, const MatF* attn_model, RecomputeCell& cell,
+                  const LayerGeometry* geometry = nullptr);
 
 /// Streams the given images of a dump (empty = all) through for_each_head (dump_loop.hpp), the
 /// model's tensors read with their image, and returns one cell per (layer, head). Throws
@@ -65,7 +68,8 @@ void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
                       const std::function<void(RecomputeImage&&)>& sink,
                       const Selection& streaming = {});
 
-/// Empty cells, one per (layer, head) of the dump, layer-major (the order of RecomputeImage).
+/// Empty cells, one per (layer, head) of the dump (each layer its own heads), layer-major (the
+/// order of RecomputeImage).
 [[nodiscard]] std::vector<RecomputeCell> recompute_cells(const DumpSchema& schema);
 
 /// recompute_images merged image by image, in order, into recompute_cells.

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace attnscope::run {
@@ -46,11 +48,16 @@ class ConfusionFiles {
   void add_image(const analyses::ConfusionImage& img, const analyses::ConfusionImageTotals& t);
   /// `r`'s layers as results report them (the model's indices).
   void finish(const analyses::ConfusionResult& r);
+  /// With each layer's own variant: its name by model layer, for the per-image rows.
+  void set_layer_variant_names(std::map<int, std::string> names) {
+    layer_variant_names_ = std::move(names);
+  }
 
  private:
   ResultSet& set_;
   std::vector<Variant> variants_;
   std::vector<int> model_layers_;
+  std::map<int, std::string> layer_variant_names_;
   std::unique_ptr<ResultFile> per_image_, per_image_layer_, excluded_;
 };
 
