@@ -255,3 +255,25 @@ def test_nothing_is_softmax_by_default(tmp_path):
             for i, attn in enumerate(sites):
                 fam = _attrs(f, i)["attention_family"]
                 assert (fam == "softmax") == (type(attn).__name__ == "PVTAttention"), (i, fam)
+
+
+def test_census_and_spikiness_apply_their_variants_to_every_layer_of_a_hybrid(tmp_path,
+                                                                              attnscope_bin):
+    """Their default is a list of variants, not the dump's own: on a hybrid (InLine then softmax
+    layers) each listed variant covers every layer, as docs/cli/census.md says."""
+    from standins_released import InLineDeiT
+    torch.manual_seed(0)
+    path = tmp_path / "h.h5"
+    dump_model(InLineDeiT(depth=2, softmax_from=1).eval(), image_loader(2, size=28), str(path),
+               dtype="float32")
+    _run(attnscope_bin, "census", "--dump", path, "--out", tmp_path / "c")
+    csv = read_csv(str(tmp_path / "c" / "census.csv"))
+    rows = sorted(zip(csv["variant"], map(int, csv["layer"]), map(int, csv["head"])))
+    assert rows == [(v, l, h) for v in ("inline:identity@code", "mala:elu1@code")
+                    for l in (0, 1) for h in range(3)]
+    assert all(int(w) == 197 * 197 * 2 for w in csv["weights"]), csv
+    _run(attnscope_bin, "spikiness", "--dump", path, "--out", tmp_path / "s")
+    samples = read_csv(str(tmp_path / "s" / "spikiness_samples.csv"))
+    for v in ("softmax@code", "inline:identity@code"):
+        assert {int(l) for var, l in zip(samples["variant"], samples["layer"]) if var == v} \
+            == {0, 1}, v
