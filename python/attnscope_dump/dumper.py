@@ -158,14 +158,17 @@ def dump_model(model: torch.nn.Module, loader, path: str, *, layers=None, dtype:
                 f.attrs["source_layers"] = np.asarray(keep, dtype=np.int64)
                 for slot, i in enumerate(keep):
                     info = sites[i].info
-                    f.require_group(f"layers/{slot}").attrs.update(
-                        attention_family=info.family, convention=info.convention,
-                        feature_map=_layer_map(info))
+                    g = f.require_group(f"layers/{slot}")
+                    g.attrs.update(attention_family=info.family, convention=info.convention,
+                                   feature_map=_layer_map(info), **sites[i].geometry_attrs)
+                    for name, arr in sites[i].geometry_arrays.items():
+                        g.create_dataset(name, data=arr)
                 check = [sites[i] for i in keep] if self_check else None
                 n = _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
                             stop, with_out, with_attn, with_labels, with_logits, with_images,
                             device, call_kwargs(model, style, with_attn),
-                            [sites[i].hint for i in keep], check)
+                            [sites[i].hint for i in keep], check,
+                            [layer_shapes(attrs, sites[i].geometry_attrs) for i in keep])
                 if n == 0:
                     raise ValueError("the loader yielded no images")
             os.replace(tmp, path)
@@ -214,10 +217,42 @@ def model_setup(model, layers, model_name, attention_family, feature_map, conven
         raise ValueError("layers is empty: name at least one model layer to dump")
     attrs = _attributes(model, style, [sites[i] for i in keep], model_name, grid, prefix_tokens)
     attrs["num_layers"] = len(keep)
+    root = (attrs["grid_height"], attrs["grid_width"], attrs["prefix_tokens"])
     for i in keep:
+        layout = root if sites[i].layout_hint is None or i == keep[0] else sites[i].layout_hint
         if hasattr(sites[i], "set_layout"):
-            sites[i].set_layout((attrs["grid_height"], attrs["grid_width"], attrs["prefix_tokens"]))
+            sites[i].set_layout(layout)
+        sites[i].geometry_attrs, sites[i].geometry_arrays = _layer_geometry(sites[i], layout, attrs)
     return style, sites, keep, attrs
+
+
+def _layer_geometry(site, layout, root: dict):
+    """(attributes of /layers/L that differ from the root's, with the site's keys and windows;
+    its token_positions / window_mask arrays) for the per-layer format of docs/dump-format.md."""
+    info = site.info
+    gh, gw, prefix = layout
+    own = {"num_heads": int(info.num_heads), "head_dim": int(info.head_dim),
+           "scale": float(info.scale), "grid_height": int(gh), "grid_width": int(gw),
+           "prefix_tokens": int(prefix)}
+    attrs = {k: v for k, v in own.items() if v != root[k]}
+    extra, arrays = site.geometry() if hasattr(site, "geometry") else ({}, {})
+    attrs.update(extra)
+    return attrs, arrays
+
+
+def layer_shapes(attrs: dict, geometry: dict) -> dict:
+    """The captured shape per image of each dataset of a layer: q, out, local; k, v; attn."""
+    g = {**attrs, **geometry}
+    h, d = g["num_heads"], g["head_dim"]
+    if "windows" in g:
+        t = g["window_height"] * g["window_width"]
+        qs, ks, a = (h, g["windows"], t, d), (h, g["windows"], t, d), (h, g["windows"], t, t)
+    else:
+        n = g["prefix_tokens"] + g["grid_height"] * g["grid_width"]
+        nk = g["prefix_tokens"] + g.get("key_grid_height", g["grid_height"]) \
+            * g.get("key_grid_width", g["grid_width"])
+        qs, ks, a = (h, n, d), (h, nk, d), (h, n, nk)
+    return {"q": qs, "out": qs, "local": qs, "k": ks, "v": ks, "attn": a}
 
 
 @contextlib.contextmanager
@@ -272,15 +307,16 @@ def _shard_block(loader, shard, num_shards, max_images):
 
 
 def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first, stop, device,
-                     kwargs, hints, check=None):
+                     kwargs, hints, check=None, shapes=None):
     """Runs the model over the loader's images [first, stop) (stop None: to the end), one batch
     at a time, the hooks of the layers `keep` writing into `stores`. Yields (x, y, output,
     captured) per batch, captured[slot][name] the layer's `name` ("q", "k", "v", "out", "attn",
     and "local" with "out" where the module has a local term) as a checked numpy array of
     np_dtype, [images, heads, tokens, dim] (attn: [.., tokens]). Nothing of a batch is kept once
     the next one runs: memory holds one batch. check: the sites of the layers, for the
-    self-check on the first batch (see dump_model), or None."""
-    shape = (attrs["num_heads"], attrs["num_tokens"], attrs["head_dim"])
+    self-check on the first batch (see dump_model), or None. shapes: per layer, the shape per
+    image of each dataset (layer_shapes); default the root's for every layer."""
+    shapes = shapes or [layer_shapes(attrs, {})] * len(keep)
     pos = 0  # the loader's index of the batch's first image
     had_local = None  # per layer, whether the first batch brought a local term
     with torch.no_grad():
@@ -313,10 +349,10 @@ def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first,
                     if name not in s:
                         raise ValueError(f"layer {src}: no '{name}' was captured ({hints[slot]})")
                     a = _checked(name, src, s[name], np_dtype)
-                    want = shape if name != "attn" else shape[:2] + (shape[1],)
+                    want = shapes[slot][name]
                     if a.shape[1:] != want:
                         raise ValueError(f"layer {src} {name}: captured shape {a.shape[1:]}, "
-                                         f"expected {want} from the model's attributes")
+                                         f"expected {want} from the layer's attributes")
                     layer[name] = a
                 if "agents" in s:  # per image, the family's own tokens (Agent attention)
                     layer["agents"] = _checked("agents", src, s["agents"], np_dtype)
@@ -328,7 +364,7 @@ def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first,
 
 def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first, stop, with_out,
             with_attn, with_labels, with_logits, with_images, device, kwargs, hints,
-            check=None) -> int:
+            check=None, shapes=None) -> int:
     """Writes the loader's images [first, stop) (stop None: to the end); returns how many.
     check: the sites of the dumped layers, for the self-check on the first batch, or None."""
     w = _Writer(f, np_dtype, compression)
@@ -336,7 +372,7 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
     n = 0
     for x, y, output, captured in captured_batches(model, loader, stores, keep, names, attrs,
                                                    np_dtype, first, stop, device, kwargs, hints,
-                                                   check):
+                                                   check, shapes):
         if n == 0:
             _write_family_params(f, stores)
         for slot, layer in enumerate(captured):
@@ -390,7 +426,8 @@ def _self_check(layer: int, info, store: dict, tol: float = 1e-3) -> None:
 
 
 def _compare(layer: int, info, mine: torch.Tensor, out: torch.Tensor, tol: float) -> None:
-    worst = ((mine - out).abs().amax(dim=(-2, -1)) / out.abs().amax(dim=(-2, -1)).clamp_min(1e-30))
+    per_head = tuple(range(2, out.ndim))  # a head's tokens (of every window) and dims
+    worst = (mine - out).abs().amax(dim=per_head) / out.abs().amax(dim=per_head).clamp_min(1e-30)
     if worst.max().item() > tol:
         b, h = divmod(int(worst.argmax()), worst.shape[1])
         raise ValueError(
@@ -402,16 +439,12 @@ def _compare(layer: int, info, mine: torch.Tensor, out: torch.Tensor, tol: float
 
 
 def _attributes(model, style, sites, model_name, grid, prefix):
-    infos = [s.info for s in sites]
-    first = infos[0]
-    for i in infos[1:]:
-        if (i.num_heads, i.head_dim, i.scale) != (first.num_heads, first.head_dim, first.scale):
-            raise ValueError("layers differ in heads, head_dim or scale (e.g. the stages of a "
-                             "hierarchical model); dump them separately with layers=")
+    """The root attributes: the first dumped layer's family and geometry (a layer of another
+    shape records its own, see _layer_geometry)."""
+    first = sites[0].info
     layout = token_layout(model, style)
-    hints = {s.layout_hint for s in sites if s.layout_hint is not None}
-    if layout is None and len(hints) == 1:
-        layout = hints.pop()
+    if layout is None and sites[0].layout_hint is not None:
+        layout = sites[0].layout_hint
     if grid is None or prefix is None:
         if layout is None:
             raise ValueError("cannot read the token grid from the model: pass grid=(h, w) and "

@@ -41,6 +41,7 @@ from torch import nn
 
 from .attention import parse_variant_spec
 from .released import LayerInfo, _heads, recognise, site_for
+from .released_hier import swin_blocks
 
 
 class TimmSite:
@@ -368,6 +369,21 @@ def _site_or_refusal(attn, layer, families, layout_hint=None):
         return RefusedSite(attn, str(e))
 
 
+def _window_site(block: nn.Module, layer: int, families):
+    """The site of a Swin block's attention, told the block's window size and shift; a module
+    without a window capture is refused by name."""
+    h, w = (int(x) for x in block.input_resolution)
+    site = _site_or_refusal(block.attn, layer, families, (h, w, 0))
+    if isinstance(site, RefusedSite):
+        return site
+    if not hasattr(site, "set_windowing"):
+        return RefusedSite(block.attn, f"layer {layer}: {type(block.attn).__name__} in a Swin "
+                           f"block ({site.info.structure}): the dumper has no per-window capture "
+                           "for it")
+    site.set_windowing(block.window_size, block.shift_size)
+    return site
+
+
 def _stages(model: nn.Module):
     """PVT-style models: `block1`, `block2`, ... ModuleLists of blocks with `attn`, each stage's
     grid in `patch_embed1`, ... (H, W); [(blocks, layout or None)] or None."""
@@ -386,6 +402,9 @@ def find_sites(model: nn.Module, families=None):
     blocks = getattr(model, "blocks", None)
     if blocks is not None and len(blocks) and all(hasattr(b, "attn") for b in blocks):
         return "timm", [_site_or_refusal(b.attn, i, families) for i, b in enumerate(blocks)]
+    swin = swin_blocks(model)
+    if swin is not None:
+        return "swin", [_window_site(b, i, families) for i, b in enumerate(swin)]
     stages = _stages(model)
     if stages is not None and all(hasattr(b, "attn") for blk, _ in stages for b in blk):
         sites = []
@@ -395,7 +414,8 @@ def find_sites(model: nn.Module, families=None):
         return "stages", sites
     if families is not None:
         raise ValueError("families= is for models whose blocks have an `attn` module "
-                         "(blocks[i].attn or block1..N[i].attn); Hugging Face and torchvision "
+                         "(blocks[i].attn, block1..N[i].attn or Swin's layers[i].blocks[j].attn); "
+                         "Hugging Face and torchvision "
                          "ViTs are softmax")
     root = getattr(model, "vit", model)  # ViTForImageClassification wraps a ViTModel
     enc = getattr(root, "encoder", None)
@@ -415,7 +435,8 @@ def find_sites(model: nn.Module, families=None):
             site_for(structure, m, f"module {name}", None)  # refuses it by name where it must
             raise ValueError(f"{type(model).__name__}.{name} is {structure.name}, but the model "
                              "holds its attention modules where the dumper does not look "
-                             "(blocks[i].attn or block1..N[i].attn)")
+                             "(blocks[i].attn, block1..N[i].attn or Swin's "
+                             "layers[i].blocks[j].attn)")
     raise ValueError(f"{type(model).__name__}: no supported attention layers found (expected "
                      "blocks[i].attn (timm style and the released InLine, FLatten, Agent "
                      "models), block1..N[i].attn (PVT style), encoder.layer[i].attention.attention "

@@ -130,42 +130,6 @@ class InLineDeiTSite(_LocalSite):
         return _heads(full, h)
 
 
-class FLattenSite(_LocalSite):
-    """FLatten's FocusedLinearAttention in the PVT form (models/flatten_pvt.py) without spatial
-    reduction: `q` and `kv` Linears, a learned positional encoding added to k, ReLU + 1e-6, both
-    divided by softplus(`scale`), the focused map of power `focusing_factor`, linear attention;
-    and `dwc`, a depthwise convolution over V's grid (its kernel shared by the heads)."""
-
-    def _prepared(self, t: torch.Tensor) -> torch.Tensor:
-        return (F.relu(t) + 1e-6) / F.softplus(self.m.scale)
-
-    def install(self, store, want_attn, want_out):
-        m, h = self.m, self.info.num_heads
-        self._refuse_weights(want_attn)
-
-        def on_q(_mod, _inp, o):
-            store["q"] = _heads(self._prepared(o), h)
-
-        def on_kv(_mod, _inp, o):
-            k, v = o.chunk(2, dim=-1)
-            store.update(k=_heads(self._prepared(k + m.positional_encoding), h), v=_heads(v, h))
-
-        hooks = [m.q.register_forward_hook(on_q), m.kv.register_forward_hook(on_kv)]
-        if want_out:
-            hooks.append(m.proj.register_forward_pre_hook(
-                lambda _m, inp: self._finish(store, inp[0], self.local(store["v"]))))
-        return hooks
-
-    def local(self, v: torch.Tensor) -> torch.Tensor:
-        b, h, n, d = v.shape
-        gh, gw, prefix = self.layout
-        if prefix != 0 or n != gh * gw:
-            raise ValueError(f"{self.info.structure}: {n} tokens, not a {gh}x{gw} grid without "
-                             f"prefix tokens (prefix_tokens={prefix} given)")
-        img = v.reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)
-        return self.m.dwc(img).reshape(b, h, d, n).transpose(-2, -1)
-
-
 @dataclass(frozen=True)
 class Structure:
     """One released structure: `rule` in words; `matches(module)`; the family, map and
@@ -187,13 +151,23 @@ def _windowed_or_reduced(m) -> bool:
         or int(getattr(m, "sr_ratio", 1)) > 1
 
 
-def _inline_windowed(m) -> bool:
-    return _kernel_generator(m) and _windowed_or_reduced(m)
-
-
 def _inline_deit(m) -> bool:
     return _kernel_generator(m) and _is(m, "qkv") and _is(m, "proj") and hasattr(m, "num_heads") \
         and not _windowed_or_reduced(m) and getattr(m, "phi", None) is None
+
+
+def _inline_swin(m) -> bool:
+    return _kernel_generator(m) and _is(m, "qkv", nn.Linear) and hasattr(m, "window_size") \
+        and hasattr(m, "phi") and m.phi is None
+
+
+def _inline_pvt(m) -> bool:
+    return _kernel_generator(m) and _is(m, "q", nn.Linear) and _is(m, "kv", nn.Linear) \
+        and int(getattr(m, "sr_ratio", 1)) == 1
+
+
+def _inline_pvt_reduced(m) -> bool:
+    return _kernel_generator(m) and _is(m, "kv", nn.Linear) and int(getattr(m, "sr_ratio", 1)) > 1
 
 
 def _flatten(m) -> bool:
@@ -203,8 +177,12 @@ def _flatten(m) -> bool:
 
 def _flatten_pvt(m) -> bool:
     return _flatten(m) and _is(m, "q", nn.Linear) and _is(m, "kv", nn.Linear) \
-        and isinstance(getattr(m, "positional_encoding", None), nn.Parameter) \
-        and int(getattr(m, "sr_ratio", 1)) == 1
+        and isinstance(getattr(m, "positional_encoding", None), nn.Parameter)
+
+
+def _flatten_swin(m) -> bool:
+    return _flatten(m) and _is(m, "qkv", nn.Linear) and hasattr(m, "window_size") \
+        and isinstance(getattr(m, "positional_encoding", None), nn.Parameter)
 
 
 def _agent(m) -> bool:
@@ -253,6 +231,39 @@ def _mlla(m) -> bool:
         and torch.is_tensor(getattr(getattr(m, "rope", None), "rotations", None))
 
 
+def flatten_map(m: nn.Module) -> str:
+    """The feature map a FLatten layer records: its focused map where the module has one head;
+    with more, "identity" (see flatten_features)."""
+    return f"focused={float(m.focusing_factor):g}" if int(m.num_heads) == 1 else "identity"
+
+
+def _children_within(m: nn.Module, allowed: set) -> bool:
+    return {n for n, _ in m.named_children()} <= allowed \
+        and not any(True for _ in m.named_parameters(recurse=False))
+
+
+def pvt_softmax(m) -> bool:
+    """PVT's Attention: `q`, `kv` Linears, `proj`, a float `scale`, `sr_ratio`, nothing else."""
+    return isinstance(getattr(m, "q", None), nn.Linear) \
+        and isinstance(getattr(m, "kv", None), nn.Linear) \
+        and isinstance(getattr(m, "proj", None), nn.Module) and hasattr(m, "num_heads") \
+        and isinstance(getattr(m, "scale", None), float) and hasattr(m, "sr_ratio") \
+        and _children_within(m, {"q", "kv", "attn_drop", "proj", "proj_drop", "sr", "norm"})
+
+
+def swin_softmax(m) -> bool:
+    return isinstance(getattr(m, "relative_position_bias_table", None), nn.Parameter) \
+        and isinstance(getattr(m, "qkv", None), nn.Linear)
+
+
+def _hier(name: str):
+    """A site class of released_hier.py, built when used (that module imports this one)."""
+    def build(m, info, layout_hint=None):
+        from . import released_hier
+        return getattr(released_hier, name)(m, info, layout_hint)
+    return build
+
+
 _WINDOWS = ("window attention (one call per window, the shifted-window mask between calls) or "
             "keys from a spatially reduced grid: the dump format holds one token grid per layer, "
             "the same for queries and keys")
@@ -265,21 +276,46 @@ STRUCTURES: tuple[Structure, ...] = (
               "`qkv` Linear, `proj`, `num_heads`, `residual` = Sequential(Conv1d C->C, GELU, "
               "Conv1d C->9C), no `phi` kernel, none of the window or reduction attributes below",
               _inline_deit, "inline", "identity", "code", site=InLineDeiTSite),
-    Structure("InLine Swin / CSwin / PVT attention",
-              "`residual` as in InLine DeiT with `window_size` (Swin), `split_size` or `H_sp` "
-              "(CSwin), or `sr_ratio` > 1 (PVT)",
-              _inline_windowed, "inline", "identity", refusal=_WINDOWS),
-    Structure("FLatten PVT (FocusedLinearAttention, sr_ratio 1)",
+    Structure("InLine Swin (InLineAttention, window attention)",
+              "`residual` as in InLine DeiT, a fused `qkv` Linear, `window_size`, `phi` None "
+              "(kernel_func 'identity'); its block is a Swin block (layers[i].blocks[j])",
+              _inline_swin, "inline", "identity", "code", site=_hier("InLineSwinSite")),
+    Structure("InLine PVT (InLineAttention, sr_ratio 1)",
+              "`residual` as in InLine DeiT, `q` and `kv` Linears, `sr_ratio` 1",
+              _inline_pvt, "inline", "identity", "code", site=_hier("InLinePVTSite")),
+    Structure("InLine PVT with spatial reduction",
+              "`residual` as in InLine DeiT, a `kv` Linear, `sr_ratio` > 1",
+              _inline_pvt_reduced, "inline", "identity",
+              refusal="the released forward reshapes the reduced keys and values to the "
+                      "queries' token count, so it cannot run with sr_ratio > 1"),
+    Structure("InLine Swin with a kernel function, InLine CSwin",
+              "`residual` as in InLine DeiT with a `phi` kernel function or `window_size` "
+              "(Swin), `split_size` or `H_sp` (CSwin)",
+              lambda m: _kernel_generator(m) and (getattr(m, "phi", None) is not None
+                                                  or _windowed_or_reduced(m)),
+              "inline", "identity",
+              refusal="a kernel function other than identity (kernel_func), or CSwin's "
+                      "stripes, which the dump format does not hold"),
+    Structure("FLatten PVT (FocusedLinearAttention, PVT form)",
               "`focusing_factor`, `dwc` Conv2d, `scale` Parameter, `q` and `kv` Linears, "
-              "`positional_encoding` Parameter, `sr_ratio` 1",
-              _flatten_pvt, "linear", lambda m: f"focused={float(m.focusing_factor):g}", "code",
-              site=FLattenSite),
-    Structure("FLatten (spatial reduction, Swin or CSwin form)",
-              "`focusing_factor`, `dwc` Conv2d and `scale` Parameter, with `sr_ratio` > 1 or "
-              "windows",
-              _flatten, "linear", lambda m: f"focused={float(m.focusing_factor):g}",
-              refusal="keys from a spatially reduced grid (fewer key tokens than queries) or "
-                      "windows: the dump format holds one token grid per layer for both"),
+              "`positional_encoding` Parameter (any `sr_ratio`: keys from the reduced grid)",
+              _flatten_pvt, "linear", flatten_map, "code",
+              site=_hier("FLattenPVTSite")),
+    Structure("FLatten Swin (FocusedLinearAttention, window attention)",
+              "`focusing_factor`, `dwc` Conv2d, `scale` Parameter, a fused `qkv` Linear, "
+              "`window_size`, `positional_encoding` Parameter; its block is a Swin block",
+              _flatten_swin, "linear", flatten_map, "code",
+              site=_hier("FLattenSwinSite")),
+    Structure("FLatten, CSwin form",
+              "`focusing_factor`, `dwc` Conv2d and `scale` Parameter, none of the forms above",
+              _flatten, "linear", flatten_map,
+              refusal="CSwin's stripes: the dump format holds grids and square windows only"),
+    Structure("Swin softmax window attention (WindowAttention)",
+              "a `relative_position_bias_table` Parameter and a fused `qkv` Linear",
+              swin_softmax, "softmax",
+              refusal="Swin adds a learned relative position bias to the logits, which the dump "
+                      "format cannot hold (recompute's softmax has no additive bias); dump the "
+                      "model's other layers with layers="),
     Structure("Agent attention, DeiT form (AgentAttention)",
               "`agent_num`, an `an_bias` Parameter, `qkv` Linear, `pool`, `dwc` Conv2d, none of "
               "the window or reduction attributes",
@@ -311,6 +347,10 @@ STRUCTURES: tuple[Structure, ...] = (
               "`qk` Linear C->2C, an `elu` ELU module, `lepe` Conv2d and `rope` holding a "
               "`rotations` buffer",
               _mlla, "mlla", site=MllaSite, layer_info=mlla_info),
+    Structure("PVT softmax attention (Attention of PVT)",
+              "`q` and `kv` Linears, `proj`, `num_heads`, a float `scale` and `sr_ratio`, no "
+              "submodules but attn_drop, proj_drop, sr and norm, no parameters of its own",
+              pvt_softmax, "softmax", site=_hier("PVTSoftmaxSite")),
 )
 
 

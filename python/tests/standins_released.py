@@ -13,8 +13,13 @@ their structure (attribute names, submodules, shapes) and their forward computat
   classfication/RALA.py: GateLinearAttentionNoSilu) and MALA as released (qhfan/MALA
   classfication_release/model.py: AddLinearAttention), the last two called with the stage's RoPE
   sine and cosine;
-* RAVLT's nesting and InLine-Swin's window attention (models/inline_swin.py): their attributes
-  only, enough for the dumper to recognise and refuse them (it never calls them).
+* InLine's PVT attention (models/inline_pvt.py) and FLatten's PVT attention with spatial
+  reduction, in the same PVT, with PVT's softmax `Attention` for 'S' stages;
+* Swin (InLine models/inline_swin.py, FLatten models/flatten_swin.py): `layers` of blocks that
+  roll and cut the map into windows, with patch merging between stages, and per stage InLine's
+  or FLatten's window attention or Swin's softmax WindowAttention with its relative position
+  bias;
+* RAVLT's nesting: its attributes only, enough for the dumper to recognise and refuse it.
 
 Only what the dumper touches is kept, and the code is this project's own: the forward passes
 compute the same quantities in other words (e.g. InLine's W V through the row sums S_i).
@@ -151,16 +156,28 @@ class FocusedLinearAttention(nn.Module):
 
     def forward(self, x, H, W):
         b, n, c = x.shape
-        k, v = self.kv(x).chunk(2, dim=-1)
+        k, v = self.kv(_reduced(self, x, H, W)).chunk(2, dim=-1)
+        m = k.shape[1]  # key tokens: n, or the reduced grid's
         q = _split_heads(self._focus(self.q(x)), self.num_heads)
         k = _split_heads(self._focus(k + self.positional_encoding), self.num_heads)
         v = _split_heads(v, self.num_heads)
-        denominator = q @ k.sum(dim=2, keepdim=True).transpose(-2, -1) + n * 1e-6
+        denominator = q @ k.sum(dim=2, keepdim=True).transpose(-2, -1) + m * 1e-6
         wv = (q @ (k.transpose(-2, -1) @ v)) / denominator
         h, d = self.num_heads, c // self.num_heads
+        if m != n:  # the DWC reads v stretched back to n tokens along the token order
+            v = F.interpolate(v.transpose(-2, -1).reshape(b * h, d, m), size=n, mode="linear")
+            v = v.reshape(b, h, d, n).transpose(-2, -1)
         local = self.dwc(v.reshape(b * h, H, W, d).permute(0, 3, 1, 2))
         local = local.reshape(b, h, d, n).permute(0, 3, 1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(_join_heads(wv) + local))
+
+
+def _reduced(attn, x, H, W):
+    """PVT's spatial reduction: the map through `sr` (kernel = stride = sr_ratio), then `norm`."""
+    if attn.sr_ratio <= 1:
+        return x
+    b, n, c = x.shape
+    return attn.norm(attn.sr(x.transpose(1, 2).reshape(b, c, H, W)).flatten(2).transpose(1, 2))
 
 
 class PVTAttention(nn.Module):
@@ -176,10 +193,14 @@ class PVTAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(0.0)
         self.sr_ratio = sr_ratio
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, sr_ratio, sr_ratio)
+            self.norm = nn.LayerNorm(dim)
 
     def forward(self, x, H, W):
         q = _split_heads(self.q(x), self.num_heads)
-        k, v = (_split_heads(t, self.num_heads) for t in self.kv(x).chunk(2, dim=-1))
+        k, v = (_split_heads(t, self.num_heads)
+                for t in self.kv(_reduced(self, x, H, W)).chunk(2, dim=-1))
         w = torch.softmax(self.scale * q @ k.transpose(-2, -1), dim=-1)
         return self.proj(_join_heads(self.attn_drop(w) @ v))
 
@@ -190,6 +211,8 @@ class PVTBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         if attn_type == "P":
             self.attn = PolaLinearAttention(dim, num_patches, num_heads)
+        elif attn_type == "I":
+            self.attn = InLinePVTAttention(dim, num_heads, qkv_bias=True, sr_ratio=sr_ratio)
         elif attn_type == "L":
             self.attn = FocusedLinearAttention(dim, num_patches, num_heads, qkv_bias=True,
                                                sr_ratio=sr_ratio)
@@ -219,8 +242,8 @@ class PVTPatchEmbed(nn.Module):
 
 class FLattenPVT(nn.Module):
     """Stages of `block{i}` behind `patch_embed{i}` (patch 4, then 2), no CLS token, the mean of
-    the last stage's tokens classified; attn_type 'L' (FLatten), 'P' (PolaFormer) or 'S' (PVT
-    softmax) per stage."""
+    the last stage's tokens classified; attn_type 'L' (FLatten), 'P' (PolaFormer), 'I' (InLine's
+    PVT form) or 'S' (PVT softmax) per stage."""
 
     def __init__(self, img_size=32, in_chans=1, num_classes=5, embed_dims=(16, 32),
                  num_heads=(1, 2), depths=(2, 1), sr_ratios=(1, 1), attn_type="LS"):
@@ -408,15 +431,253 @@ class OneBlockModel(nn.Module):
         self.blocks[0].attn = attn
 
 
-class InLineWindowAttention(InLineAttention):
-    """InLine-Swin's attention (models/inline_swin.py): InLine's structure called once per window,
-    with `window_size`, `shift_size` and a `kernel_func` name (`phi` None for identity)."""
+def _inline_wv(q, k, v, scale):
+    """InLine's W V through the row sums: c2 q (K^T V) + (1 - S_i)/N sum_j v_j, c2 = scale/N."""
+    n = k.shape[2]
+    c2 = scale / n
+    s = c2 * (q @ k.sum(dim=2, keepdim=True).transpose(-2, -1))
+    return c2 * (q @ (k.transpose(-2, -1) @ v)) + (1 - s) / n * v.sum(dim=2, keepdim=True)
 
-    def __init__(self, dim, window_size=(4, 4), num_heads=2, shift_size=0):
-        super().__init__(dim, num_heads, qkv_bias=True)
-        del self.window
-        self.window_size, self.shift_size = window_size, shift_size
+
+def _inline_local(x, v, kernels_of, gh, gw):
+    """InLine's local residual over a gh x gw grid without prefix tokens: per image and channel
+    a 3x3 kernel made from the token mean, applied with zero padding (written as 9 shifts)."""
+    b, n, c = x.shape
+    kernels = kernels_of(x.mean(dim=1)[:, :, None]).reshape(b, c, 3, 3)
+    padded = F.pad(_join_heads(v).transpose(1, 2).reshape(b, c, gh, gw), (1, 1, 1, 1))
+    local = sum(kernels[:, :, r, t, None, None] * padded[:, :, r:r + gh, t:t + gw]
+                for r in range(3) for t in range(3))
+    return local.flatten(2).transpose(1, 2)
+
+
+class InLinePVTAttention(nn.Module):
+    """InLine's attention in PVT (models/inline_pvt.py): `q` and `kv` Linears, `residual`, the
+    sr/norm pair where sr_ratio > 1 (whose forward the released code cannot run: it reshapes k
+    and v to the queries' token count; this one refuses likewise)."""
+
+    def __init__(self, dim, num_heads=2, qkv_bias=False, sr_ratio=1):
+        super().__init__()
+        self.dim, self.num_heads = dim, num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+        self.sr_ratio = sr_ratio
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, sr_ratio, sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        self.residual = nn.Sequential(nn.Conv1d(dim, dim, 1, groups=num_heads), nn.GELU(),
+                                      nn.Conv1d(dim, 9 * dim, 1, groups=num_heads))
+
+    def forward(self, x, H, W):
+        if self.sr_ratio > 1:
+            raise RuntimeError("k and v of the reduced grid do not reshape to the query tokens")
+        h = self.num_heads
+        q = _split_heads(self.q(x), h)
+        k, v = (_split_heads(t, h) for t in self.kv(x).chunk(2, dim=-1))
+        y = _join_heads(_inline_wv(q, k, v, self.scale)) + _inline_local(x, v, self.residual, H, W)
+        return self.proj_drop(self.proj(y))
+
+
+# ----------------------------------------------------------------------------- Swin
+class InLineWindowAttention(nn.Module):
+    """InLine-Swin's attention (models/inline_swin.py), called once per window with the block's
+    mask, which it does not read: fused `qkv`, `window_size`, `shift_size` (never set by the
+    block: 0), `phi` None for kernel_func 'identity'; InLine's W V and local residual over the
+    window's square grid."""
+
+    def __init__(self, dim, window_size=(4, 4), num_heads=2, shift_size=0, qkv_bias=True):
+        super().__init__()
+        self.dim, self.window_size, self.num_heads = dim, window_size, num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+        self.softmax = nn.Softmax(dim=-1)
+        self.shift_size = shift_size
         self.kernel_func, self.phi = "identity", None
+        self.residual = nn.Sequential(nn.Conv1d(dim, dim, 1, groups=num_heads), nn.GELU(),
+                                      nn.Conv1d(dim, 9 * dim, 1, groups=num_heads))
+
+    def forward(self, x, mask=None):
+        b, n, c = x.shape
+        side = int(math.isqrt(n))
+        q, k, v = (_split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        y = _join_heads(_inline_wv(q, k, v, self.scale))
+        return self.proj_drop(self.proj(y + _inline_local(x, v, self.residual, side, side)))
+
+
+class FocusedWindowAttention(FocusedLinearAttention):
+    """FLatten-Swin's FocusedLinearAttention (models/flatten_swin.py): fused `qkv`, a
+    `positional_encoding` over the window's tokens, the block's mask not read; FLatten's linear
+    attention per window and `dwc` over the window's square grid."""
+
+    def __init__(self, dim, window_size=(4, 4), num_heads=2, focusing_factor=3, kernel_size=3):
+        nn.Module.__init__(self)
+        self.dim, self.window_size, self.num_heads = dim, window_size, num_heads
+        head_dim = dim // num_heads
+        self.focusing_factor = focusing_factor
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+        self.softmax = nn.Softmax(dim=-1)
+        self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size, padding=kernel_size // 2,
+                             groups=head_dim)
+        self.scale = nn.Parameter(torch.randn(1, 1, dim) * 0.5)
+        self.positional_encoding = nn.Parameter(
+            torch.randn(1, window_size[0] * window_size[1], dim) * 0.1)
+
+    def forward(self, x, mask=None):
+        b, n, c = x.shape
+        h, d, side = self.num_heads, c // self.num_heads, int(math.isqrt(n))
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q = _split_heads(self._focus(q), h)
+        k = _split_heads(self._focus(k + self.positional_encoding), h)
+        v = _split_heads(v, h)
+        wv = (q @ (k.transpose(-2, -1) @ v)) / (q @ k.sum(dim=2, keepdim=True).transpose(-2, -1)
+                                                + n * 1e-6)
+        local = self.dwc(v.reshape(b * h, side, side, d).permute(0, 3, 1, 2))
+        local = local.reshape(b, c, n).transpose(1, 2)
+        return self.proj_drop(self.proj(_join_heads(wv) + local))
+
+
+class WindowAttention(nn.Module):
+    """Swin's softmax window attention: fused `qkv`, a `relative_position_bias_table` indexed by
+    the pairs' offsets and added to the logits, the block's mask added too."""
+
+    def __init__(self, dim, window_size=(4, 4), num_heads=2):
+        super().__init__()
+        self.dim, self.window_size, self.num_heads = dim, window_size, num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        wh, ww = window_size
+        self.relative_position_bias_table = nn.Parameter(
+            torch.randn((2 * wh - 1) * (2 * ww - 1), num_heads) * 0.02)
+        rows, cols = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")
+        dr = rows.flatten()[:, None] - rows.flatten()[None, :] + wh - 1
+        dc = cols.flatten()[:, None] - cols.flatten()[None, :] + ww - 1
+        self.register_buffer("relative_position_index", dr * (2 * ww - 1) + dc)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x, mask=None):
+        b, n, c = x.shape
+        q, k, v = (_split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        logits = self.scale * q @ k.transpose(-2, -1) + self.relative_position_bias_table[
+            self.relative_position_index].permute(2, 0, 1)
+        if mask is not None:
+            nw = mask.shape[0]
+            logits = (logits.reshape(b // nw, nw, self.num_heads, n, n) + mask[:, None]) \
+                .reshape(b, self.num_heads, n, n)
+        return self.proj(_join_heads(self.attn_drop(self.softmax(logits)) @ v))
+
+
+class SwinBlock(nn.Module):
+    """Swin's block: roll the map by -shift, cut it into windows (images first, then windows row
+    by row), attend per window with the shifted-window mask (-100 between regions of the rolled
+    grid), put the windows back and roll by +shift; a window as large as the map: no shift."""
+
+    def __init__(self, dim, input_resolution, num_heads, window_size, shift_size, attn_type):
+        super().__init__()
+        self.dim, self.input_resolution = dim, input_resolution
+        self.window_size, self.shift_size = window_size, shift_size
+        if min(input_resolution) <= window_size:
+            self.window_size, self.shift_size = min(input_resolution), 0
+        ws = (self.window_size, self.window_size)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = {"I": lambda: InLineWindowAttention(dim, ws, num_heads),
+                     "L": lambda: FocusedWindowAttention(dim, ws, num_heads),
+                     "S": lambda: WindowAttention(dim, ws, num_heads)}[attn_type]()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = TimmMlp(dim, 4 * dim)
+        mask = None
+        if self.shift_size > 0:
+            h, w = input_resolution
+            region = torch.zeros(h, w)
+            cuts = (0, h - self.window_size, h - self.shift_size, h)
+            for i in range(3):
+                for j in range(3):
+                    region[cuts[i]:cuts[i + 1], cuts[j]:cuts[j + 1]] = 3 * i + j
+            labels = self._partition(region[None, :, :, None]).flatten(1)
+            mask = (labels[:, None, :] != labels[:, :, None]).float() * -100.0
+        self.register_buffer("attn_mask", mask)
+
+    def _partition(self, x):
+        b, h, w, c = x.shape
+        ws = self.window_size
+        x = x.reshape(b, h // ws, ws, w // ws, ws, c).permute(0, 1, 3, 2, 4, 5)
+        return x.reshape(-1, ws * ws, c)
+
+    def forward(self, x):
+        h, w = self.input_resolution
+        b, n, c = x.shape
+        ws, s = self.window_size, self.shift_size
+        y = torch.roll(self.norm1(x).reshape(b, h, w, c), (-s, -s), (1, 2))
+        y = self.attn(self._partition(y), mask=self.attn_mask)
+        y = y.reshape(b, h // ws, w // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        x = x + torch.roll(y, (s, s), (1, 2)).reshape(b, n, c)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbours concatenated (C -> 4C), normalised, reduced to 2C."""
+
+    def __init__(self, input_resolution, dim):
+        super().__init__()
+        self.input_resolution = input_resolution
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+
+    def forward(self, x):
+        h, w = self.input_resolution
+        b, _, c = x.shape
+        x = x.reshape(b, h, w, c)
+        x = torch.cat([x[:, r::2, t::2] for t in (0, 1) for r in (0, 1)], dim=-1)
+        return self.reduction(self.norm(x.reshape(b, -1, 4 * c)))
+
+
+class BasicLayer(nn.Module):
+    def __init__(self, dim, resolution, depth, num_heads, window_size, attn_type, merge):
+        super().__init__()
+        self.blocks = nn.ModuleList([
+            SwinBlock(dim, resolution, num_heads, window_size,
+                      0 if i % 2 == 0 else window_size // 2, attn_type) for i in range(depth)])
+        self.downsample = PatchMerging(resolution, dim) if merge else None
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return x if self.downsample is None else self.downsample(x)
+
+
+class SwinModel(nn.Module):
+    """Swin: a 4x4 patch embedding, `layers` of BasicLayer (blocks alternating shift 0 and
+    window // 2, then patch merging), the tokens' mean classified; attn_type per stage: 'I'
+    (InLine-Swin), 'L' (FLatten-Swin) or 'S' (Swin's softmax), e.g. 'IS' as InLine's 'IIIS'."""
+
+    def __init__(self, img_size=32, in_chans=1, num_classes=5, embed_dim=16, depths=(2, 2),
+                 num_heads=(2, 4), window_size=4, attn_type="II"):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(in_chans, embed_dim, 4, 4)
+        res = img_size // 4
+        self.layers = nn.ModuleList()
+        for i, depth in enumerate(depths):
+            self.layers.append(BasicLayer(embed_dim * 2 ** i, (res // 2 ** i, res // 2 ** i),
+                                          depth, num_heads[i], window_size, attn_type[i],
+                                          merge=i < len(depths) - 1))
+        self.head = nn.Linear(embed_dim * 2 ** (len(depths) - 1), num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1))
 
 
 # ----------------------------------------------------------------------------- RoPE families

@@ -149,15 +149,14 @@ def test_flatten_pvt_stage_dumps_as_linear_focused(tmp_path, attnscope_bin):
     info_and_recompute(attnscope_bin, path, tmp_path / "r", tol=1e-4)
 
 
-def test_pvt_softmax_stage_and_spatial_reduction_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="layer 2: PVTAttention has no fused `qkv` projection"):
-        dump_model(FLattenPVT(), image_loader(2, size=32), str(tmp_path / "a.h5"), layers=[2])
-    with pytest.raises(ValueError, match=r"differ in heads, head_dim or scale .* layers="):
-        dump_model(FLattenPVT(attn_type="LL"), image_loader(2, size=32), str(tmp_path / "b.h5"))
-    reduced = FLattenPVT(sr_ratios=(2, 1))
-    with pytest.raises(ValueError, match=r"layer 0: FocusedLinearAttention is FLatten \(spatial "
-                                         r"reduction.*not supported: keys from a spatially"):
-        dump_model(reduced, image_loader(2, size=32), str(tmp_path / "c.h5"), layers=[0])
+def test_pvt_stages_of_other_heads_dump_with_their_geometry(tmp_path):
+    """PVT's softmax stage and stages of other heads dump with their own geometry
+    (test_released_hier.py goes further)."""
+    s = dump_model(FLattenPVT(), image_loader(2, size=32), str(tmp_path / "a.h5"), layers=[2])
+    assert s.attributes["attention_family"] == "softmax" and s.attributes["num_heads"] == 2
+    dump_model(FLattenPVT(attn_type="LL"), image_loader(2, size=32), str(tmp_path / "b.h5"))
+    with h5py.File(tmp_path / "b.h5") as f:
+        assert f["layers/2"].attrs["num_heads"] == 2 and f["layers/2/q"].shape == (2, 2, 16, 16)
 
 
 def test_agent_deit_dumps_its_agent_layers_as_agent_and_its_softmax_layers(tmp_path):
@@ -172,9 +171,9 @@ def test_agent_deit_dumps_its_agent_layers_as_agent_and_its_softmax_layers(tmp_p
 
 
 @pytest.mark.parametrize("model,match", [
-    (OneBlockModel(InLineWindowAttention(16)), r"layer 0: InLineWindowAttention is InLine Swin / "
-                                               r"CSwin / PVT attention: not supported: window "
-                                               r"attention"),
+    (OneBlockModel(InLineWindowAttention(16)), r"InLine Swin \(InLineAttention, window "
+                                               r"attention\): window attention outside a Swin "
+                                               r"block"),
     (OneBlockModel(PolaWindowAttention(16)), r"layer 0: PolaWindowAttention is PolaFormer "
                                              r"\(PolaLinearAttention\): not supported: window"),
     (RAVLT(), r"module layers.0.blocks.0.attn: RALA is RALA without LePE: not supported: no "

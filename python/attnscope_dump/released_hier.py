@@ -1,0 +1,266 @@
+"""Captures of the released hierarchical attention modules, each with its layer's geometry in the
+per-layer format of docs/dump-format.md ("Per-layer geometry"):
+
+* PVT's softmax `Attention` (the 'S' stages of InLine-PVT and FLatten-PVT) and FLatten's
+  FocusedLinearAttention, PVT form, with spatial reduction (`sr_ratio` > 1): keys and values from
+  the strided convolution's grid, `key_grid_height/width` = grid // sr_ratio;
+* InLine's attention in the PVT form (`q` and `kv` Linears; `sr_ratio` 1: the released forward
+  reshapes k and v to the queries' token count, so it cannot run with a reduction);
+* InLine's and FLatten's window attention of Swin: the module is called once per window (the
+  block rolls the map by -shift and cuts it into windows); q, k, v, out and local are stored per
+  window, [images, heads, windows, T, d], with each window token's cell and the allowed pairs.
+  Neither module reads the `mask` its block passes: their shifted windows attend across the
+  regions of the rolled grid, and the stored `window_mask` allows every pair, which is what they
+  compute.
+
+Each site's `geometry()` gives the layer's extra attributes and arrays; the dumper writes them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .released import InLineDeiTSite, _heads, _LocalSite, _merged
+
+
+def reduced_grid(gh: int, gw: int, sr: int) -> tuple[int, int]:
+    """The output grid of PVT's Conv2d(kernel = stride = sr), no padding."""
+    return (gh - sr) // sr + 1, (gw - sr) // sr + 1
+
+
+class _ReducedKeys:
+    """Mixin: keys from the grid of the module's `sr` convolution when `sr_ratio` > 1."""
+
+    def geometry(self):
+        sr = int(getattr(self.m, "sr_ratio", 1))
+        if sr <= 1:
+            return {}, {}
+        gh, gw, prefix = self.layout
+        if prefix != 0:
+            raise ValueError(f"{self.info.structure}: spatial reduction with {prefix} prefix "
+                             "tokens; PVT has none")
+        kh, kw = reduced_grid(gh, gw, sr)
+        return {"key_grid_height": kh, "key_grid_width": kw}, {}
+
+
+class PVTSoftmaxSite(_ReducedKeys, _LocalSite):
+    """PVT's softmax Attention: `q` gives q; `kv`, applied to the input or to its spatial
+    reduction (sr then norm), gives k and v; softmax(scale q k^T) v is proj's input."""
+
+    hint = "the attention module was not called"
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        hooks = [m.q.register_forward_hook(lambda _m, _i, o: store.update(q=_heads(o, h))),
+                 m.kv.register_forward_hook(lambda _m, _i, o: store.update(
+                     k=_heads(o.chunk(2, dim=-1)[0], h), v=_heads(o.chunk(2, dim=-1)[1], h)))]
+        if want_attn:
+            hooks.append(m.attn_drop.register_forward_hook(
+                lambda _m, inp, _o: store.update(attn=inp[0])))
+        if want_out:
+            hooks.append(m.proj.register_forward_pre_hook(
+                lambda _m, inp: store.update(out=_heads(inp[0], h))))
+        return hooks
+
+
+class InLinePVTSite(InLineDeiTSite):
+    """InLine's attention, PVT form (models/inline_pvt.py), sr_ratio 1: q from `q`, k and v from
+    `kv`; otherwise InLine DeiT's (W V in the inline code form, the local residual from
+    `residual`'s kernels over V's grid, no prefix tokens)."""
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_kv(_mod, _inp, o):
+            k, v = o.chunk(2, dim=-1)
+            store.update(k=_heads(k, h), v=_heads(v, h))
+
+        hooks = [m.q.register_forward_hook(lambda _m, _i, o: store.update(q=_heads(o, h))),
+                 m.kv.register_forward_hook(on_kv),
+                 m.residual.register_forward_hook(lambda _m, _i, o: store.update(kernels=o))]
+        if want_out:
+            hooks.append(m.proj.register_forward_pre_hook(
+                lambda _m, inp: self._finish(store, inp[0], self.local(store))))
+        return hooks
+
+    def geometry(self):
+        return {}, {}
+
+
+def flatten_features(m: nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """q or k [B, N, C] as the family takes them. FLatten prepares them as ReLU + 1e-6 divided
+    by softplus(`scale`), then focuses r -> r^p |r| / |r^p| with norms over all C channels, every
+    head's together. With one head that is the family's focused map (per head), applied by the
+    reader to the prepared values stored; with more heads it is not (the per-head norms differ),
+    so the module's focused features themselves are stored, the map recorded as identity."""
+    r = (F.relu(t) + 1e-6) / F.softplus(m.scale)
+    if int(m.num_heads) == 1:
+        return r
+    p = float(m.focusing_factor)
+    powered = r ** p
+    return powered / powered.norm(dim=-1, keepdim=True) * r.norm(dim=-1, keepdim=True)
+
+
+def _dwc_local(o: torch.Tensor, tokens: int, h: int) -> torch.Tensor:
+    """FLatten's `dwc` output [B*H, d, gh, gw] as the module adds it: reshaped to [B, C, N]
+    (channel = head * d + t), i.e. [B, H, N, d]."""
+    bh, d = o.shape[:2]
+    return _heads(o.reshape(bh // h, h * d, tokens).transpose(1, 2), h)
+
+
+class FLattenPVTSite(_ReducedKeys, _LocalSite):
+    """FLatten's FocusedLinearAttention, PVT form (models/flatten_pvt.py), any sr_ratio: `q` and
+    `kv` Linears (kv of the spatially reduced map when sr_ratio > 1), `positional_encoding` added
+    to k, ReLU + 1e-6, divided by softplus(`scale`), the focused map, linear attention; the local
+    term is `dwc`'s output as the module adds it (with sr_ratio > 1 the module first stretches v
+    back to the query tokens by linear interpolation over the token order: that is its DWC's
+    input)."""
+
+    def _prepared(self, t: torch.Tensor) -> torch.Tensor:
+        return flatten_features(self.m, t)
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_q(_mod, _inp, o):
+            store.update(q=_heads(self._prepared(o), h), tokens=o.shape[1])
+
+        def on_kv(_mod, _inp, o):
+            k, v = o.chunk(2, dim=-1)
+            store.update(k=_heads(self._prepared(k + m.positional_encoding), h), v=_heads(v, h))
+
+        hooks = [m.q.register_forward_hook(on_q), m.kv.register_forward_hook(on_kv),
+                 m.dwc.register_forward_hook(lambda _m, _i, o: store.update(
+                     dwc=_dwc_local(o, store["tokens"], h)))]
+        if want_out:
+            hooks.append(m.proj.register_forward_pre_hook(
+                lambda _m, inp: self._finish(store, inp[0], store["dwc"])))
+        return hooks
+
+
+# ----------------------------------------------------------------------------- Swin windows
+def swin_window_positions(gh: int, gw: int, window: int, shift: int) -> np.ndarray:
+    """[windows, T, 2]: the (row, col) of the unshifted grid of each window token, windows in
+    Swin's order (the map rolled by -shift, cut row by row into window x window windows)."""
+    rows = (np.arange(gh)[:, None] + shift) % gh
+    cols = (np.arange(gw)[None, :] + shift) % gw
+    cell = np.stack(np.broadcast_arrays(rows, cols), -1)
+    cell = cell.reshape(gh // window, window, gw // window, window, 2).swapaxes(1, 2)
+    return cell.reshape(-1, window * window, 2).astype(np.int64)
+
+
+class _WindowSite(_LocalSite):
+    """A module called once per window by a Swin block (`layers[i].blocks[j]`): its input is
+    [images * windows, T, C], images first; `set_windowing` gives the block's window size and
+    shift. Captured [images * windows, H, T, d] tensors are stored [images, H, windows, T, d]."""
+
+    window = shift = None
+
+    def set_windowing(self, window: int, shift: int) -> None:
+        self.window, self.shift = int(window), int(shift)
+
+    def geometry(self):
+        gh, gw, prefix = self.layout
+        if self.window is None:
+            raise ValueError(f"{self.info.structure}: window attention outside a Swin block "
+                             "(layers[i].blocks[j] with window_size, shift_size and "
+                             "input_resolution): its windows are unknown")
+        ws = self.window
+        if prefix != 0 or gh % ws or gw % ws:
+            raise ValueError(f"{self.info.structure}: a {gh}x{gw} grid with {prefix} prefix "
+                             f"tokens is not cut into {ws}x{ws} windows")
+        nw = (gh // ws) * (gw // ws)
+        attrs = {"windows": nw, "window_height": ws, "window_width": ws}
+        arrays = {"token_positions": swin_window_positions(gh, gw, ws, self.shift)}
+        if self.shift > 0:  # the module ignores its block's mask: every pair within a window
+            attrs["shift"] = self.shift
+            arrays["window_mask"] = np.ones((nw, ws * ws, ws * ws), dtype=bool)
+        return attrs, arrays
+
+    def _windows(self, t: torch.Tensor) -> torch.Tensor:
+        """[B*W, H, T, d] -> [B, H, W, T, d]."""
+        gh, gw, _ = self.layout
+        nw = (gh // self.window) * (gw // self.window)
+        bw, h, n, d = t.shape
+        return t.reshape(bw // nw, nw, h, n, d).transpose(1, 2)
+
+    def _finish_windows(self, store, before_proj, local):
+        h = self.info.num_heads
+        out = _heads(before_proj, h) - local
+        store.update(out=self._windows(out), local=self._windows(local),
+                     q=self._windows(store.pop("q_flat")), k=self._windows(store.pop("k_flat")),
+                     v=self._windows(store.pop("v_flat")))
+
+
+class InLineSwinSite(_WindowSite):
+    """InLine's window attention (models/inline_swin.py, kernel_func 'identity': `phi` None):
+    fused `qkv`; per window, W V in the inline code form with c2 = scale / T and the local
+    residual: kernels made from the window's token mean by `residual`, a 3x3 filter of V's
+    window grid with zero padding at the window's border."""
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_qkv(_mod, _inp, o):
+            q, k, v = o.chunk(3, dim=-1)
+            store.update(q_flat=_heads(q, h), k_flat=_heads(k, h), v_flat=_heads(v, h))
+
+        hooks = [m.qkv.register_forward_hook(on_qkv),
+                 m.residual.register_forward_hook(lambda _m, _i, o: store.update(kernels=o))]
+        # without want_out the windows are still stored: the proj hook does it
+        hooks.append(m.proj.register_forward_pre_hook(
+            lambda _m, inp: self._finish_windows(store, inp[0], self.local(store))))
+        return hooks
+
+    def local(self, store) -> torch.Tensor:
+        v, kernels, ws = store["v_flat"], store["kernels"], self.window
+        bw, h, n, d = v.shape
+        c = h * d
+        img = _merged(v).transpose(1, 2).reshape(1, bw * c, ws, ws)
+        res = F.conv2d(img, kernels.reshape(bw * c, 1, 3, 3), padding=1, groups=bw * c)
+        return _heads(res.reshape(bw, c, n).transpose(1, 2), h)
+
+
+class FLattenSwinSite(_WindowSite):
+    """FLatten's FocusedLinearAttention, Swin form (models/flatten_swin.py): fused `qkv`, the
+    window's `positional_encoding` added to k, ReLU + 1e-6, divided by softplus(`scale`), the
+    focused map, linear attention per window; the local term is `dwc` of V's window grid."""
+
+    def _prepared(self, t: torch.Tensor) -> torch.Tensor:
+        return flatten_features(self.m, t)
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_qkv(_mod, _inp, o):
+            q, k, v = o.chunk(3, dim=-1)
+            store.update(q_flat=_heads(self._prepared(q), h),
+                         k_flat=_heads(self._prepared(k + m.positional_encoding), h),
+                         v_flat=_heads(v, h), tokens=o.shape[1])
+
+        hooks = [m.qkv.register_forward_hook(on_qkv),
+                 m.dwc.register_forward_hook(lambda _m, _i, o: store.update(
+                     dwc=_dwc_local(o, store["tokens"], h))),
+                 m.proj.register_forward_pre_hook(
+                     lambda _m, inp: self._finish_windows(store, inp[0], store["dwc"]))]
+        return hooks
+
+
+# ----------------------------------------------------------------------------- recognition
+def swin_blocks(model: nn.Module):
+    """Swin's `layers[i].blocks[j]` (blocks with `attn`, `window_size`, `shift_size` and
+    `input_resolution`), in order; None when the model is not so built."""
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers):
+        return None
+    blocks = [b for layer in layers for b in (getattr(layer, "blocks", None) or [])]
+    need = ("attn", "window_size", "shift_size", "input_resolution")
+    if not blocks or not all(all(hasattr(b, a) for a in need) for b in blocks):
+        return None
+    return blocks
