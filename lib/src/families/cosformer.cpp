@@ -42,7 +42,7 @@ class CosFormer final : public KernelFamily {
                       Eigen::Index n_keys, double /*scale*/, Eigen::Ref<MatD> out) const override {
     positional_features(q, positions, n_keys, out);
   }
-  void key_features(const Variant& /*v*/, ConstRef<double> k, double /*scale*/,
+  void key_features(const Variant& /*v*/, ConstRef<double> /*q*/, ConstRef<double> k, double /*scale*/,
                     Eigen::Ref<MatD> out) const override {
     positional_features(k, TokenPositions{}, k.rows(), out);
   }
