@@ -20,7 +20,8 @@ MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
   return t;
 }
 
-HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts)
+HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts,
+                         const MatF* head_queries)
     : variant_(v), keys_(k), scale_(scale), opts_(std::move(opts)), space_(effective_space(v, opts_.space)) {
   const KernelFamily* family = v.kernel();
   if (!family) {
@@ -29,7 +30,11 @@ HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, Spikines
   }
   variant_.map.ensure_params(static_cast<int>(k.cols()));
   homogeneous_ = family->query_features_homogeneous(variant_);
-  keys_ = kernel_features(variant_, MatD(0, k.cols()), k, scale).k;
+  KernelFeatures f =
+      kernel_features(variant_, head_queries ? MatD(head_queries->cast<double>()) : MatD(0, k.cols()), k, scale);
+  keys_ = std::move(f.k);
+  separate_ = f.separate;
+  norm_keys_ = std::move(f.gk);
 }
 
 MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
@@ -47,10 +52,19 @@ MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
   const TokenPositions at_token{token, 0};
   if (space_ == ScaleSpace::Feature) {
     f_one = query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_).row(0).transpose();
+    if (separate_) {
+      const VecD g_one =
+          normaliser_query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_).row(0).transpose();
+      return kernel_weights(variant_, scaled(f_one), keys_, scaled(g_one), norm_keys_);
+    }
     return kernel_weights(variant_, scaled(f_one), keys_);
   }
   const MatD f = query_features(variant_, scaled(q), at_token, keys_.rows(), scale_);
   f_one = f.row(0).transpose();
+  if (separate_) {
+    return kernel_weights(variant_, f, keys_,
+                          normaliser_query_features(variant_, scaled(q), at_token, keys_.rows(), scale_), norm_keys_);
+  }
   return kernel_weights(variant_, f, keys_);
 }
 
@@ -65,6 +79,10 @@ std::vector<LawResult> HeadSweeper::laws() const {
       r.applicable = false;
       r.why = "query-space scaling where the query features are not positively homogeneous (" +
               variant_.name() + "): f(a q) != a f(q)";
+    } else if (separate_ && (law == Law::MalaRatio || law == Law::MalaBetaGamma)) {
+      r.applicable = false;
+      r.why = "the row form's S comes from normaliser features of its own (" + variant_.name() +
+              ": RoPE in the numerator only), not from the scores the law's beta, gamma are read from";
     }
     out.push_back(std::move(r));
   }
