@@ -103,6 +103,18 @@ std::vector<LayerFamilyData> read_layer_family_data(const DumpSchema& s, const s
     }
     out[slot].agents = has_layer_agents(file, layer);
     any = any || !out[slot].empty();
+    // A layer whose own family needs data the file lacks is a faulty dump: say which, and where.
+    const Variant own = s.layer_variant(layer);
+    for (std::string_view need : own.family->params(own)) {
+      const bool found = need == "agents" ? out[slot].agents
+                                          : std::any_of(out[slot].params.begin(), out[slot].params.end(),
+                                                        [&](const FamilyParam& p) { return p.name == need; });
+      if (found) continue;
+      const std::string object = "/layers/" + std::to_string(layer) +
+                                 (need == "agents" ? "/agents" : "/family_params/" + std::string(need));
+      throw InputError(file, object, "the layer's family parameter " + std::string(need) + " of " + own.name() +
+                                         " (docs/dump-format.md, \"Family parameters\")", "none");
+    }
   }
   if (!any) out.clear();
   return out;
