@@ -268,10 +268,10 @@ def test_a_layer_attribute_naming_no_family_is_an_error(tmp_path, attnscope_bin)
     path = tmp_path / "d.h5"
     dump_model(InLineDeiT(depth=2).eval(), image_loader(2, size=28), str(path))
     with h5py.File(path, "a") as f:
-        f["layers/1"].attrs["attention_family"] = "agent"
+        f["layers/1"].attrs["attention_family"] = "nosuchfamily"
     r = _run(attnscope_bin, "info", path)
     assert r.returncode != 0 and "/layers/1 attribute 'attention_family'" in r.stderr \
-        and "'agent:identity@code'" in r.stderr, r.stderr
+        and "'nosuchfamily:identity@code'" in r.stderr, r.stderr
 
 
 def test_weights_are_refused_for_the_linear_time_modules(tmp_path):
