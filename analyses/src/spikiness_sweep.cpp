@@ -2,6 +2,7 @@
 #include "attnscope/analyses/spikiness.hpp"
 
 #include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
 #include "attnscope/portable_math.hpp"
 
 #include <algorithm>
@@ -30,11 +31,28 @@ HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, Spikines
   }
   variant_.map.ensure_params(static_cast<int>(k.cols()));
   homogeneous_ = family->query_features_homogeneous(variant_);
-  KernelFeatures f =
-      kernel_features(variant_, head_queries ? MatD(head_queries->cast<double>()) : MatD(0, k.cols()), k, scale);
-  keys_ = std::move(f.k);
-  separate_ = f.separate;
-  norm_keys_ = std::move(f.gk);
+  // The key side only (the queries' own features are not needed): f_k and, for a family whose
+  // row form has normaliser features of its own, g_k; the head's queries for a family whose keys
+  // read them (RALA's mean query).
+  const MatD queries = head_queries ? MatD(head_queries->cast<double>()) : MatD(0, k.cols());
+  keys_.resize(k.rows(), family->feature_dim(variant_, static_cast<int>(k.cols())));
+  family->key_features(variant_, queries, k, scale, keys_);
+  require_finite_keys(keys_, "key");
+  separate_ = family->separate_normaliser(variant_);
+  if (separate_) {
+    norm_keys_.resize(k.rows(), family->normaliser_dim(variant_, static_cast<int>(k.cols())));
+    family->normaliser_key_features(variant_, queries, k, scale, norm_keys_);
+    require_finite_keys(norm_keys_, "key normaliser");
+  }
+}
+
+void HeadSweeper::require_finite_keys(const MatD& f, const char* what) const {
+  for (Eigen::Index j = 0; j < f.rows(); ++j) {
+    if (!f.row(j).allFinite()) {
+      throw NumericalError(variant_.name() + ": " + what + " features of row " + std::to_string(j) +
+                           " are not finite (overflow or non-finite input)");
+    }
+  }
 }
 
 MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {

@@ -164,6 +164,8 @@ class HeadSweeper {
   [[nodiscard]] MatD rows(const VecD& q, Eigen::Index token, VecD& f_one) const;
   void check_laws(const VecD& q, const VecD& f_one, const MatD& w, const VecD& w1, int hi, int lo,
                   std::vector<LawResult>& laws) const;
+  /// NumericalError naming the first row of f that is not finite (as attention.hpp's features).
+  void require_finite_keys(const MatD& f, const char* what) const;
 
   Variant variant_;
   MatD keys_;        ///< K (softmax) or f_k (kernel families, the convention's factor included)
