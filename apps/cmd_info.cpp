@@ -137,11 +137,15 @@ void print_families() {
               << "\n  form         " << (f->kernel() ? "kernel (linear-time outputs, low-rank W = Z M)" : "scores")
               << "\n  weights      " << f->formula() << "\n";
     const std::vector<std::string_view> parts = f->parts();
-    if (!parts.empty()) std::cout << "  maps         " << join_views(parts) << " (the spec's map slot picks one)\n";
-    const std::vector<std::string_view> params = f->params(parse_variant(example_spec(*f), Convention::Code));
-    if (!params.empty()) std::cout << "  layer data   " << join_views(params) << " (docs/dump-format.md)\n";
+    if (!parts.empty())
+      std::cout << "  maps         " << join_views(parts) << " (the spec's map slot picks one)\n";
+    const std::vector<std::string_view> params =
+        f->params(parse_variant(example_spec(*f), Convention::Code));
+    if (!params.empty())
+      std::cout << "  layer data   " << join_views(params) << " (docs/dump-format.md)\n";
     if (const auto moved = f->convention_family(Convention::CodeRope)) {
-      std::cout << "  code+rope    computed by " << moved->first->name() << "@" << to_string(moved->second) << "\n";
+      std::cout << "  code+rope    computed by " << moved->first->name() << "@"
+                << to_string(moved->second) << "\n";
     }
   }
 }

@@ -67,7 +67,8 @@ std::vector<Variant> default_census_variants(const DumpAttributes& attrs) {
   const Variant dumps = attrs.variant();
   std::vector<Variant> out;
   const auto listed = [&](const Variant& v) {
-    return std::any_of(out.begin(), out.end(), [&](const Variant& o) { return o.name() == v.name(); });
+    return std::any_of(out.begin(), out.end(),
+                       [&](const Variant& o) { return o.name() == v.name(); });
   };
   for (const AttentionFamily* family : all_families()) {
     if (!family->weights_can_be_negative()) continue;
@@ -121,8 +122,9 @@ void CensusCollector::add_head(const HeadView& head) {
     Diagnostics diag;
     const Variant variant = head_variant(variants_[v], head);
     const MatD w = in_head(head.image, head.layer, head.head, [&] {
-      return device_ == Device::Cuda ? attention_weights_cuda(variant, q, k, scale_, nullptr, &diag)
-                                     : attention_weights<double>(variant, q, k, scale_, nullptr, &diag);
+      return device_ == Device::Cuda
+                 ? attention_weights_cuda(variant, q, k, scale_, nullptr, &diag)
+                 : attention_weights<double>(variant, q, k, scale_, nullptr, &diag);
     });
     const CensusCell part = census_of(w, diag.degenerate_rows, tolerance_);
     const std::lock_guard lock(mutex_);

@@ -91,7 +91,8 @@ struct LayerFamilyData {
 };
 
 /// The family data of every selected layer, indexed by slot; empty when no layer has any.
-std::vector<LayerFamilyData> read_layer_family_data(const DumpSchema& s, const std::vector<int>& layers) {
+std::vector<LayerFamilyData> read_layer_family_data(const DumpSchema& s,
+                                                    const std::vector<int>& layers) {
   std::vector<LayerFamilyData> out(layers.size());
   bool any = false;
   const std::string& file = s.files.empty() ? s.path : s.files.front();
@@ -106,14 +107,18 @@ std::vector<LayerFamilyData> read_layer_family_data(const DumpSchema& s, const s
     // A layer whose own family needs data the file lacks is a faulty dump: say which, and where.
     const Variant own = s.layer_variant(layer);
     for (std::string_view need : own.family->params(own)) {
-      const bool found = need == "agents" ? out[slot].agents
-                                          : std::any_of(out[slot].params.begin(), out[slot].params.end(),
-                                                        [&](const FamilyParam& p) { return p.name == need; });
+      const bool found = need == "agents"
+                             ? out[slot].agents
+                             : std::any_of(out[slot].params.begin(), out[slot].params.end(),
+                                           [&](const FamilyParam& p) { return p.name == need; });
       if (found) continue;
-      const std::string object = "/layers/" + std::to_string(layer) +
-                                 (need == "agents" ? "/agents" : "/family_params/" + std::string(need));
-      throw InputError(file, object, "the layer's family parameter " + std::string(need) + " of " + own.name() +
-                                         " (docs/dump-format.md, \"Family parameters\")", "none");
+      const std::string object =
+          "/layers/" + std::to_string(layer) +
+          (need == "agents" ? "/agents" : "/family_params/" + std::string(need));
+      throw InputError(file, object,
+                       "the layer's family parameter " + std::string(need) + " of " + own.name() +
+                           " (docs/dump-format.md, \"Family parameters\")",
+                       "none");
     }
   }
   if (!any) out.clear();
@@ -131,8 +136,8 @@ std::pair<const std::string*, long> image_file(const DumpSchema& s, int image) {
 }
 
 /// Binds each selected head's family parameters of one image (the layers' and the image's agents).
-void read_family_params(const DumpSchema& s, const Selection& sel, const std::vector<LayerFamilyData>& data,
-                        int image, ImageBuffer& buf) {
+void read_family_params(const DumpSchema& s, const Selection& sel,
+                        const std::vector<LayerFamilyData>& data, int image, ImageBuffer& buf) {
   buf.params.assign(sel.layers.size() * static_cast<std::size_t>(buf.qkv.heads), nullptr);
   if (data.empty()) return;
   for (std::size_t slot = 0; slot < sel.layers.size(); ++slot) {
@@ -146,15 +151,17 @@ void read_family_params(const DumpSchema& s, const Selection& sel, const std::ve
     }
     for (int h = 0; h < g.num_heads; ++h) {
       auto p = std::make_shared<FamilyParams>();
-      for (const FamilyParam& fp : layer.params) p->values[fp.name] = fp.per_head[static_cast<std::size_t>(h)];
+      for (const FamilyParam& fp : layer.params)
+        p->values[fp.name] = fp.per_head[static_cast<std::size_t>(h)];
       if (!agents.empty()) p->values["agents"] = agents[static_cast<std::size_t>(h)];
-      buf.params[slot * static_cast<std::size_t>(buf.qkv.heads) + static_cast<std::size_t>(h)] = std::move(p);
+      buf.params[slot * static_cast<std::size_t>(buf.qkv.heads) + static_cast<std::size_t>(h)] =
+          std::move(p);
     }
   }
 }
 
-void read_image(DumpReader& reader, const Selection& sel, const std::vector<LayerFamilyData>& family_data,
-                int image, ImageBuffer& buf) {
+void read_image(DumpReader& reader, const Selection& sel,
+                const std::vector<LayerFamilyData>& family_data, int image, ImageBuffer& buf) {
   reader.read_image_into(buf.qkv, image, sel.layers, sel.need_v);
   buf.schema = &reader.schema();
   read_family_params(reader.schema(), sel, family_data, image, buf);
@@ -198,12 +205,11 @@ ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
     const auto stored = static_cast<std::size_t>(slot * img.heads + head);
-    out.push_back(HeadView{img.image, layer, head, q, img.K(slot, head), img.V(slot, head), &raw,
-                           model_tensor(buf.attn, stored), model_tensor(buf.out, stored), &geo,
-                           sel.own_variants.empty()
-                               ? nullptr
-                               : &sel.own_variants[static_cast<std::size_t>(layer)],
-                           stored < buf.params.size() ? buf.params[stored] : nullptr});
+    out.push_back(HeadView{
+        img.image, layer, head, q, img.K(slot, head), img.V(slot, head), &raw,
+        model_tensor(buf.attn, stored), model_tensor(buf.out, stored), &geo,
+        sel.own_variants.empty() ? nullptr : &sel.own_variants[static_cast<std::size_t>(layer)],
+        stored < buf.params.size() ? buf.params[stored] : nullptr});
   }
   return out;
 }
@@ -461,7 +467,8 @@ void stream_images(DumpReader& reader, const Selection& resolved,
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
   reader.set_chunk_cache(plan.chunk_cache);
   // Read on this thread before the reader's starts: HDF5 is used by one thread at a time.
-  const std::vector<LayerFamilyData> family_data = read_layer_family_data(reader.schema(), resolved.layers);
+  const std::vector<LayerFamilyData> family_data =
+      read_layer_family_data(reader.schema(), resolved.layers);
   ImageQueue queue(plan.depth);
   ReaderThread guard{queue, {}};
   guard.thread = std::thread([&reader, &resolved, &queue, &family_data] {

@@ -205,11 +205,10 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      in_head(hv.image, hv.layer, hv.head,
-              [&] {
-                dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale, reference,
-                                                   weights[vi][s]);
-              });
+      in_head(hv.image, hv.layer, hv.head, [&] {
+        dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
+                                           reference, weights[vi][s]);
+      });
     }
   };
   auto on_image = [&](int image) {

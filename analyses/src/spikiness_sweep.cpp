@@ -23,7 +23,11 @@ MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
 
 HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts,
                          const MatF* head_queries)
-    : variant_(v), keys_(k), scale_(scale), opts_(std::move(opts)), space_(effective_space(v, opts_.space)) {
+    : variant_(v),
+      keys_(k),
+      scale_(scale),
+      opts_(std::move(opts)),
+      space_(effective_space(v, opts_.space)) {
   const KernelFamily* family = v.kernel();
   if (!family) {
     max_key_norm_ = k.rowwise().norm().maxCoeff();
@@ -72,7 +76,9 @@ MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
     f_one = query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_).row(0).transpose();
     if (separate_) {
       const VecD g_one =
-          normaliser_query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_).row(0).transpose();
+          normaliser_query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_)
+              .row(0)
+              .transpose();
       return kernel_weights(variant_, scaled(f_one), keys_, scaled(g_one), norm_keys_);
     }
     return kernel_weights(variant_, scaled(f_one), keys_);
@@ -80,8 +86,9 @@ MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
   const MatD f = query_features(variant_, scaled(q), at_token, keys_.rows(), scale_);
   f_one = f.row(0).transpose();
   if (separate_) {
-    return kernel_weights(variant_, f, keys_,
-                          normaliser_query_features(variant_, scaled(q), at_token, keys_.rows(), scale_), norm_keys_);
+    return kernel_weights(
+        variant_, f, keys_,
+        normaliser_query_features(variant_, scaled(q), at_token, keys_.rows(), scale_), norm_keys_);
   }
   return kernel_weights(variant_, f, keys_);
 }
@@ -99,8 +106,9 @@ std::vector<LawResult> HeadSweeper::laws() const {
               variant_.name() + "): f(a q) != a f(q)";
     } else if (separate_ && (law == Law::MalaRatio || law == Law::MalaBetaGamma)) {
       r.applicable = false;
-      r.why = "the row form's S comes from normaliser features of its own (" + variant_.name() +
-              ": RoPE in the numerator only), not from the scores the law's beta, gamma are read from";
+      r.why =
+          "the row form's S comes from normaliser features of its own (" + variant_.name() +
+          ": RoPE in the numerator only), not from the scores the law's beta, gamma are read from";
     }
     out.push_back(std::move(r));
   }

@@ -30,7 +30,8 @@ struct RopeTables {
 };
 inline RopeTables rope_tables(const Variant& v, Eigen::Index tokens, Eigen::Index d) {
   if (d % 2 != 0) {
-    throw UsageError(v.name() + ": RoPE turns channel pairs; the head dim " + std::to_string(d) + " is odd");
+    throw UsageError(v.name() + ": RoPE turns channel pairs; the head dim " + std::to_string(d) +
+                     " is odd");
   }
   return {family_param(v, "rope_cos", tokens, d / 2), family_param(v, "rope_sin", tokens, d / 2)};
 }
@@ -40,8 +41,9 @@ inline void rotate_rows(const RopeTables& rope, TokenPositions positions, Eigen:
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
     const Eigen::Index token = positions.at(r);
     if (token < 0 || token >= rope.cos.rows()) {
-      throw UsageError("RoPE: token " + std::to_string(token) + " has no rotation (the tables hold " +
-                       std::to_string(rope.cos.rows()) + " tokens)");
+      throw UsageError("RoPE: token " + std::to_string(token) +
+                       " has no rotation (the tables hold " + std::to_string(rope.cos.rows()) +
+                       " tokens)");
     }
     for (Eigen::Index p = 0; p < rope.cos.cols(); ++p) {
       const double c = rope.cos(token, p), s = rope.sin(token, p);
@@ -62,6 +64,8 @@ inline RowForm eps_normalised_row(double S, int n_kept, double magnitude, double
 }
 
 /// The released codes' denominator eps per key: 1e-6 in the code convention, 0 in the paper's.
-inline double released_eps(const Variant& v) { return v.convention == Convention::Paper ? 0.0 : 1e-6; }
+inline double released_eps(const Variant& v) {
+  return v.convention == Convention::Paper ? 0.0 : 1e-6;
+}
 
 }  // namespace attnscope::detail

@@ -36,10 +36,17 @@ constexpr std::array<double, 4> kMagnitudes{1.0, 1e-8, 1e8, 1e30};
 
 /// The field's families by spec, every convention each computes.
 const std::vector<std::string>& field_specs() {
-  static const std::vector<std::string> specs{
-      "mlla@paper",       "mlla@code",        "rala@paper",       "rala@code",
-      "mala_rope@paper",  "mala_rope@code",   "polaformer:same@paper", "polaformer:same@code",
-      "polaformer:opposite@paper", "polaformer:opposite@code", "agent@code"};
+  static const std::vector<std::string> specs{"mlla@paper",
+                                              "mlla@code",
+                                              "rala@paper",
+                                              "rala@code",
+                                              "mala_rope@paper",
+                                              "mala_rope@code",
+                                              "polaformer:same@paper",
+                                              "polaformer:same@code",
+                                              "polaformer:opposite@paper",
+                                              "polaformer:opposite@code",
+                                              "agent@code"};
   return specs;
 }
 
@@ -94,15 +101,19 @@ Head random_head(int n, int d, double magnitude, std::uint64_t seed) {
 MatD reference_weights(const Variant& v, const Head& h, std::vector<int>* degenerate) {
   const std::string family(v.family->name());
   if (family == "mlla") return ref::mlla_weights(v.convention, h.q, h.k, h.rotation, degenerate);
-  if (family == "rala") return ref::rala_weights(v.convention, h.q, h.k, h.scale, h.rotation, degenerate);
-  if (family == "mala_rope") return ref::mala_rope_weights(v.convention, h.q, h.k, h.scale, h.rotation, degenerate);
+  if (family == "rala")
+    return ref::rala_weights(v.convention, h.q, h.k, h.scale, h.rotation, degenerate);
+  if (family == "mala_rope")
+    return ref::mala_rope_weights(v.convention, h.q, h.k, h.scale, h.rotation, degenerate);
   if (family == "polaformer") {
     std::vector<int> same, opposite;
-    const ref::PolaMaps m = ref::polaformer_weights(v.convention, h.q, h.k, h.feature_scale, h.exponent, &same, &opposite);
+    const ref::PolaMaps m = ref::polaformer_weights(v.convention, h.q, h.k, h.feature_scale,
+                                                    h.exponent, &same, &opposite);
     if (degenerate) *degenerate = v.part == 0 ? same : opposite;
     return v.part == 0 ? m.same : m.opposite;
   }
-  if (family == "agent") return ref::agent_weights(h.q, h.k, h.agents, h.scale, h.agent_bias, h.token_bias);
+  if (family == "agent")
+    return ref::agent_weights(h.q, h.k, h.agents, h.scale, h.agent_bias, h.token_bias);
   throw std::logic_error("no reference for " + family);
 }
 
@@ -111,9 +122,12 @@ MatD reference_outputs(const Variant& v, const Head& h) {
   const std::string family(v.family->name());
   if (family == "mlla") return ref::mlla_outputs(v.convention, h.q, h.k, h.v, h.rotation);
   if (family == "rala") return ref::rala_outputs(v.convention, h.q, h.k, h.v, h.scale, h.rotation);
-  if (family == "mala_rope") return ref::mala_rope_outputs(v.convention, h.q, h.k, h.v, h.scale, h.rotation);
-  if (family == "polaformer") return ref::polaformer_outputs(v.convention, h.q, h.k, h.v, h.feature_scale, h.exponent);
-  if (family == "agent") return ref::agent_outputs(h.q, h.k, h.v, h.agents, h.scale, h.agent_bias, h.token_bias);
+  if (family == "mala_rope")
+    return ref::mala_rope_outputs(v.convention, h.q, h.k, h.v, h.scale, h.rotation);
+  if (family == "polaformer")
+    return ref::polaformer_outputs(v.convention, h.q, h.k, h.v, h.feature_scale, h.exponent);
+  if (family == "agent")
+    return ref::agent_outputs(h.q, h.k, h.v, h.agents, h.scale, h.agent_bias, h.token_bias);
   throw std::logic_error("no reference for " + family);
 }
 
@@ -160,19 +174,22 @@ TEST(FieldRegistry, WeightsOutputsAndLowRankFormEqualTheReferences) {
           const MatD want = reference_weights(v, h, &want_degenerate);
           Diagnostics diag;
           const MatD w = attention_weights<double>(v, h.q, h.k, h.scale, nullptr, &diag);
-          // Rounding of an entry is relative to the size of its terms, |z_i| |m_j| (W = Z M), not to
-          // the entry: a rotated numerator that cancels to nearly 0 (q and k at right angles after
-          // ELU+1 at 1e8) is rounding in both computations.
+          // Rounding of an entry is relative to the size of its terms, |z_i| |m_j| (W = Z M), not
+          // to the entry: a rotated numerator that cancels to nearly 0 (q and k at right angles
+          // after ELU+1 at 1e8) is rounding in both computations.
           const LowRankForm lr = low_rank_form<double>(v, h.q, h.k, h.scale);
           const double terms = lr.Z.rowwise().norm().maxCoeff() * lr.M.colwise().norm().maxCoeff();
           const double size = std::max(want.cwiseAbs().maxCoeff(), terms);
           const double v_size = h.v.cwiseAbs().maxCoeff() * static_cast<double>(n);
           ASSERT_LE((w - want).cwiseAbs().maxCoeff(), kTol * size) << cfg << " weights";
           EXPECT_EQ(diag.degenerate_rows, want_degenerate) << cfg;
-          // Linear-time outputs against the released module's route, on the channels the map weighs.
+          // Linear-time outputs against the released module's route, on the channels the map
+          // weighs.
           const MatD o = attention_outputs<double>(v, h.q, h.k, h.v, h.scale);
           const auto [c0, nc] = v.family->output_columns(v, static_cast<int>(h.v.cols()));
-          ASSERT_LE((o.middleCols(c0, nc) - reference_outputs(v, h).middleCols(c0, nc)).cwiseAbs().maxCoeff(),
+          ASSERT_LE((o.middleCols(c0, nc) - reference_outputs(v, h).middleCols(c0, nc))
+                        .cwiseAbs()
+                        .maxCoeff(),
                     kTol * size * v_size)
               << cfg << " outputs";
           ASSERT_LE((o - ref::apply_weights(want, h.v)).cwiseAbs().maxCoeff(), kTol * size * v_size)
@@ -183,7 +200,8 @@ TEST(FieldRegistry, WeightsOutputsAndLowRankFormEqualTheReferences) {
       }
     }
   }
-  EXPECT_EQ(cases, static_cast<int>(field_specs().size() * kN.size() * kD.size() * kMagnitudes.size()));
+  EXPECT_EQ(cases,
+            static_cast<int>(field_specs().size() * kN.size() * kD.size() * kMagnitudes.size()));
 }
 
 TEST(FieldRegistry, FloatInputsGiveTheDoubleRowsRoundedOnce) {
@@ -197,7 +215,8 @@ TEST(FieldRegistry, FloatInputsGiveTheDoubleRowsRoundedOnce) {
   }
 }
 
-/// The independent masked rows: each family's row form over the kept keys (references have no masks).
+/// The independent masked rows: each family's row form over the kept keys (references have no
+/// masks).
 TEST(FieldRegistry, MasksRederiveEachRowOverTheKeptKeys) {
   const int n = 40, d = 8;
   const Head h = random_head(n, d, 1.0, kSeed + 3);
@@ -227,8 +246,8 @@ TEST(FieldRegistry, MasksRederiveEachRowOverTheKeptKeys) {
     EXPECT_TRUE(relatively_near(w, want, kTol, spec + " masked"));
     EXPECT_EQ(diag.degenerate_rows, (std::vector<int>{0, 1})) << spec;  // the rows that keep no key
     // The masked outputs are the masked weights times V.
-    EXPECT_TRUE(relatively_near(attention_outputs<double>(v, h.q, h.k, h.v, h.scale, &mask), ref::apply_weights(w, h.v),
-                                kTol, spec + " masked outputs"));
+    EXPECT_TRUE(relatively_near(attention_outputs<double>(v, h.q, h.k, h.v, h.scale, &mask),
+                                ref::apply_weights(w, h.v), kTol, spec + " masked outputs"));
   }
 }
 
@@ -255,16 +274,18 @@ TEST(FieldRegistry, TokenPermutationPermutesTheWeights) {
   permuted->values["token_bias"] = rows(h.token_bias);
   permuted->values["agent_bias"] = cols(h.agent_bias);
   for (const std::string& spec : field_specs()) {
-    const MatD w = attention_weights<double>(parse_variant(spec).with_params(h.params), h.q, h.k, h.scale);
-    const MatD wp =
-        attention_weights<double>(parse_variant(spec).with_params(permuted), rows(h.q), rows(h.k), h.scale);
+    const MatD w =
+        attention_weights<double>(parse_variant(spec).with_params(h.params), h.q, h.k, h.scale);
+    const MatD wp = attention_weights<double>(parse_variant(spec).with_params(permuted), rows(h.q),
+                                              rows(h.k), h.scale);
     EXPECT_TRUE(relatively_near(wp, cols(rows(w)), kTol, spec + " permuted"));
     // Negative control: the tokens renumbered but not their parameters changes the weights (but
     // for PolaFormer, whose parameters are per channel, not per token).
     if (spec.rfind("polaformer", 0) == 0) continue;
-    const MatD wrong =
-        attention_weights<double>(parse_variant(spec).with_params(h.params), rows(h.q), rows(h.k), h.scale);
-    EXPECT_GT((wrong - cols(rows(w))).cwiseAbs().maxCoeff(), 1e-6 * w.cwiseAbs().maxCoeff()) << spec;
+    const MatD wrong = attention_weights<double>(parse_variant(spec).with_params(h.params),
+                                                 rows(h.q), rows(h.k), h.scale);
+    EXPECT_GT((wrong - cols(rows(w))).cwiseAbs().maxCoeff(), 1e-6 * w.cwiseAbs().maxCoeff())
+        << spec;
   }
 }
 
@@ -279,23 +300,30 @@ TEST(FieldRegistry, PolaFormerPaperRowsIgnoreTheQueryScaleWithOneExponent) {
   for (const char* spec : {"polaformer:same@paper", "polaformer:opposite@paper"}) {
     const Variant v = parse_variant(spec).with_params(uniform);
     const MatD w = attention_weights<double>(v, h.q, h.k, h.scale);
-    EXPECT_TRUE(relatively_near(attention_weights<double>(v, MatD(7.0 * h.q), h.k, h.scale), w, kTol, spec));
+    EXPECT_TRUE(relatively_near(attention_weights<double>(v, MatD(7.0 * h.q), h.k, h.scale), w,
+                                kTol, spec));
     const Variant varied = parse_variant(spec).with_params(h.params);
     const MatD wv = attention_weights<double>(varied, h.q, h.k, h.scale);
-    EXPECT_GT((attention_weights<double>(varied, MatD(7.0 * h.q), h.k, h.scale) - wv).cwiseAbs().maxCoeff(), 1e-6)
+    EXPECT_GT((attention_weights<double>(varied, MatD(7.0 * h.q), h.k, h.scale) - wv)
+                  .cwiseAbs()
+                  .maxCoeff(),
+              1e-6)
         << spec << ": exponents that differ";
   }
   const Variant code = parse_variant("polaformer@code").with_params(uniform);
   const MatD wc = attention_weights<double>(code, MatD(1e-3 * h.q), h.k, h.scale);
-  EXPECT_GT((attention_weights<double>(code, MatD(1e-4 * h.q), h.k, h.scale) - wc).cwiseAbs().maxCoeff(),
-            1e-3 * wc.cwiseAbs().maxCoeff());
+  EXPECT_GT(
+      (attention_weights<double>(code, MatD(1e-4 * h.q), h.k, h.scale) - wc).cwiseAbs().maxCoeff(),
+      1e-3 * wc.cwiseAbs().maxCoeff());
 }
 
 TEST(FieldRegistry, MissingOrMisshapenParametersAreRefusedByName) {
   const Head h = random_head(10, 4, 1.0, kSeed + 8);
-  const std::vector<std::pair<std::string, std::string>> needs{
-      {"mlla", "rope_cos"}, {"rala", "rope_cos"}, {"mala@code+rope", "rope_cos"},
-      {"polaformer", "feature_scale"}, {"agent", "agents"}};
+  const std::vector<std::pair<std::string, std::string>> needs{{"mlla", "rope_cos"},
+                                                               {"rala", "rope_cos"},
+                                                               {"mala@code+rope", "rope_cos"},
+                                                               {"polaformer", "feature_scale"},
+                                                               {"agent", "agents"}};
   for (const auto& [spec, param] : needs) {
     try {
       (void)attention_weights<double>(parse_variant(spec), h.q, h.k, h.scale);
@@ -309,7 +337,8 @@ TEST(FieldRegistry, MissingOrMisshapenParametersAreRefusedByName) {
   auto short_table = std::make_shared<FamilyParams>(*h.params);
   short_table->values["rope_cos"] = h.rotation.cos.topRows(9);
   try {
-    (void)attention_weights<double>(parse_variant("mlla").with_params(short_table), h.q, h.k, h.scale);
+    (void)attention_weights<double>(parse_variant("mlla").with_params(short_table), h.q, h.k,
+                                    h.scale);
     ADD_FAILURE() << "a 9-token RoPE table was taken for 10 tokens";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("expected 10 x 2"), std::string::npos) << e.what();
@@ -328,7 +357,8 @@ TEST(FieldRegistry, RalaKeysReadTheMeanOfTheQueriesGiven) {
   EXPECT_GT((first - all.topRows(3)).cwiseAbs().maxCoeff(), 1e-9);
   const Variant mlla = parse_variant("mlla@code").with_params(h.params);  // negative control
   EXPECT_TRUE(relatively_near(attention_weights<double>(mlla, MatD(h.q.topRows(3)), h.k, h.scale),
-                              MatD(attention_weights<double>(mlla, h.q, h.k, h.scale).topRows(3)), kTol, "mlla rows"));
+                              MatD(attention_weights<double>(mlla, h.q, h.k, h.scale).topRows(3)),
+                              kTol, "mlla rows"));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ void softmax_rows_in_place(Eigen::Ref<MatD> logits) {
   for (Eigen::Index i = 0; i < logits.rows(); ++i) {
     const double top = logits.row(i).maxCoeff();
     double total = 0.0;
-    for (Eigen::Index t = 0; t < logits.cols(); ++t) total += (logits(i, t) = portable::exp(logits(i, t) - top));
+    for (Eigen::Index t = 0; t < logits.cols(); ++t)
+      total += (logits(i, t) = portable::exp(logits(i, t) - top));
     logits.row(i) /= total;
   }
 }
@@ -44,12 +45,14 @@ class Agent final : public KernelFamily {
     return {"agents", "agent_bias", "token_bias"};
   }
   bool position_dependent() const override { return true; }
-  std::vector<MagnitudeLaw> magnitude_laws() const override { return {MagnitudeLaw::LinearInvariant}; }
+  std::vector<MagnitudeLaw> magnitude_laws() const override {
+    return {MagnitudeLaw::LinearInvariant};
+  }
   int feature_dim(const Variant& v, int d) const override {
     return static_cast<int>(agents_of(v, d).rows());
   }
-  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions, Eigen::Index n_keys,
-                      double scale, Eigen::Ref<MatD> out) const override {
+  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                      Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const override {
     const MatD& agents = agents_of(v, q.cols());
     const MatD& bias = family_param(v, "token_bias", n_keys, agents.rows());
     for (Eigen::Index r = 0; r < q.rows(); ++r) {
@@ -57,7 +60,8 @@ class Agent final : public KernelFamily {
       if (token < 0 || token >= bias.rows()) {
         throw UsageError(v.name() + ": token " + std::to_string(token) + " has no token_bias row");
       }
-      for (Eigen::Index a = 0; a < agents.rows(); ++a) out(r, a) = scale * q.row(r).dot(agents.row(a)) + bias(token, a);
+      for (Eigen::Index a = 0; a < agents.rows(); ++a)
+        out(r, a) = scale * q.row(r).dot(agents.row(a)) + bias(token, a);
     }
     softmax_rows_in_place(out);
   }
@@ -67,7 +71,8 @@ class Agent final : public KernelFamily {
     const MatD& bias = family_param(v, "agent_bias", agents.rows(), k.rows());
     MatD g(agents.rows(), k.rows());  // G: one row per agent, a softmax over the keys
     for (Eigen::Index a = 0; a < agents.rows(); ++a) {
-      for (Eigen::Index j = 0; j < k.rows(); ++j) g(a, j) = scale * agents.row(a).dot(k.row(j)) + bias(a, j);
+      for (Eigen::Index j = 0; j < k.rows(); ++j)
+        g(a, j) = scale * agents.row(a).dot(k.row(j)) + bias(a, j);
     }
     softmax_rows_in_place(g);
     out = g.transpose();

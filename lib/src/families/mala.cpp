@@ -22,9 +22,11 @@ class Mala final : public KernelFamily {
   MapRule map_rule() const override { return MapRule::Defaulted; }
   std::string_view default_map() const override { return "elu1"; }
   bool weights_can_be_negative() const override { return true; }
-  std::optional<std::pair<const AttentionFamily*, Convention>> convention_family(Convention c) const override {
+  std::optional<std::pair<const AttentionFamily*, Convention>> convention_family(
+      Convention c) const override {
     if (c != Convention::CodeRope) return std::nullopt;
-    return std::pair<const AttentionFamily*, Convention>{&find_family("mala_rope"), Convention::Code};
+    return std::pair<const AttentionFamily*, Convention>{&find_family("mala_rope"),
+                                                         Convention::Code};
   }
   std::vector<MagnitudeLaw> magnitude_laws() const override {
     return {MagnitudeLaw::MalaRatio, MagnitudeLaw::MalaBetaGamma};

@@ -27,20 +27,23 @@ class MalaRope final : public KernelFamily {
  public:
   std::string_view name() const override { return "mala_rope"; }
   std::string_view formula() const override {
-    return "beta_i R phi(q_i).R phi(k_j) - S_i/N, beta = 1 + 1/S [1 + 1/(S + 1e-6) @code], S from the "
+    return "beta_i R phi(q_i).R phi(k_j) - S_i/N, beta = 1 + 1/S [1 + 1/(S + 1e-6) @code], S from "
+           "the "
            "unrotated phi, R the stage's RoPE   (MALA as released, AddLinearAttention)";
   }
   MapRule map_rule() const override { return MapRule::Defaulted; }
   std::string_view default_map() const override { return "elu1"; }
-  std::vector<std::string_view> params(const Variant& /*v*/) const override { return {"rope_cos", "rope_sin"}; }
+  std::vector<std::string_view> params(const Variant& /*v*/) const override {
+    return {"rope_cos", "rope_sin"};
+  }
   bool rows_sum_to_one(const Variant& /*v*/) const override { return false; }
   bool position_dependent() const override { return true; }
   bool weights_can_be_negative() const override { return true; }
   std::vector<MagnitudeLaw> magnitude_laws() const override {
     return {MagnitudeLaw::MalaRatio, MagnitudeLaw::MalaBetaGamma};
   }
-  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions, Eigen::Index n_keys,
-                      double scale, Eigen::Ref<MatD> out) const override {
+  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                      Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const override {
     KernelFamily::query_features(v, q, positions, n_keys, scale, out);
     detail::rotate_rows(detail::rope_tables(v, n_keys, out.cols()), positions, out);
   }
@@ -51,18 +54,20 @@ class MalaRope final : public KernelFamily {
   }
   bool separate_normaliser(const Variant& /*v*/) const override { return true; }
   void normaliser_query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
-                                 Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const override {
+                                 Eigen::Index n_keys, double scale,
+                                 Eigen::Ref<MatD> out) const override {
     KernelFamily::query_features(v, q, positions, n_keys, scale, out);
   }
-  void normaliser_key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
-                               Eigen::Ref<MatD> out) const override {
+  void normaliser_key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k,
+                               double scale, Eigen::Ref<MatD> out) const override {
     KernelFamily::key_features(v, q, k, scale, out);
   }
   RowForm row_form(double S, int n_kept, double magnitude) const override {
     if (n_kept == 0 || !(std::abs(S) > kTinyDenominator * magnitude)) return {};
     return {1.0 + 1.0 / S, -S / static_cast<double>(n_kept), false};
   }
-  RowForm variant_row_form(const Variant& v, double S, int n_kept, double magnitude) const override {
+  RowForm variant_row_form(const Variant& v, double S, int n_kept,
+                           double magnitude) const override {
     if (v.convention == Convention::Paper) return row_form(S, n_kept, magnitude);
     if (n_kept == 0 || S + kCodeEps == 0.0) return {};
     return {1.0 + 1.0 / (S + kCodeEps), -S / static_cast<double>(n_kept), false};
