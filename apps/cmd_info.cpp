@@ -120,6 +120,12 @@ void check_values(DumpReader& r) {
   (void)r.read_images(nullptr);
 }
 
+std::string join_views(const std::vector<std::string_view>& names) {
+  std::string out;
+  for (std::string_view n : names) out.append(out.empty() ? "" : ", ").append(n);
+  return out;
+}
+
 /// The family registry, one block per family: its spec, what it takes, its weight formula.
 void print_families() {
   for (const AttentionFamily* f : all_families()) {
@@ -130,6 +136,17 @@ void print_families() {
               << (f->map_rule() == MapRule::Defaulted ? std::string(f->default_map()) : std::string())
               << "\n  form         " << (f->kernel() ? "kernel (linear-time outputs, low-rank W = Z M)" : "scores")
               << "\n  weights      " << f->formula() << "\n";
+    const std::vector<std::string_view> parts = f->parts();
+    if (!parts.empty())
+      std::cout << "  maps         " << join_views(parts) << " (the spec's map slot picks one)\n";
+    const std::vector<std::string_view> params =
+        f->params(parse_variant(example_spec(*f), Convention::Code));
+    if (!params.empty())
+      std::cout << "  layer data   " << join_views(params) << " (docs/dump-format.md)\n";
+    if (const auto moved = f->convention_family(Convention::CodeRope)) {
+      std::cout << "  code+rope    computed by " << moved->first->name() << "@"
+                << to_string(moved->second) << "\n";
+    }
   }
 }
 

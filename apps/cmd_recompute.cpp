@@ -82,6 +82,7 @@ int run_recompute(const std::vector<std::string>& args) {
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/recompute");
   add_images_option(d, f.sel.images);
+  add_variant_option(d, f.common, dumps_own_variant(true));
   add_max_memory_option(d, f.sel);
   d.add_options()(
       "tol", po::value(&f.tol)->value_name("T"),

@@ -61,12 +61,22 @@ CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double s
 }
 
 std::vector<Variant> default_census_variants(const DumpAttributes& attrs) {
-  const Convention convention = parse_convention(attrs.convention);
+  // code+rope names one family's released form (mala's); the others take the code formula.
+  const Convention own = parse_convention(attrs.convention);
+  const Convention convention = own == Convention::CodeRope ? Convention::Code : own;
+  const Variant dumps = attrs.variant();
   std::vector<Variant> out;
+  const auto listed = [&](const Variant& v) {
+    return std::any_of(out.begin(), out.end(),
+                       [&](const Variant& o) { return o.name() == v.name(); });
+  };
   for (const AttentionFamily* family : all_families()) {
     if (!family->weights_can_be_negative()) continue;
     const std::string name(family->name());
-    out.push_back(name == attrs.attention_family ? attrs.variant() : parse_variant(name, convention));
+    const Variant v = name == attrs.attention_family ? dumps : parse_variant(name, convention);
+    // A family that needs per-layer data is walked on dumps of its own only (they hold that data).
+    if (v.needs_params() && v.family != dumps.family) continue;
+    if (!listed(v)) out.push_back(v);
   }
   return out;
 }
@@ -110,9 +120,11 @@ void CensusCollector::add_head(const HeadView& head) {
   const MatD q = head.q.cast<double>(), k = head.k.cast<double>();
   for (std::size_t v = 0; v < variants_.size(); ++v) {
     Diagnostics diag;
+    const Variant variant = head_variant(variants_[v], head);
     const MatD w = in_head(head.image, head.layer, head.head, [&] {
-      return device_ == Device::Cuda ? attention_weights_cuda(variants_[v], q, k, scale_, nullptr, &diag)
-                                     : attention_weights<double>(variants_[v], q, k, scale_, nullptr, &diag);
+      return device_ == Device::Cuda
+                 ? attention_weights_cuda(variant, q, k, scale_, nullptr, &diag)
+                 : attention_weights<double>(variant, q, k, scale_, nullptr, &diag);
     });
     const CensusCell part = census_of(w, diag.degenerate_rows, tolerance_);
     const std::lock_guard lock(mutex_);

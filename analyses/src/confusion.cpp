@@ -314,6 +314,15 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
     });
   };
 
+  bool per_head_params = false;  // a family that needs each head's own data takes the per-head path
+  for (const Variant& v : variants) per_head_params = per_head_params || v.needs_params();
+  for (const Variant& v : resolved.own_variants)
+    per_head_params = per_head_params || v.needs_params();
+  if (opt.device == Device::Cuda && !reference && per_head_params) {
+    throw UsageError(
+        "confusion on the GPU takes one variant for a batch of heads; a family that needs each "
+        "head's own parameters (AttentionFamily::params) runs on the CPU (--device cpu)");
+  }
   if (opt.device == Device::Cuda && !reference) {
     // The GPU takes whole images: every head of up to kCudaImagesPerLaunch images in one batch
     // (count_confusion_cuda_batch groups them by shape and cuts them to the device's memory),

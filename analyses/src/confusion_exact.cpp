@@ -58,21 +58,24 @@ ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scal
   }
   variant_.map.ensure_params(static_cast<int>(q.cols()));
   KernelFeatures f = kernel_features(variant_, MatD(q.cast<double>()), MatD(k.cast<double>()), scale);
+  // S_i from the normaliser features where the family has its own (RoPE in the numerator only).
+  const VecD g_k_sum = f.norm_k().colwise().sum().transpose();
+  const MatD g_q = f.separate ? std::move(f.gq) : MatD();
   phi_q_ = std::move(f.q);
   phi_k_ = std::move(f.k);
-  const VecD phi_k_sum = phi_k_.colwise().sum().transpose();
-  const double sum_norm = phi_k_sum.norm();
+  const MatD& norm_q = g_q.size() > 0 ? g_q : phi_q_;
+  const double sum_norm = g_k_sum.norm();
   const double k_norm = phi_k_.norm();
   if (!(k_norm <= kMaxRowMagnitude)) out_of_range("|phi(K)|_F", k_norm);
   for (int i = 0; i < n_; ++i) {
-    const double d = dot(phi_q_.row(i).data(), phi_k_sum.data(), phi_q_.cols());
+    const double d = dot(norm_q.row(i).data(), g_k_sum.data(), norm_q.cols());
     const double q_norm = phi_q_.row(i).norm();
     // Before the tiny rule: an overflowed product would make every row look degenerate.
     if (!(q_norm * k_norm <= kMaxRowMagnitude)) {
       out_of_range("|phi(q_" + std::to_string(i) + ")| |phi(K)|_F", q_norm * k_norm);
     }
     // The family's row form, with the degenerate rule of attention.hpp's Diagnostics.
-    const RowForm rf = kernel_row_form(variant_, d, n_, q_norm * sum_norm);
+    const RowForm rf = kernel_row_form(variant_, d, n_, norm_q.row(i).norm() * sum_norm);
     degenerate_[static_cast<std::size_t>(i)] = rf.degenerate ? 1 : 0;
     if (rf.degenerate) continue;
     a_[static_cast<std::size_t>(i)] = rf.a;

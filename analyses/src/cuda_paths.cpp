@@ -208,7 +208,8 @@ cuda::DeviceRows device_weights(const Variant& v, const MatD& q, const MatD& k, 
                               scale);
   }
   const KernelFeatures f = kernel_features(v, q, k, scale);
-  const RowForms rf = row_forms(v, f.q, f.k, mask);
+  const RowForms rf =
+      row_forms(v, f.norm_q(), f.norm_k(), mask);  // S_i from g where the family has its own
   for (int i = 0; i < n; ++i) {
     if (rf.degenerate[static_cast<std::size_t>(i)]) degenerate.push_back(i);
   }

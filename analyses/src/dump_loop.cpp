@@ -4,6 +4,7 @@
 // asked for, are read with their image), so memory is set by the budget, not by the dump.
 #include "attnscope/analyses/dump_loop.hpp"
 
+#include "attnscope/dump_family_params.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/parallel.hpp"
 #include "attnscope/text.hpp"
@@ -77,11 +78,93 @@ struct ImageBuffer {
   const DumpSchema* schema = nullptr;
   ImageQKV qkv;
   std::vector<std::optional<MatF>> attn, out;
+  /// Each selected (layer, head)'s family parameters, indexed like ImageQKV::q (null: none).
+  std::vector<std::shared_ptr<const FamilyParams>> params;
 };
 
-void read_image(DumpReader& reader, const Selection& sel, int image, ImageBuffer& buf) {
+/// The family parameters of one selected layer (dump_family_params.hpp), read before the loop:
+/// its /layers/L/family_params per head, and whether it has per-image agents.
+struct LayerFamilyData {
+  std::vector<FamilyParam> params;
+  bool agents = false;
+  [[nodiscard]] bool empty() const { return params.empty() && !agents; }
+};
+
+/// The family data of every selected layer, indexed by slot; empty when no layer has any.
+std::vector<LayerFamilyData> read_layer_family_data(const DumpSchema& s,
+                                                    const std::vector<int>& layers) {
+  std::vector<LayerFamilyData> out(layers.size());
+  bool any = false;
+  const std::string& file = s.files.empty() ? s.path : s.files.front();
+  for (std::size_t slot = 0; slot < layers.size(); ++slot) {
+    const int layer = layers[slot];
+    const int heads = s.geometry(layer).num_heads;
+    for (const std::string& name : family_param_names(file, layer)) {
+      out[slot].params.push_back(read_family_param(file, layer, name, heads));
+    }
+    out[slot].agents = has_layer_agents(file, layer);
+    any = any || !out[slot].empty();
+    // A layer whose own family needs data the file lacks is a faulty dump: say which, and where.
+    const Variant own = s.layer_variant(layer);
+    for (std::string_view need : own.family->params(own)) {
+      const bool found = need == "agents"
+                             ? out[slot].agents
+                             : std::any_of(out[slot].params.begin(), out[slot].params.end(),
+                                           [&](const FamilyParam& p) { return p.name == need; });
+      if (found) continue;
+      const std::string object =
+          "/layers/" + std::to_string(layer) +
+          (need == "agents" ? "/agents" : "/family_params/" + std::string(need));
+      throw InputError(file, object,
+                       "the layer's family parameter " + std::string(need) + " of " + own.name() +
+                           " (docs/dump-format.md, \"Family parameters\")",
+                       "none");
+    }
+  }
+  if (!any) out.clear();
+  return out;
+}
+
+/// The file holding dump image `image` and the image's index in it.
+std::pair<const std::string*, long> image_file(const DumpSchema& s, int image) {
+  long first = 0;
+  for (std::size_t f = 0; f < s.files.size() && f < s.file_images.size(); ++f) {
+    if (image < first + s.file_images[f]) return {&s.files[f], image - first};
+    first += s.file_images[f];
+  }
+  return {&s.path, image};
+}
+
+/// Binds each selected head's family parameters of one image (the layers' and the image's agents).
+void read_family_params(const DumpSchema& s, const Selection& sel,
+                        const std::vector<LayerFamilyData>& data, int image, ImageBuffer& buf) {
+  buf.params.assign(sel.layers.size() * static_cast<std::size_t>(buf.qkv.heads), nullptr);
+  if (data.empty()) return;
+  for (std::size_t slot = 0; slot < sel.layers.size(); ++slot) {
+    const LayerFamilyData& layer = data[slot];
+    if (layer.empty()) continue;
+    const LayerGeometry g = s.geometry(sel.layers[slot]);
+    std::vector<MatD> agents;
+    if (layer.agents) {
+      const auto [file, index] = image_file(s, image);
+      agents = read_layer_agents(*file, sel.layers[slot], index, g.num_heads, g.head_dim);
+    }
+    for (int h = 0; h < g.num_heads; ++h) {
+      auto p = std::make_shared<FamilyParams>();
+      for (const FamilyParam& fp : layer.params)
+        p->values[fp.name] = fp.per_head[static_cast<std::size_t>(h)];
+      if (!agents.empty()) p->values["agents"] = agents[static_cast<std::size_t>(h)];
+      buf.params[slot * static_cast<std::size_t>(buf.qkv.heads) + static_cast<std::size_t>(h)] =
+          std::move(p);
+    }
+  }
+}
+
+void read_image(DumpReader& reader, const Selection& sel,
+                const std::vector<LayerFamilyData>& family_data, int image, ImageBuffer& buf) {
   reader.read_image_into(buf.qkv, image, sel.layers, sel.need_v);
   buf.schema = &reader.schema();
+  read_family_params(reader.schema(), sel, family_data, image, buf);
   buf.attn.clear();
   buf.out.clear();
   if (!sel.need_model_tensors) return;
@@ -122,11 +205,11 @@ ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
     const auto stored = static_cast<std::size_t>(slot * img.heads + head);
-    out.push_back(HeadView{img.image, layer, head, q, img.K(slot, head), img.V(slot, head), &raw,
-                           model_tensor(buf.attn, stored), model_tensor(buf.out, stored), &geo,
-                           sel.own_variants.empty()
-                               ? nullptr
-                               : &sel.own_variants[static_cast<std::size_t>(layer)]});
+    out.push_back(HeadView{
+        img.image, layer, head, q, img.K(slot, head), img.V(slot, head), &raw,
+        model_tensor(buf.attn, stored), model_tensor(buf.out, stored), &geo,
+        sel.own_variants.empty() ? nullptr : &sel.own_variants[static_cast<std::size_t>(layer)],
+        stored < buf.params.size() ? buf.params[stored] : nullptr});
   }
   return out;
 }
@@ -383,14 +466,17 @@ void stream_images(DumpReader& reader, const Selection& resolved,
   const auto t0 = std::chrono::steady_clock::now();
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
   reader.set_chunk_cache(plan.chunk_cache);
+  // Read on this thread before the reader's starts: HDF5 is used by one thread at a time.
+  const std::vector<LayerFamilyData> family_data =
+      read_layer_family_data(reader.schema(), resolved.layers);
   ImageQueue queue(plan.depth);
   ReaderThread guard{queue, {}};
-  guard.thread = std::thread([&reader, &resolved, &queue] {
+  guard.thread = std::thread([&reader, &resolved, &queue, &family_data] {
     try {
       for (int image : resolved.images) {
         ImageBuffer* b = queue.take_free();
         if (b == nullptr) return;
-        read_image(reader, resolved, image, *b);
+        read_image(reader, resolved, family_data, image, *b);
         queue.put_ready(b);
       }
     } catch (...) {

@@ -142,9 +142,10 @@ void MaskCollector::add_head(const HeadView& h) {
   for (std::size_t m = 0; m < masks_.size(); ++m) {
     const Mask mask = build_mask(masks_[m], grid_, mask_seed(seed_, h.image, h.layer, h.head));
     for (std::size_t v = 0; v < variants_.size(); ++v) {
+      const Variant variant = head_variant(variants_[v], h);
       const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
-        return device_ == Device::Cuda ? mask_head_cuda(variants_[v], q, k, values, scale_, mask)
-                                       : mask_head(variants_[v], q, k, values, scale_, mask);
+        return device_ == Device::Cuda ? mask_head_cuda(variant, q, k, values, scale_, mask)
+                                       : mask_head(variant, q, k, values, scale_, mask);
       });
       const std::size_t slot = ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
       const std::lock_guard lock(mutex_);

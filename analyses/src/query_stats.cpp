@@ -82,8 +82,8 @@ void query_stats_images(DumpReader& reader, const Selection& resolved,
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      const HeadQueryValues values =
-          in_head(hv.image, hv.layer, hv.head, [&] { return measure(variants[vi], hv); });
+      const HeadQueryValues values = in_head(
+          hv.image, hv.layer, hv.head, [&] { return measure(head_variant(variants, vi, hv), hv); });
       fold_head(layout, values, current.cells[vi][s]);
     }
   };

@@ -13,7 +13,8 @@ namespace attnscope::analyses {
 namespace {
 
 // Largest |x| with a floor, so that a head whose tensor is all zeros still gives a finite ratio.
-double magnitude(const MatF& m) {
+template <typename M>
+double magnitude(const M& m) {
   return std::max(static_cast<double>(m.cwiseAbs().maxCoeff()), 1e-30);
 }
 
@@ -66,10 +67,16 @@ void compare_head_in(const Variant& variant, const MatF& q, const MatF& k, const
     } else {
       out = attention_outputs<double>(variant, qd, kd, vd, scale, nullptr, &diag);
     }
-    const MatD err = (out - out_model->cast<double>()).cwiseAbs();
+    // The value channels this variant's map weighs in the model's output (all but for a family of
+    // several maps: PolaFormer's same-sign map weighs the first half, its opposite-sign map the
+    // rest).
+    const auto [c0, nc] = variant.family->output_columns(variant, static_cast<int>(out.cols()));
+    const MatD err =
+        (out.middleCols(c0, nc) - out_model->middleCols(c0, nc).cast<double>()).cwiseAbs();
     cell.has_out = true;
     cell.out_max_abs = std::max(cell.out_max_abs, err.maxCoeff());
-    cell.out_max_rel = std::max(cell.out_max_rel, err.maxCoeff() / magnitude(*out_model));
+    cell.out_max_rel =
+        std::max(cell.out_max_rel, err.maxCoeff() / magnitude(out_model->middleCols(c0, nc)));
     cell.out_sum_abs += err.sum();
     cell.out_values += err.size();
     cell.degenerate_rows += static_cast<long long>(diag.degenerate_rows.size());
@@ -162,8 +169,8 @@ void recompute_images(DumpReader& reader, const std::vector<Variant>& per_layer,
   for_each_head(
       reader, sel,
       [&](const HeadView& hv) {
-        compare_head(per_layer[static_cast<std::size_t>(hv.layer)], hv.q, hv.k, hv.v,
-                     head_scale(hv, s.attrs.scale), hv.out, hv.attn,
+        compare_head(head_variant(per_layer, static_cast<std::size_t>(hv.layer), hv), hv.q, hv.k,
+                     hv.v, head_scale(hv, s.attrs.scale), hv.out, hv.attn,
                      current.cells[first_cell[static_cast<std::size_t>(hv.layer)] +
                                    static_cast<std::size_t>(hv.head)],
                      hv.geometry);

@@ -175,7 +175,8 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
             const HeadView& hv = image[ls * nh + static_cast<std::size_t>(hs)];
             in_head(hv.image, hv.layer, hv.head, [&] {
               dead[static_cast<std::size_t>(hs)] =
-                  rollout_head_weights(var, hv.q, hv.k, scale, false, heads[static_cast<std::size_t>(hs)]);
+                  rollout_head_weights(head_variant(var, hv), hv.q, hv.k, scale, false,
+                                       heads[static_cast<std::size_t>(hs)]);
             });
           });
           for (int c : dead) degenerate += c;
@@ -204,8 +205,10 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      in_head(hv.image, hv.layer, hv.head,
-              [&] { dead[vi][s] = rollout_head_weights(variants[vi], hv.q, hv.k, scale, reference, weights[vi][s]); });
+      in_head(hv.image, hv.layer, hv.head, [&] {
+        dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
+                                           reference, weights[vi][s]);
+      });
     }
   };
   auto on_image = [&](int image) {

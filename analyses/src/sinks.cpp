@@ -168,8 +168,9 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       heads[vi][s] = in_head(hv.image, hv.layer, hv.head, [&] {
-        return reference ? head_sinks_reference(variants[vi], hv.q, hv.k, scale, opt.threshold)
-                         : head_sinks(variants[vi], hv.q, hv.k, scale, opt.threshold);
+        const Variant v = head_variant(variants, vi, hv);
+        return reference ? head_sinks_reference(v, hv.q, hv.k, scale, opt.threshold)
+                         : head_sinks(v, hv.q, hv.k, scale, opt.threshold);
       });
     }
     if (opt.norms == NormSource::None) return;

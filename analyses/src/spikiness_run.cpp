@@ -109,7 +109,7 @@ void SpikinessCollector::add_head(const HeadView& h) {
   const MatD k = h.k.cast<double>();
   for (std::size_t v = 0; v < result_.variants.size(); ++v) {
     const HeadSweeper sweeper = in_head(h.image, h.layer, h.head, [&] {
-      return HeadSweeper(result_.variants[v], k, scale_, opts_);
+      return HeadSweeper(head_variant(result_.variants[v], h), k, scale_, opts_, &h.q);
     });
     std::vector<LawResult> laws = sweeper.laws();
     for (auto it = first; it != last; ++it) {

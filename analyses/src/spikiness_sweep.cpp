@@ -2,6 +2,7 @@
 #include "attnscope/analyses/spikiness.hpp"
 
 #include "attnscope/attention.hpp"
+#include "attnscope/error.hpp"
 #include "attnscope/portable_math.hpp"
 
 #include <algorithm>
@@ -20,8 +21,13 @@ MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
   return t;
 }
 
-HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts)
-    : variant_(v), keys_(k), scale_(scale), opts_(std::move(opts)), space_(effective_space(v, opts_.space)) {
+HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts,
+                         const MatF* head_queries)
+    : variant_(v),
+      keys_(k),
+      scale_(scale),
+      opts_(std::move(opts)),
+      space_(effective_space(v, opts_.space)) {
   const KernelFamily* family = v.kernel();
   if (!family) {
     max_key_norm_ = k.rowwise().norm().maxCoeff();
@@ -29,7 +35,28 @@ HeadSweeper::HeadSweeper(const Variant& v, const MatD& k, double scale, Spikines
   }
   variant_.map.ensure_params(static_cast<int>(k.cols()));
   homogeneous_ = family->query_features_homogeneous(variant_);
-  keys_ = kernel_features(variant_, MatD(0, k.cols()), k, scale).k;
+  // The key side only (the queries' own features are not needed): f_k and, for a family whose
+  // row form has normaliser features of its own, g_k; the head's queries for a family whose keys
+  // read them (RALA's mean query).
+  const MatD queries = head_queries ? MatD(head_queries->cast<double>()) : MatD(0, k.cols());
+  keys_.resize(k.rows(), family->feature_dim(variant_, static_cast<int>(k.cols())));
+  family->key_features(variant_, queries, k, scale, keys_);
+  require_finite_keys(keys_, "key");
+  separate_ = family->separate_normaliser(variant_);
+  if (separate_) {
+    norm_keys_.resize(k.rows(), family->normaliser_dim(variant_, static_cast<int>(k.cols())));
+    family->normaliser_key_features(variant_, queries, k, scale, norm_keys_);
+    require_finite_keys(norm_keys_, "key normaliser");
+  }
+}
+
+void HeadSweeper::require_finite_keys(const MatD& f, const char* what) const {
+  for (Eigen::Index j = 0; j < f.rows(); ++j) {
+    if (!f.row(j).allFinite()) {
+      throw NumericalError(variant_.name() + ": " + what + " features of row " + std::to_string(j) +
+                           " are not finite (overflow or non-finite input)");
+    }
+  }
 }
 
 MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
@@ -47,10 +74,22 @@ MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
   const TokenPositions at_token{token, 0};
   if (space_ == ScaleSpace::Feature) {
     f_one = query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_).row(0).transpose();
+    if (separate_) {
+      const VecD g_one =
+          normaliser_query_features(variant_, q.transpose(), at_token, keys_.rows(), scale_)
+              .row(0)
+              .transpose();
+      return kernel_weights(variant_, scaled(f_one), keys_, scaled(g_one), norm_keys_);
+    }
     return kernel_weights(variant_, scaled(f_one), keys_);
   }
   const MatD f = query_features(variant_, scaled(q), at_token, keys_.rows(), scale_);
   f_one = f.row(0).transpose();
+  if (separate_) {
+    return kernel_weights(
+        variant_, f, keys_,
+        normaliser_query_features(variant_, scaled(q), at_token, keys_.rows(), scale_), norm_keys_);
+  }
   return kernel_weights(variant_, f, keys_);
 }
 
@@ -65,6 +104,11 @@ std::vector<LawResult> HeadSweeper::laws() const {
       r.applicable = false;
       r.why = "query-space scaling where the query features are not positively homogeneous (" +
               variant_.name() + "): f(a q) != a f(q)";
+    } else if (separate_ && (law == Law::MalaRatio || law == Law::MalaBetaGamma)) {
+      r.applicable = false;
+      r.why =
+          "the row form's S comes from normaliser features of its own (" + variant_.name() +
+          ": RoPE in the numerator only), not from the scores the law's beta, gamma are read from";
     }
     out.push_back(std::move(r));
   }

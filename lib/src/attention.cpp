@@ -53,9 +53,19 @@ void require_finite_features(ConstRef<double> f, const Variant& v, const char* w
 
 }  // namespace
 
-void key_features_into(const Variant& v, ConstRef<double> k, double scale, Eigen::Ref<MatD> out) {
-  kernel_of(v).key_features(v, k, scale, out);
+void key_features_into(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                       Eigen::Ref<MatD> out) {
+  kernel_of(v).key_features(v, q, k, scale, out);
   require_finite_features(out, v, "key");
+}
+
+void normaliser_features_into(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                              Eigen::Ref<MatD> gq, Eigen::Ref<MatD> gk) {
+  const KernelFamily& f = kernel_of(v);
+  f.normaliser_query_features(v, q, TokenPositions{}, k.rows(), scale, gq);
+  require_finite_features(gq, v, "query normaliser");
+  f.normaliser_key_features(v, q, k, scale, gk);
+  require_finite_features(gk, v, "key normaliser");
 }
 
 void query_features_into(const Variant& v, ConstRef<double> q, TokenPositions positions,
@@ -67,11 +77,29 @@ void query_features_into(const Variant& v, ConstRef<double> q, TokenPositions po
 }  // namespace detail
 
 KernelFeatures kernel_features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale) {
-  const int r = detail::kernel_of(v).feature_dim(v, static_cast<int>(q.cols()));
-  KernelFeatures f{MatD(q.rows(), r), MatD(k.rows(), r)};
+  const KernelFamily& family = detail::kernel_of(v);
+  const int r = family.feature_dim(v, static_cast<int>(q.cols()));
+  KernelFeatures f{MatD(q.rows(), r), MatD(k.rows(), r), MatD(), MatD(), false};
   detail::query_features_into(v, q, TokenPositions{}, k.rows(), scale, f.q);
-  detail::key_features_into(v, k, scale, f.k);
+  detail::key_features_into(v, q, k, scale, f.k);
+  if (family.separate_normaliser(v)) {
+    const int g = family.normaliser_dim(v, static_cast<int>(q.cols()));
+    f.gq.resize(q.rows(), g);
+    f.gk.resize(k.rows(), g);
+    f.separate = true;
+    detail::normaliser_features_into(v, q, k, scale, f.gq, f.gk);
+  }
   return f;
+}
+
+MatD normaliser_query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                               Eigen::Index n_keys, double scale) {
+  const KernelFamily& family = detail::kernel_of(v);
+  if (!family.separate_normaliser(v)) return query_features(v, q, positions, n_keys, scale);
+  MatD out(q.rows(), family.normaliser_dim(v, static_cast<int>(q.cols())));
+  family.normaliser_query_features(v, q, positions, n_keys, scale, out);
+  detail::require_finite_features(out, v, "query normaliser");
+  return out;
 }
 
 MatD query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
@@ -98,11 +126,12 @@ using RowBlock = Eigen::Ref<MatD>;
 /// matrix is ever allocated (outputs through weights never hold W at all).
 constexpr Eigen::Index kRowBlock = 32;
 
-/// Turns rows r0.. of P = F_q F_k^T into weights by each row's RowForm. `key_sum` is
-/// sum_m f_k(m) over all keys (used without a mask).
+/// Turns rows r0.. of P = F_q F_k^T into weights by each row's RowForm, from S_i = g_q(i).sum g_k
+/// (fq and fk themselves but for a family with normaliser features of its own). `key_sum` is
+/// sum_m g_k(m) over all keys (used without a mask).
 void kernel_rows(const Variant& v, const MatD& fq, const MatD& fk, const VecD& key_sum, RowBlock w,
                  Eigen::Index r0, const Mask* mask, std::vector<int>& degenerate) {
-  MatD kept_sums;  // row i: sum of f_k(m) over the keys kept by query r0 + i
+  MatD kept_sums;  // row i: sum of g_k(m) over the keys kept by query r0 + i
   if (mask) kept_sums.noalias() = mask->middleRows(r0, w.rows()).cast<double>().matrix() * fk;
   const double key_sum_norm = key_sum.norm();
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
@@ -147,7 +176,7 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
   VecD key_sum;
   if (!scores) {
     f = kernel_features(v, q, k, scale);
-    key_sum = f.k.colwise().sum().transpose();
+    key_sum = f.norm_k().colwise().sum().transpose();
   }
   std::vector<int> degenerate;
   MatD block(std::min(kRowBlock, q.rows()), k.rows());
@@ -161,7 +190,7 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
     } else {
       detail::count_product(rows, f.q.cols(), f.k.rows());
       portable::product_nt(f.q.middleRows(r0, rows), f.k, b);
-      kernel_rows(v, f.q, f.k, key_sum, b, r0, mask, degenerate);
+      kernel_rows(v, f.norm_q(), f.norm_k(), key_sum, b, r0, mask, degenerate);
     }
     sink(r0, b);
   }
@@ -173,7 +202,7 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
 /// on every call once a buffer crosses malloc's mmap threshold (N x 64 doubles at N = 256).
 class Scratch {
  public:
-  enum Slot { kQ, kK, kV, kFeatQ, kFeatK, kOut, kKV, kKeySum, kValueSum, kSlots };
+  enum Slot { kQ, kK, kV, kFeatQ, kFeatK, kOut, kKV, kKeySum, kValueSum, kNormQ, kNormK, kSlots };
   Eigen::Map<MatD> get(Slot slot, Eigen::Index rows, Eigen::Index cols) {
     Buffer& b = buffers_[slot];
     const auto need = static_cast<std::size_t>(rows * cols);
@@ -222,13 +251,19 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
   Eigen::Map<MatD> fq = s.get(Scratch::kFeatQ, q.rows(), r);
   Eigen::Map<MatD> fk = s.get(Scratch::kFeatK, k.rows(), r);
   detail::query_features_into(v, q, TokenPositions{}, k.rows(), scale, fq);
-  detail::key_features_into(v, k, scale, fk);
+  detail::key_features_into(v, q, k, scale, fk);
+  // S_i from the normaliser features where the family has its own (RoPE in the numerator only).
+  const bool separate = detail::kernel_of(v).separate_normaliser(v);
+  const Eigen::Index rg = separate ? detail::kernel_of(v).normaliser_dim(v, static_cast<int>(q.cols())) : r;
+  Eigen::Map<MatD> gq = separate ? s.get(Scratch::kNormQ, q.rows(), rg) : fq;
+  Eigen::Map<MatD> gk = separate ? s.get(Scratch::kNormK, k.rows(), rg) : fk;
+  if (separate) detail::normaliser_features_into(v, q, k, scale, gq, gk);
   Eigen::Map<MatD> kv = s.get(Scratch::kKV, r, values.cols());  // d' x dv
   detail::count_product(r, k.rows(), values.cols());
   portable::product(fk.transpose(), values, kv);
-  Eigen::Map<MatD> key_sum = s.get(Scratch::kKeySum, 1, r);
+  Eigen::Map<MatD> key_sum = s.get(Scratch::kKeySum, 1, rg);
   Eigen::Map<MatD> value_sum = s.get(Scratch::kValueSum, 1, values.cols());
-  key_sum = fk.colwise().sum();
+  key_sum = gk.colwise().sum();
   value_sum = values.colwise().sum();
   const double key_sum_norm = key_sum.norm();
   std::vector<int> degenerate;
@@ -236,7 +271,7 @@ void linear_time_outputs(const Variant& v, ConstRef<T> q_in, ConstRef<T> k_in, C
     detail::count_product(q.rows(), r, values.cols());
     portable::product(fq, kv, o);
     for (Eigen::Index i = 0; i < o.rows(); ++i) {
-      const auto qi = fq.row(i);
+      const auto qi = gq.row(i);
       const RowForm rn = kernel_row_form(v, qi.dot(key_sum.row(0)), static_cast<int>(k.rows()),
                                          qi.norm() * key_sum_norm);
       if (rn.degenerate) {
@@ -308,16 +343,26 @@ ConstRef<double> as_double(ConstRef<T> x, MatD& storage) {
 }  // namespace
 
 MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk, Diagnostics* diag) {
-  (void)detail::kernel_of(v);
-  if (fq.cols() != fk.cols()) {
-    throw UsageError(v.name() + ": query features are " + std::to_string(fq.cols()) +
-                     " wide, key features " + std::to_string(fk.cols()));
+  if (detail::kernel_of(v).separate_normaliser(v)) {
+    throw UsageError(v.name() + ": its row form takes normaliser features of its own; kernel_weights "
+                     "needs them (g_q, g_k)");
   }
-  const VecD key_sum = fk.colwise().sum().transpose();
+  return kernel_weights(v, fq, fk, fq, fk, diag);
+}
+
+MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk, const MatD& gq, const MatD& gk,
+                    Diagnostics* diag) {
+  (void)detail::kernel_of(v);
+  if (fq.cols() != fk.cols() || gq.cols() != gk.cols() || gq.rows() != fq.rows() || gk.rows() != fk.rows()) {
+    throw UsageError(v.name() + ": query features are " + std::to_string(fq.cols()) +
+                     " wide, key features " + std::to_string(fk.cols()) + " (normaliser " +
+                     std::to_string(gq.cols()) + ", " + std::to_string(gk.cols()) + ")");
+  }
+  const VecD key_sum = gk.colwise().sum().transpose();
   MatD w(fq.rows(), fk.rows());
   portable::product_nt(fq, fk, w);
   std::vector<int> degenerate;
-  kernel_rows(v, fq, fk, key_sum, w, 0, nullptr, degenerate);
+  kernel_rows(v, gq, gk, key_sum, w, 0, nullptr, degenerate);
   require_finite(w, v, "attention weights");
   publish(diag, std::move(degenerate));
   return w;

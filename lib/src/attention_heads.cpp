@@ -151,6 +151,10 @@ void kernel_head_outputs(const Variant& v, const double* q, Eigen::Index ldq, Ei
                          Eigen::Index dv, double scale, double* out, Eigen::Index ldo) {
   const KernelFamily* family = v.kernel();
   if (family == nullptr || n < 1) throw std::logic_error("kernel_head_outputs: no kernel form, or no keys");
+  if (family->separate_normaliser(v) || v.needs_params()) {
+    throw UsageError(v.name() + ": the fast heads take families computed from q and k alone, with S_i from "
+                     "their own features; attention_outputs computes this one");
+  }
   using Strided = Eigen::Map<const MatD, 0, Eigen::OuterStride<>>;
   const Strided qm(q, rows, d, Eigen::OuterStride<>(ldq)), km(k, n, d, Eigen::OuterStride<>(ldk));
   HeadScratch& s = head_scratch();
@@ -158,10 +162,10 @@ void kernel_head_outputs(const Variant& v, const double* q, Eigen::Index ldq, Ei
   Eigen::Map<MatD> fq(sized(s.fq, std::max<Eigen::Index>(rows * r, 1)), rows, r);
   Eigen::Map<MatD> fk(sized(s.fk, n * r), n, r);
   family->query_features(v, qm, TokenPositions{}, n, scale, fq);
-  family->key_features(v, km, scale, fk);
+  family->key_features(v, qm, km, scale, fk);
   // Not finite: the library's own check names the row (and throws).
   if (!portable::all_finite(fq.data(), rows * r)) detail::query_features_into(v, qm, TokenPositions{}, n, scale, fq);
-  if (!portable::all_finite(fk.data(), n * r)) detail::key_features_into(v, km, scale, fk);
+  if (!portable::all_finite(fk.data(), n * r)) detail::key_features_into(v, qm, km, scale, fk);
   // kv = F_k^T V: gemm_nn's order over the keys; F_k^T laid out row-major first.
   double* fk_t = sized(s.fk_t, r * n);
   for (Eigen::Index t = 0; t < n; ++t)

@@ -144,6 +144,11 @@ std::string family_param_attribute(const std::string& path, int layer, const std
   return out;
 }
 
+bool has_layer_agents(const std::string& path, int layer) {
+  const h5::Handle f = dump_detail::open_read_only(path);
+  return h5::exists(f.get(), "layers/" + std::to_string(layer) + "/agents");
+}
+
 std::vector<MatD> read_layer_agents(const std::string& path, int layer, long image, int heads,
                                     int head_dim) {
   const h5::Handle f = dump_detail::open_read_only(path);

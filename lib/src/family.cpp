@@ -48,10 +48,30 @@ const AttentionFamily& find_family(std::string_view name) {
 bool AttentionFamily::supports(const Variant& v, std::string* why) const {
   if (v.convention != Convention::CodeRope) return true;
   if (why) {
-    *why = v.name() + ": the code+rope convention (RoPE applied to q and k after z, as in the "
-                      "released MALA code) is reserved and not implemented";
+    *why = v.name() + ": code+rope names MALA's released form (RoPE in the numerator only: "
+                      "mala@code+rope, the family mala_rope); " + std::string(name()) + " has no such convention";
   }
   return false;
+}
+
+std::pair<int, int> AttentionFamily::output_columns(const Variant& /*v*/, int dv) const { return {0, dv}; }
+
+const MatD& family_param(const Variant& v, std::string_view name, Eigen::Index rows, Eigen::Index cols) {
+  const auto where = std::string(" (the layer's family parameter ") + std::string(name) +
+                     (name == "agents" ? ", /layers/L/agents of a dump" : ", /layers/L/family_params of a dump") +
+                     ", docs/dump-format.md)";
+  const MatD* m = nullptr;
+  if (v.params) {
+    const auto it = v.params->values.find(name);
+    if (it != v.params->values.end()) m = &it->second;
+  }
+  if (m == nullptr) throw UsageError(v.name() + ": needs " + std::string(name) + where + "; none is given");
+  const auto str = [](Eigen::Index x) { return x >= 0 ? std::to_string(x) : std::string("any"); };
+  if ((rows >= 0 && m->rows() != rows) || (cols >= 0 && m->cols() != cols)) {
+    throw UsageError(v.name() + ": " + std::string(name) + where + " is " + std::to_string(m->rows()) + " x " +
+                     std::to_string(m->cols()) + ", expected " + str(rows) + " x " + str(cols));
+  }
+  return *m;
 }
 
 bool AttentionFamily::rows_sum_to_one(const Variant& v) const { return v.convention != Convention::CodeRope; }
@@ -68,8 +88,8 @@ void KernelFamily::query_features(const Variant& v, ConstRef<double> q, TokenPos
   detail::apply_feature_map_into<double>(v.map, q, feature_factor(v, scale, n_keys), out);
 }
 
-void KernelFamily::key_features(const Variant& v, ConstRef<double> k, double scale,
-                                Eigen::Ref<MatD> out) const {
+void KernelFamily::key_features(const Variant& v, ConstRef<double> /*q*/, ConstRef<double> k,
+                                double scale, Eigen::Ref<MatD> out) const {
   detail::apply_feature_map_into<double>(v.map, k, feature_factor(v, scale, k.rows()), out);
 }
 

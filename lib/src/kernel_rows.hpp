@@ -16,8 +16,13 @@ namespace attnscope::detail {
 void check_inputs(const Variant& v, Eigen::Index q_rows, Eigen::Index q_cols, Eigen::Index k_rows,
                   Eigen::Index k_cols, const Mask* mask);
 
-/// The family's key features into out (k.rows() x feature_dim), checked finite.
-void key_features_into(const Variant& v, ConstRef<double> k, double scale, Eigen::Ref<MatD> out);
+/// The family's key features into out (k.rows() x feature_dim), checked finite; q: the head's
+/// queries (KernelFamily::key_features).
+void key_features_into(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                       Eigen::Ref<MatD> out);
+/// The family's normaliser features g_q (queries at positions 0..) and g_k, checked finite.
+void normaliser_features_into(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                              Eigen::Ref<MatD> gq, Eigen::Ref<MatD> gk);
 /// The family's query features into out, checked finite.
 void query_features_into(const Variant& v, ConstRef<double> q, TokenPositions positions,
                          Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out);

@@ -18,7 +18,8 @@ LowRankForm low_rank_form(const Variant& v, ConstRef<T> q, ConstRef<T> k, double
   const Eigen::Index n = f.k.rows();
   const Eigen::Index r = f.k.cols();
   const bool offset = family->has_offset();
-  const VecD key_sum = f.k.colwise().sum().transpose();
+  // S_i from the normaliser features where the family has its own (norm_q, norm_k).
+  const VecD key_sum = f.norm_k().colwise().sum().transpose();
   const double key_sum_norm = key_sum.norm();
 
   LowRankForm out;
@@ -29,8 +30,8 @@ LowRankForm low_rank_form(const Variant& v, ConstRef<T> q, ConstRef<T> k, double
 
   std::vector<int> degenerate;
   for (Eigen::Index i = 0; i < f.q.rows(); ++i) {
-    const RowForm rf = kernel_row_form(v, f.q.row(i).dot(key_sum.transpose()), static_cast<int>(n),
-                                       f.q.row(i).norm() * key_sum_norm);
+    const RowForm rf = kernel_row_form(v, f.norm_q().row(i).dot(key_sum.transpose()), static_cast<int>(n),
+                                       f.norm_q().row(i).norm() * key_sum_norm);
     if (rf.degenerate) {
       degenerate.push_back(static_cast<int>(i));
       continue;

@@ -64,9 +64,17 @@ Convention parse_convention(std::string_view s) {
 
 Variant::Variant() : family(&find_family("softmax")) {}
 
+Variant Variant::with_params(std::shared_ptr<const FamilyParams> p) const {
+  Variant out = *this;
+  if (p) out.params = std::move(p);
+  return out;
+}
+
 std::string Variant::name() const {
   std::string out(family->name());
   if (uses_map()) out.append(":").append(map.name());
+  const std::vector<std::string_view> parts = family->parts();
+  if (!parts.empty()) out.append(":").append(parts.at(static_cast<std::size_t>(part)));
   return out.append("@").append(to_string(convention));
 }
 
@@ -95,6 +103,17 @@ Variant parse_variant(std::string_view spec_in, Convention default_convention, s
     }
   }
   const std::string family(v.family->name());
+  const std::vector<std::string_view> parts = v.family->parts();
+  if (!parts.empty() && map_spec) {  // the map slot names one of the family's row maps
+    std::string known;
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      if (parts[p] == *map_spec) v.part = static_cast<int>(p);
+      known += (p ? ", " : "") + std::string(parts[p]);
+    }
+    if (parts[static_cast<std::size_t>(v.part)] != *map_spec)
+      bad_spec(spec, family + " computes the maps " + known + "; '" + std::string(*map_spec) + "' is none of them");
+    map_spec.reset();
+  }
   const MapRule rule = v.family->map_rule();
   if (rule == MapRule::None && map_spec) bad_spec(spec, family + " takes no feature map");
   if (rule == MapRule::Required && !map_spec) {
@@ -107,6 +126,12 @@ Variant parse_variant(std::string_view spec_in, Convention default_convention, s
     v.map = parse_feature_map(v.family->default_map(), seed);
   }
   v.convention = convention.value_or(default_convention);
+  // A convention computed by another family (mala@code+rope is mala_rope@code): hand it over, map
+  // and all (both families take the same maps).
+  if (const auto moved = v.family->convention_family(v.convention)) {
+    v.family = moved->first;
+    v.convention = moved->second;
+  }
   return v;
 }
 

@@ -148,7 +148,7 @@ def test_variant_errors_are_the_command_lines(attnscope_module, attnscope_bin, t
                     "--images", "1", "--grid-height", "2", "--grid-width", "2"], check=True,
                    capture_output=True)
     q = np.zeros((5, 16), np.float32)
-    for spec in ["softmaxx", "linear", "mala@code+rope", "inline:bogus"]:
+    for spec in ["softmaxx", "linear", "inline@code+rope", "inline:bogus"]:
         r = subprocess.run([attnscope_bin, "locality", "--dump", str(dump), "--out",
                             str(tmp_path / "o"), "--variant", spec], capture_output=True, text=True)
         assert r.returncode != 0, spec

@@ -268,10 +268,10 @@ def test_a_layer_attribute_naming_no_family_is_an_error(tmp_path, attnscope_bin)
     path = tmp_path / "d.h5"
     dump_model(InLineDeiT(depth=2).eval(), image_loader(2, size=28), str(path))
     with h5py.File(path, "a") as f:
-        f["layers/1"].attrs["attention_family"] = "agent"
+        f["layers/1"].attrs["attention_family"] = "nosuchfamily"
     r = _run(attnscope_bin, "info", path)
     assert r.returncode != 0 and "/layers/1 attribute 'attention_family'" in r.stderr \
-        and "'agent:identity@code'" in r.stderr, r.stderr
+        and "'nosuchfamily:identity@code'" in r.stderr, r.stderr
 
 
 def test_weights_are_refused_for_the_linear_time_modules(tmp_path):
@@ -282,10 +282,14 @@ def test_weights_are_refused_for_the_linear_time_modules(tmp_path):
 
 
 def test_the_refusals_registry_is_the_builds(attnscope_bin):
-    """The dumper refuses a recognised family that attention.FAMILY_TABLE lacks; that table must
-    list exactly the families of `attnscope info --families`, so the refusal is the build's."""
+    """The dumper refuses a recognised family that attention.FAMILY_TABLE lacks; that table and
+    the families of field_families.py (those with per-layer data; the released MALA, `mala` in
+    `code+rope`, is the registry's `mala_rope`) must list exactly the families of `attnscope info
+    --families`, so the refusal is the build's."""
     from attnscope_dump.attention import FAMILY_TABLE
+    from attnscope_dump.field_families import FIELD_FAMILIES
     r = _run(attnscope_bin, "info", "--families")
     assert r.returncode == 0, r.stderr
     built = [line.strip() for line in r.stdout.splitlines() if line and not line[0].isspace()]
-    assert sorted(built) == sorted(FAMILY_TABLE), (built, list(FAMILY_TABLE))
+    python = set(FAMILY_TABLE) | {"mala_rope" if f == "mala" else f for f in FIELD_FAMILIES}
+    assert sorted(built) == sorted(python), (built, sorted(python))

@@ -198,3 +198,46 @@ def test_mlla_rotation_is_per_head_slices_of_the_channel_wide_one(tmp_path):
     z = torch.view_as_real(torch.view_as_complex(x.reshape(1, 2, 3, 2, 2).contiguous())
                           * torch.complex(c, s)).flatten(-2)
     assert torch.allclose(rotate(x, c, s), z)
+
+
+FIELD_MODELS = {
+    "mlla": (lambda: MllaModel(), 16, {}, ["mlla@code"]),
+    "rala": (lambda: RopeStageModel("rala"), 16, {}, ["rala@code"]),
+    "mala": (lambda: RopeStageModel("mala"), 16, {}, ["mala_rope:elu1@code"]),
+    "polaformer": (lambda: FLattenPVT(attn_type="PS", img_size=32, num_heads=(2, 2)), 32, {"layers": [0, 1]},
+                   ["polaformer:same@code", "polaformer:opposite@code"]),
+    "agent": (lambda: AgentDeiT(agent_layer=2, depth=2), 28, {}, ["agent@code"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIELD_MODELS))
+def test_attnscope_recomputes_the_dumped_field_families(tmp_path, attnscope_bin, name):
+    """The registry's families read the dumper's family parameters: `attnscope recompute`
+    reproduces each module's stored output (PolaFormer: both maps, each on its half of the value
+    channels), and an analysis runs on the dump; the same dump without its parameters is refused
+    naming the missing dataset."""
+    import subprocess
+    torch.manual_seed(5)
+    make, size, kw, variants = FIELD_MODELS[name]
+    _dump(make().eval(), tmp_path / "d.h5", size, **kw)
+    for i, variant in enumerate(variants):
+        args = [attnscope_bin, "recompute", "--dump", str(tmp_path / "d.h5"), "--out", str(tmp_path / f"r{i}")]
+        if i > 0:
+            args += ["--variant", variant]
+        r = subprocess.run(args, capture_output=True, text=True)
+        assert r.returncode == 0 and "PASS" in r.stdout, (variant, r.stdout, r.stderr)
+        with open(tmp_path / f"r{i}" / "recompute.csv") as f:
+            rows = [line for line in f.read().splitlines()[1:] if line]
+        assert any(row.startswith(variant + ",") for row in rows), (variant, rows)
+    r = subprocess.run([attnscope_bin, "locality", "--dump", str(tmp_path / "d.h5"), "--out", str(tmp_path / "loc")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(tmp_path / "d.h5", "r+") as f:
+        for g in f["layers"].values():
+            for n in ("family_params", "agents"):
+                if n in g:
+                    del g[n]
+    r = subprocess.run([attnscope_bin, "locality", "--dump", str(tmp_path / "d.h5"), "--out", str(tmp_path / "bare")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert ("agents" if name == "agent" else "feature_scale" if name == "polaformer" else "rope_cos") in r.stderr

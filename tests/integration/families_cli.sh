@@ -1,5 +1,7 @@
-# Every family of the registry (`attnscope info --families`) through every analysis on a synthetic
-# dump of its own (the code convention, whose InLine and MALA rows are O(1/N) as in real models):
+# Every family of the registry (`attnscope info --families`) computed from q and k alone through
+# every analysis on a synthetic dump of its own (the code convention, whose InLine and MALA rows
+# are O(1/N) as in real models); the families that need per-layer model data ("layer data" in
+# their block) run in field_families_cli.sh on dumps that carry it:
 # confusion (fast counts equal to --reference, at a radius wide enough that the counts are not all
 # zero), locality, maps, census, spikiness, distance, entropy, sinks, rank and rollout (fast against --reference). No family is named here: a family
 # added to the registry is run by this test as it is.
@@ -10,6 +12,8 @@ cp "$WORK/out.txt" "$WORK/families.txt"
 families=$(grep -E '^[a-z]' "$WORK/families.txt")
 [ "$(echo "$families" | wc -l)" -ge 6 ] || { echo "FAIL: info --families: $families"; exit 1; }
 for family in $families; do
+  awk -v f="$family" '$0 == f { on = 1; next } /^[a-z]/ { on = 0 } on && /layer data/ { found = 1 } END { exit !found }' \
+    "$WORK/families.txt" && continue
   rule=$(awk -v f="$family" '$0 == f {getline; print $3; exit}' "$WORK/families.txt")
   case "$rule" in
     none) map=none; spec=$family ;;

@@ -16,9 +16,20 @@ inline const std::vector<std::string>& feature_map_specs() {
   return maps;
 }
 
+/// The families computed from q and k alone (every family but those that need per-layer model
+/// data, AttentionFamily::params: the field's families, which test_field_registry.cpp walks with
+/// their data bound).
+inline std::vector<const AttentionFamily*> qk_families() {
+  std::vector<const AttentionFamily*> out;
+  for (const AttentionFamily* family : all_families()) {
+    if (!parse_variant(example_spec(*family)).needs_params()) out.push_back(family);
+  }
+  return out;
+}
+
 inline std::vector<std::string> all_variant_specs() {
   std::vector<std::string> specs;
-  for (const AttentionFamily* family : all_families()) {
+  for (const AttentionFamily* family : qk_families()) {
     const std::string name(family->name());
     if (family->map_rule() == MapRule::None) {
       for (const char* convention : {"paper", "code"}) specs.push_back(name + "@" + convention);

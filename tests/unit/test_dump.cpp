@@ -557,10 +557,10 @@ TEST_F(DumpTest, PerLayerFamilyOverridesTheRoot) {
 
 TEST_F(DumpTest, PerLayerFamilyNamingNoVariantIsAnInputError) {
   const std::string p = valid_dump();
-  RawFile(p).set_group_string("/layers/2", "attention_family", "agent");
+  RawFile(p).set_group_string("/layers/2", "attention_family", "nosuchfamily");
   expect_input_error(
-      p, "/layers/2 attribute 'attention_family'", "found 'agent:none@paper'",
-      [&] { open_only(p); }, "family agent on layer 2");
+      p, "/layers/2 attribute 'attention_family'", "found 'nosuchfamily:none@paper'",
+      [&] { open_only(p); }, "family nosuchfamily on layer 2");
 }
 
 TEST_F(DumpTest, LocalTermIsReadAndItsShapeChecked) {

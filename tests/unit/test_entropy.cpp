@@ -131,7 +131,7 @@ TEST(Entropy, UniformRowIsLogN) {
     }
   }
   // Identical keys: uniform rows for every family whose weights do not depend on positions.
-  for (const AttentionFamily* family : all_families()) {
+  for (const AttentionFamily* family : test::qk_families()) {
     if (family->position_dependent()) continue;
     const Variant v = parse_variant(example_spec(*family));
     const MatF q = test::random_matrix(63, 7, 5, 1.0).cast<float>();

@@ -3,6 +3,8 @@
 // rows count multiply-adds). test_negative_controls.cpp runs each check where it must fail.
 #include "attnscope/analyses/propositions.hpp"
 
+#include "variant_specs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -154,8 +156,9 @@ TEST(VerifyAll, EveryRowPassesAndNoneDependsOnTiming) {
   const auto rows = verify_all(o);
   // 20 fixed rows and the linear-form identity of every kernel family, paper and code.
   const std::vector<std::string> forms = linear_form_specs();
+  const std::vector<const AttentionFamily*> families = test::qk_families();  // verify draws q and k alone
   EXPECT_EQ(forms.size(), 2 * static_cast<std::size_t>(std::count_if(
-                                  all_families().begin(), all_families().end(),
+                                  families.begin(), families.end(),
                                   [](const AttentionFamily* f) { return f->kernel() != nullptr; })));
   EXPECT_EQ(rows.size(), 20u + forms.size());
   for (const std::string& spec : forms) {

@@ -144,7 +144,7 @@ SpikinessOptions sweep_options() {
 std::vector<std::string> sweep_variants() {
   std::vector<std::string> out{"linear:elu1",     "inline@code",    "mala:elu1@code",
                                "linear:identity", "mala:relu@code", "linear:focused=3"};
-  for (const AttentionFamily* family : all_families()) {
+  for (const AttentionFamily* family : test::qk_families()) {
     out.push_back(example_spec(*family));
   }
   return out;

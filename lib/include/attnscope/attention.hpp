@@ -68,6 +68,12 @@ Mat<T> attention_outputs_explicit(const Variant& v, ConstRef<T> q, ConstRef<T> k
 struct KernelFeatures {
   MatD q;  ///< N_q x r
   MatD k;  ///< N x r
+  /// The normaliser features g_q, g_k of a family whose S_i has its own (KernelFamily::
+  /// separate_normaliser); empty otherwise: then S_i comes from q and k.
+  MatD gq, gk;
+  bool separate = false;
+  [[nodiscard]] const MatD& norm_q() const { return separate ? gq : q; }
+  [[nodiscard]] const MatD& norm_k() const { return separate ? gk : k; }
 };
 [[nodiscard]] KernelFeatures kernel_features(const Variant& v, ConstRef<double> q, ConstRef<double> k,
                                              double scale);
@@ -78,9 +84,16 @@ struct KernelFeatures {
 /// magnitude that overflowed double: the tiny rule would then call the row degenerate.
 [[nodiscard]] RowForm kernel_row_form(const Variant& v, double S, int n_kept, double magnitude);
 /// Weights from features (no mask): w_ij = a_i fq(i).fk(j) + b_i with each row's RowForm;
-/// degenerate rows are 0 and listed in `diag`.
+/// degenerate rows are 0 and listed in `diag`. UsageError for a family whose S_i has features of
+/// its own (the overload below takes them).
 [[nodiscard]] MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk,
                                   Diagnostics* diag = nullptr);
+/// The same with S_i = gq(i).sum gk (KernelFamily::separate_normaliser).
+[[nodiscard]] MatD kernel_weights(const Variant& v, const MatD& fq, const MatD& fk, const MatD& gq,
+                                  const MatD& gk, Diagnostics* diag = nullptr);
+/// g_q of query rows at `positions` (KernelFamily::separate_normaliser; f_q otherwise).
+[[nodiscard]] MatD normaliser_query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                                             Eigen::Index n_keys, double scale);
 
 /// Low-rank form of the kernel families (no mask): W = Z M with Z = N x r', M = r' x N,
 ///   z_i = [a_i f_q(i), b_i],  M = [F_k^T ; 1^T]       (r' = r + 1)

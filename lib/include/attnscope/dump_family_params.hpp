@@ -39,6 +39,9 @@ struct FamilyParam {
                                                  const std::string& name,
                                                  const std::string& fallback = "");
 
+/// Whether /layers/L/agents exists.
+[[nodiscard]] bool has_layer_agents(const std::string& path, int layer);
+
 /// /layers/L/agents of one image: [heads] matrices agents x head_dim (float16 or float32 data).
 [[nodiscard]] std::vector<MatD> read_layer_agents(const std::string& path, int layer, long image,
                                                   int heads, int head_dim);

@@ -18,14 +18,35 @@
 
 #include "attnscope/layout.hpp"
 
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace attnscope {
 
 struct Variant;
 class KernelFamily;
+enum class Convention;
+
+/// One head's model data beyond q, k and v that a family's formula needs, as the model computed
+/// it (docs/dump-format.md "Family parameters"): named matrices, e.g. rope_cos and rope_sin
+/// (tokens x head_dim/2), feature_scale and exponent (1 x head_dim), agent_bias (agents x
+/// tokens), token_bias (tokens x agents) and the image's agents (agents x head_dim). Whoever reads
+/// them (the dump loop, a test) binds them to a Variant (Variant::params); the family asks for
+/// what it needs by name (AttentionFamily::params()).
+struct FamilyParams {
+  std::map<std::string, MatD, std::less<>> values;
+};
+
+/// The parameter `name` bound to v, with `rows` x `cols` (each checked where >= 0). UsageError
+/// naming the variant, the parameter and where a dump keeps it when none is bound, or naming the
+/// expected and found shapes.
+[[nodiscard]] const MatD& family_param(const Variant& v, std::string_view name, Eigen::Index rows,
+                                       Eigen::Index cols);
 
 /// How a spec's map slot is used: none allowed, required, or defaulted.
 enum class MapRule { None, Required, Defaulted };
@@ -60,6 +81,24 @@ class AttentionFamily {
   [[nodiscard]] virtual std::vector<MagnitudeLaw> magnitude_laws() const = 0;
   /// The kernel form, or null (softmax).
   [[nodiscard]] virtual const KernelFamily* kernel() const { return nullptr; }
+  /// Names of the per-layer model data variant v's formula needs beyond q and k
+  /// (FamilyParams: "rope_cos", "agents", ...); empty for families computed from q and k alone.
+  /// A variant of such a family computes only with them bound (Variant::params).
+  [[nodiscard]] virtual std::vector<std::string_view> params(const Variant& /*v*/) const { return {}; }
+  /// Where a head of the family computes several row maps (PolaFormer's same- and opposite-sign
+  /// maps), their names: the spec's map slot picks one ("polaformer:opposite"), the first by
+  /// default. Empty: one map.
+  [[nodiscard]] virtual std::vector<std::string_view> parts() const { return {}; }
+  /// The value channels [first, first + count) of dv that variant v's map weighs in the model's
+  /// output (PolaFormer: the first ceil(dv/2) for the same-sign map). Default: all of them.
+  [[nodiscard]] virtual std::pair<int, int> output_columns(const Variant& v, int dv) const;
+  /// The family and convention that compute this family's convention c when another family does
+  /// (mala's code+rope, the released code's RoPE form, is mala_rope@code): parse_variant hands
+  /// such a spec over. Default: none.
+  [[nodiscard]] virtual std::optional<std::pair<const AttentionFamily*, Convention>> convention_family(
+      Convention /*c*/) const {
+    return std::nullopt;
+  }
 };
 
 /// a_i, b_i of one row of the kernel form, or a degenerate row (weights and outputs 0, reported).
@@ -85,9 +124,26 @@ class KernelFamily : public AttentionFamily {
   /// model's N is `n_keys`. Default: c phi(q), c = feature_factor().
   virtual void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
                               Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const;
-  /// Key features f_k of all N keys (row j is token j). Default: c phi(k).
-  virtual void key_features(const Variant& v, ConstRef<double> k, double scale,
+  /// Key features f_k of all N keys (row j is token j); `q` holds every query of the head (RALA
+  /// re-weights its keys by the mean query; other families ignore it). Default: c phi(k).
+  virtual void key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
                             Eigen::Ref<MatD> out) const;
+  /// Whether S_i, the input of the row form, comes from normaliser features of its own
+  /// (S_i = g_q(i).sum_kept g_k), not from f_q and f_k: RoPE in the numerator only (MLLA, RALA,
+  /// MALA's released form). The weights stay a_i f_q(i).f_k(j) + b_i, so the linear-time outputs
+  /// and the low-rank form are unchanged; only S_i and its magnitude |g_q(i)| |sum g_k| differ.
+  [[nodiscard]] virtual bool separate_normaliser(const Variant& /*v*/) const { return false; }
+  /// Width of g_q and g_k (separate_normaliser). Default: feature_dim.
+  [[nodiscard]] virtual int normaliser_dim(const Variant& v, int d) const { return feature_dim(v, d); }
+  /// g_q of query rows at `positions` and g_k of all keys (separate_normaliser). Defaults: f_q, f_k.
+  virtual void normaliser_query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                                         Eigen::Index n_keys, double scale, Eigen::Ref<MatD> out) const {
+    query_features(v, q, positions, n_keys, scale, out);
+  }
+  virtual void normaliser_key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k,
+                                       double scale, Eigen::Ref<MatD> out) const {
+    key_features(v, q, k, scale, out);
+  }
   /// The convention's factor on phi used by the default features: 1 (paper), (s/N)^1/2 (code).
   [[nodiscard]] virtual double feature_factor(const Variant& v, double scale, Eigen::Index n_keys) const;
   /// a_i, b_i from S = f_q(i).sum_kept f_k, the kept count and magnitude = |f_q(i)| |sum_kept f_k|

@@ -4,9 +4,10 @@
 //   family      a name of the family registry (family.hpp; `attnscope info --families` lists them)
 //   map         a feature_map spec (feature_map.hpp), for families whose MapRule allows one:
 //               softmax, efficient and cosformer take none, linear requires one, inline defaults
-//               to identity, mala to elu1
+//               to identity, mala to elu1; for a family with several row maps (parts(): PolaFormer's
+//               same, opposite) the name of one, default the first
 //   convention  paper (the papers' equations) | code (the released code's scaling) |
-//               code+rope (reserved for MALA's post-z RoPE: parses, supports() says no)
+//               code+rope (MALA as its released code computes it: RoPE in the numerator only)
 // "mala:code" and "inline:paper" are accepted as shorthand: a map slot holding a convention name.
 // Without @convention the default passed to parse_variant applies (a dump's own, or paper).
 // Each family's weights, in both conventions, are documented in its own file under
@@ -16,6 +17,7 @@
 #include "attnscope/family.hpp"
 #include "attnscope/feature_map.hpp"
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +31,11 @@ struct Variant {
   const AttentionFamily* family;  ///< never null: an entry of the registry
   FeatureMap map;  ///< used only by families whose MapRule is not None
   Convention convention = Convention::Paper;
+  /// Which of the family's row maps (AttentionFamily::parts(); 0 for families with one).
+  int part = 0;
+  /// One head's model data for families that need it (AttentionFamily::params()); null until
+  /// bound (the dump loop binds each head's). Not part of the name: a variant names a formula.
+  std::shared_ptr<const FamilyParams> params;
 
   /// Canonical spec, e.g. "softmax@paper", "linear:relu@paper", "mala:elu1@code".
   [[nodiscard]] std::string name() const;
@@ -42,6 +49,10 @@ struct Variant {
   [[nodiscard]] bool rows_sum_to_one() const { return family->rows_sum_to_one(*this); }
   /// Whether the spec carries a feature map (the family's MapRule is not None).
   [[nodiscard]] bool uses_map() const { return family->map_rule() != MapRule::None; }
+  /// Whether the family needs per-layer model data (AttentionFamily::params()).
+  [[nodiscard]] bool needs_params() const { return !family->params(*this).empty(); }
+  /// This variant with `p` bound (the same variant when p is null).
+  [[nodiscard]] Variant with_params(std::shared_ptr<const FamilyParams> p) const;
 };
 
 [[nodiscard]] Variant parse_variant(std::string_view spec, Convention default_convention = Convention::Paper,

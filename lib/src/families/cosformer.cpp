@@ -42,8 +42,8 @@ class CosFormer final : public KernelFamily {
                       Eigen::Index n_keys, double /*scale*/, Eigen::Ref<MatD> out) const override {
     positional_features(q, positions, n_keys, out);
   }
-  void key_features(const Variant& /*v*/, ConstRef<double> k, double /*scale*/,
-                    Eigen::Ref<MatD> out) const override {
+  void key_features(const Variant& /*v*/, ConstRef<double> /*q*/, ConstRef<double> k,
+                    double /*scale*/, Eigen::Ref<MatD> out) const override {
     positional_features(k, TokenPositions{}, k.rows(), out);
   }
   RowForm row_form(double S, int n_kept, double magnitude) const override {

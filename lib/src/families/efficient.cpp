@@ -35,8 +35,8 @@ class Efficient final : public KernelFamily {
                       Eigen::Index /*n_keys*/, double /*scale*/, Eigen::Ref<MatD> out) const override {
     softmax_each_row(q, out);
   }
-  void key_features(const Variant& /*v*/, ConstRef<double> k, double /*scale*/,
-                    Eigen::Ref<MatD> out) const override {
+  void key_features(const Variant& /*v*/, ConstRef<double> /*q*/, ConstRef<double> k,
+                    double /*scale*/, Eigen::Ref<MatD> out) const override {
     for (Eigen::Index t = 0; t < k.cols(); ++t) {
       const double top = k.col(t).maxCoeff();
       out.col(t) = (k.col(t).array() - top).unaryExpr(portable::Exp{}).matrix();

@@ -1,8 +1,11 @@
 // mala (MALA, Fan et al. ICCV 2025, eq. 8-9): beta_i phi(q_i).phi(k_j) - gamma_i with
 // S = phi(q_i).sum_m phi(k_m), beta = 1 + 1/S, gamma = S/N; phi defaulting to ELU + 1. Code
 // convention: phi scaled by (s/N)^1/2. Degenerate where S is zero or tiny (kTinyDenominator);
-// weights can be negative.
+// weights can be negative. The released code's form (RoPE in the numerator only), which dumps
+// name mala@code+rope, is the family mala_rope (mala_rope.cpp): convention_family hands it over.
 #include "attnscope/family.hpp"
+
+#include "attnscope/variant.hpp"
 
 #include <cmath>
 
@@ -19,6 +22,12 @@ class Mala final : public KernelFamily {
   MapRule map_rule() const override { return MapRule::Defaulted; }
   std::string_view default_map() const override { return "elu1"; }
   bool weights_can_be_negative() const override { return true; }
+  std::optional<std::pair<const AttentionFamily*, Convention>> convention_family(
+      Convention c) const override {
+    if (c != Convention::CodeRope) return std::nullopt;
+    return std::pair<const AttentionFamily*, Convention>{&find_family("mala_rope"),
+                                                         Convention::Code};
+  }
   std::vector<MagnitudeLaw> magnitude_laws() const override {
     return {MagnitudeLaw::MalaRatio, MagnitudeLaw::MalaBetaGamma};
   }

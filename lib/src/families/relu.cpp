@@ -42,8 +42,8 @@ class ReluLinear final : public KernelFamily {
                       Eigen::Ref<MatD> out) const override {
     out = q.cwiseMax(0.0);
   }
-  void key_features(const Variant& /*v*/, ConstRef<double> k, double /*scale*/,
-                    Eigen::Ref<MatD> out) const override {
+  void key_features(const Variant& /*v*/, ConstRef<double> /*q*/, ConstRef<double> k,
+                    double /*scale*/, Eigen::Ref<MatD> out) const override {
     out = k.cwiseMax(0.0);
   }
   RowForm row_form(double S, int n_kept, double magnitude) const override {

@@ -108,14 +108,19 @@ struct HeadView {
   const LayerGeometry* geometry = nullptr;
   /// The layer's own variant when the selection asks for each layer's (Selection::own_variants).
   const Variant* own_variant = nullptr;
+  /// This head's family parameters as the dump records them (/layers/L/family_params of the
+  /// head, and the image's /layers/L/agents; docs/dump-format.md), null when the layer has none.
+  std::shared_ptr<const FamilyParams> params = nullptr;
 };
 
 /// The variant an analysis applies to a head: its layer's own (Selection::own_variants), or
-/// variants[vi].
-inline const Variant& head_variant(const std::vector<Variant>& variants, std::size_t vi,
-                                   const HeadView& hv) {
-  return hv.own_variant != nullptr ? *hv.own_variant : variants[vi];
+/// variants[vi], with the head's family parameters bound (Variant::params). Every analysis takes
+/// its variant here, so a family that needs per-layer data finds it whatever the analysis.
+inline Variant head_variant(const std::vector<Variant>& variants, std::size_t vi, const HeadView& hv) {
+  return (hv.own_variant != nullptr ? *hv.own_variant : variants[vi]).with_params(hv.params);
 }
+/// One variant bound to the head's family parameters.
+inline Variant head_variant(const Variant& v, const HeadView& hv) { return v.with_params(hv.params); }
 
 /// The model's scale of a head's layer (its geometry's, else the dump's).
 inline double head_scale(const HeadView& hv, double dump_scale) {

@@ -143,8 +143,10 @@ inline constexpr double kPoleGuard = 1e-6;
 /// that many queries of the same head share them. Thread-safe for concurrent sweep() calls.
 class HeadSweeper {
  public:
-  /// k: N x d keys; scale: the model's s.
-  HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts);
+  /// k: N x d keys; scale: the model's s; head_queries: every query of the head, for a family
+  /// whose key features depend on them (RALA's mean query; null: none, which such a family refuses).
+  HeadSweeper(const Variant& v, const MatD& k, double scale, SpikinessOptions opts,
+              const MatF* head_queries = nullptr);
 
   /// Sweeps one query (a row of d values) at token position `token` (the features of
   /// position-dependent families need it). Adds its law deviations to `laws` (one entry per law
@@ -162,9 +164,15 @@ class HeadSweeper {
   [[nodiscard]] MatD rows(const VecD& q, Eigen::Index token, VecD& f_one) const;
   void check_laws(const VecD& q, const VecD& f_one, const MatD& w, const VecD& w1, int hi, int lo,
                   std::vector<LawResult>& laws) const;
+  /// NumericalError naming the first row of f that is not finite (as attention.hpp's features).
+  void require_finite_keys(const MatD& f, const char* what) const;
 
   Variant variant_;
   MatD keys_;        ///< K (softmax) or f_k (kernel families, the convention's factor included)
+  /// g_k of a family whose row form has normaliser features of its own (separate_normaliser);
+  /// empty otherwise. The sweep scales g_q with f_q: both are the query's features.
+  MatD norm_keys_;
+  bool separate_ = false;
   double scale_;
   SpikinessOptions opts_;
   ScaleSpace space_;
