@@ -114,7 +114,8 @@ MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec
       grid_(grid),
       scale_(scale),
       seed_(seed) {
-  for (const Variant& v : variants_) {
+  own_ = resolved.own_variants;
+  for (const Variant& v : own_.empty() ? variants_ : own_) {
     std::string why;
     if (!v.supports(&why)) throw UsageError(v.name() + " cannot be masked: " + why);
   }
@@ -123,7 +124,8 @@ MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec
       for (int layer : layers_)
         for (int head : heads_) {
           MaskCell c;
-          c.variant = v.name();
+          // With each layer's own variant (Selection::own_variants) the cell names the layer's.
+          c.variant = own_.empty() ? v.name() : own_[static_cast<std::size_t>(layer)].name();
           c.mask = m.name();
           c.layer = layer;
           c.head = head;
@@ -143,8 +145,9 @@ void MaskCollector::add_head(const HeadView& h) {
     const Mask mask = build_mask(masks_[m], grid_, mask_seed(seed_, h.image, h.layer, h.head));
     for (std::size_t v = 0; v < variants_.size(); ++v) {
       const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
-        return device_ == Device::Cuda ? mask_head_cuda(variants_[v], q, k, values, scale_, mask)
-                                       : mask_head(variants_[v], q, k, values, scale_, mask);
+        const Variant& var = own_.empty() ? variants_[v] : own_[static_cast<std::size_t>(h.layer)];
+        return device_ == Device::Cuda ? mask_head_cuda(var, q, k, values, scale_, mask)
+                                       : mask_head(var, q, k, values, scale_, mask);
       });
       const std::size_t slot = ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
       const std::lock_guard lock(mutex_);

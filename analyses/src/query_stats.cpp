@@ -68,7 +68,7 @@ void query_stats_images(DumpReader& reader, const Selection& resolved,
   const DumpSchema& schema = reader.schema();
   const std::size_t nh = resolved.heads.size();
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
-  std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
+  std::vector<int> head_slot(static_cast<std::size_t>(schema.max_heads()), -1);
   for (std::size_t s = 0; s < resolved.layers.size(); ++s)
     layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
@@ -82,8 +82,8 @@ void query_stats_images(DumpReader& reader, const Selection& resolved,
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      const HeadQueryValues values =
-          in_head(hv.image, hv.layer, hv.head, [&] { return measure(variants[vi], hv); });
+      const HeadQueryValues values = in_head(
+          hv.image, hv.layer, hv.head, [&] { return measure(head_variant(variants, vi, hv), hv); });
       fold_head(layout, values, current.cells[vi][s]);
     }
   };
