@@ -984,3 +984,63 @@ class CSwinModel(nn.Module):
         for blk in self.stage2:
             x = blk(x)
         return self.head(x.mean(dim=1))
+
+
+# ----------------------------------------------------------------------------- RAVLT / MALA stages
+class VanillaSelfAttention(_QkvoAttention):
+    """RAVLT's and MALA's softmax stages: RALA's convolutions, q and k rotated by the stage's RoPE,
+    softmax(s q k^T) V, then MALA's and RALA's lepe and gate."""
+
+    def __init__(self, dim, num_heads):
+        super().__init__(dim, num_heads)
+        del self.elu  # the softmax stages have no ELU map
+
+    def forward(self, x, sin, cos):
+        q, k, v, gate, lepe = self.split(x)
+        q, k = _turn_every_two(q, sin, cos), _turn_every_two(k, sin, cos)
+        w = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1)
+        return self.finish(w @ v, gate, lepe)
+
+
+class RopeStage(nn.Module):
+    """One stage: its `RoPE`, `blocks` (RopeStageBlock) and a stride-2 convolution (`downsample`)
+    to the next stage's map."""
+
+    def __init__(self, attns, dim, out_dim):
+        super().__init__()
+        self.RoPE = StageRoPE(dim, attns[0].num_heads)
+        self.blocks = nn.ModuleList([RopeStageBlock(a) for a in attns])
+        self.downsample = None
+        if out_dim:
+            self.downsample = nn.Module()
+            self.downsample.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
+
+    def forward(self, x):
+        sin, cos = self.RoPE(*x.shape[-2:])
+        for blk in self.blocks:
+            x = blk(x, sin, cos)
+        return x if self.downsample is None else self.downsample.reduction(x)
+
+
+class RavltModel(nn.Module):
+    """RAVLT ('rala') or MALA ('mala') as released: `layers[i]` stages over 2-D maps, flags per
+    stage 'l' (the linear attention) or 'v' (VanillaSelfAttention), e.g. 'llvv' for linear in
+    stages 1-2 and softmax in 3-4; a 4x4 patch embedding, no prefix token."""
+
+    def __init__(self, kind="rala", flags="lv", in_chans=1, num_classes=5, dims=(16, 32),
+                 num_heads=(2, 2), depth=1):
+        super().__init__()
+        lin = AddLinearAttention if kind == "mala" else GateLinearAttentionNoSilu
+        self.patch_embed = nn.Conv2d(in_chans, dims[0], 4, 4)
+        self.layers = nn.ModuleList()
+        for i, f in enumerate(flags):
+            cls = lin if f == "l" else VanillaSelfAttention
+            self.layers.append(RopeStage([cls(dims[i], num_heads[i]) for _ in range(depth)],
+                                         dims[i], dims[i + 1] if i + 1 < len(flags) else None))
+        self.head = nn.Linear(dims[-1], num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        for stage in self.layers:
+            x = stage(x)
+        return self.head(x.mean(dim=(2, 3)))
