@@ -217,8 +217,8 @@ def test_ravlt_and_mala_hybrid_linear_then_softmax_stages(tmp_path, attnscope_bi
     attns = [s.blocks[0].attn for s in model.layers]
     before = _proj_inputs(model, x, [a.proj for a in attns])
     gates = []
-    hooks = [a.qkvo.register_forward_hook(lambda _m, _i, o: gates.append(o[:, 3 * o.shape[1] // 4:]))
-             for a in attns]
+    hooks = [a.qkvo.register_forward_hook(
+        lambda _m, _i, o: gates.append(o[:, 3 * o.shape[1] // 4:])) for a in attns]
     with torch.no_grad():
         model(x)
     for h in hooks:
