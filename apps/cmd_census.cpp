@@ -113,6 +113,9 @@ int run_census_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
+  sel.geometry_why =
+      "census counts each head's N x N weights over the dump's tokens; windows, keys from a "
+      "reduced grid and other stages' grids are not counted yet";
   sel.need_v = false;  // the census looks at attention weights only
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);

@@ -51,17 +51,21 @@ void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
     for (const auto& c : r.cells[v]) {
       const analyses::RunningStats& q = c.queries[0];
       const bool any = q.count > 0;
-      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << c.images[0].mean << ","
+      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
+                 << c.layer << "," << c.head << "," << c.images[0].mean << ","
                  << c.images[0].stddev() << "," << q.stddev() << "," << (any ? q.min : 0.0) << ","
-                 << (any ? q.max : 0.0) << "," << q.count << "," << c.images[0].count << "," << c.queries[1].mean
-                 << "," << c.counters[0] << "," << c.counters[1] << "," << c.counters[2] << "\n";
+                 << (any ? q.max : 0.0) << "," << q.count << "," << c.images[0].count << ","
+                 << c.queries[1].mean << "," << c.counters[0] << "," << c.counters[1] << ","
+                 << c.counters[2] << "\n";
     }
   }
   f.close();
 }
 
-/// Per variant: the per-layer means (over heads) and how its weights were taken.
-nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
+/// Per variant: the per-layer means (over heads) and how its weights were taken (`own`: each
+/// layer's own variant, when the run applies them).
+nlohmann::json variant_results(const analyses::QueryStatsResult& r,
+                               const std::vector<Variant>& own) {
   nlohmann::json out = nlohmann::json::array();
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     nlohmann::json layers = nlohmann::json::array();
@@ -70,13 +74,17 @@ nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
     }
     std::int64_t negative = 0;
     for (const auto& c : r.cells[v]) negative += c.counters[1];
-    const bool signed_weights = r.variants[v].family->weights_can_be_negative() || negative > 0;
-    out.push_back({{"variant", r.variants[v].name()},
-                   {"per_layer", layers},
-                   {"negative_weight_rows", negative},
-                   {"weights", signed_weights ? "signed: the weights as given, negative ones included; a row's "
-                                                "distance is a signed sum and can fall outside [0, max_distance]"
-                                              : "non-negative"}});
+    bool signed_weights = r.variants[v].family->weights_can_be_negative() || negative > 0;
+    for (const Variant& o : own)
+      signed_weights = signed_weights || o.family->weights_can_be_negative();
+    out.push_back(
+        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
+         {"per_layer", layers},
+         {"negative_weight_rows", negative},
+         {"weights", signed_weights
+                         ? "signed: the weights as given, negative ones included; a row's "
+                           "distance is a signed sum and can fall outside [0, max_distance]"
+                         : "non-negative"}});
   }
   return out;
 }
@@ -89,7 +97,8 @@ void print_summary(const analyses::QueryStatsResult& r, const analyses::PatchSiz
             << std::setprecision(4) << uniform << ")\n"
             << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << std::setw(28) << r.variants[v].name();
+    std::cout << std::setw(28)
+              << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
     for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
       std::cout << " " << std::fixed << std::setprecision(3) << mean;
     }
@@ -117,7 +126,11 @@ int run_distance_cmd(const std::vector<std::string>& args) {
   const ResolvedDevice device = apply_device("distance", f.common, false);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
+  const analyses::Selection sel = with_own_variants(
+      make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
+      "distance measures each row over the dump's one token grid, keys at the queries' cells; "
+      "windows, keys from a reduced grid and other stages' grids are not measured yet");
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const analyses::PatchSize patch = analyses::patch_size_of(reader, f.patch_size);
   const analyses::PatchGeometry geometry(schema.attrs.grid, patch.height, patch.width);
@@ -131,7 +144,8 @@ int run_distance_cmd(const std::vector<std::string>& args) {
   }
   RunMetadata meta("distance");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params() =
+      diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"patch_size", patch_json},
                         {"renormalise", f.opt.renormalise},
                         {"prefix_tokens", "dropped as queries and keys"},
@@ -140,9 +154,11 @@ int run_distance_cmd(const std::vector<std::string>& args) {
                sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
+  totals.result().layer_variant_names = own_names;
   const auto measure = analyses::distance_measure(geometry, f.opt, schema.attrs.scale, f.reference);
   auto publish = [&](analyses::QueryStatsResult& r) {
     require_measured_rows(totals.measured(), "there is no distance to measure");
+    for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "distance.json");
     write_csv(set, r);
@@ -150,7 +166,7 @@ int run_distance_cmd(const std::vector<std::string>& args) {
     meta.results() = {{"images", r.images},
                       {"max_distance", geometry.max_distance()},
                       {"uniform_baseline", analyses::uniform_distance(geometry, f.opt.renormalise)},
-                      {"variants", variant_results(r)},
+                      {"variants", variant_results(r, sel.own_variants)},
                       {"ms_per_image", timer.summary()}};
     meta.publish(set);
   };

@@ -51,11 +51,12 @@ void write_csv(ResultSet& set, const analyses::QueryStatsResult& r, double log_n
       const analyses::RunningStats& q = c.queries[0];
       const bool any = q.count > 0;
       const double mean = c.images[0].mean;
-      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << mean << ","
-                 << (log_n > 0.0 ? mean / log_n : 0.0) << "," << c.images[0].stddev() << "," << q.stddev() << ","
-                 << (any ? q.min : 0.0) << "," << (any ? q.max : 0.0) << "," << q.count << ","
-                 << c.images[0].count << "," << c.counters[0] << "," << c.counters[1] << "," << c.queries[1].mean
-                 << "\n";
+      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
+                 << c.layer << "," << c.head << "," << mean << ","
+                 << (log_n > 0.0 ? mean / log_n : 0.0) << "," << c.images[0].stddev() << ","
+                 << q.stddev() << "," << (any ? q.min : 0.0) << "," << (any ? q.max : 0.0) << ","
+                 << q.count << "," << c.images[0].count << "," << c.counters[0] << ","
+                 << c.counters[1] << "," << c.queries[1].mean << "\n";
     }
   }
   f.close();
@@ -74,9 +75,10 @@ nlohmann::json variant_results(const analyses::QueryStatsResult& r, double log_n
     for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
       layers.push_back({{"layer", layer}, {"mean_entropy", mean}, {"mean_normalised", log_n > 0 ? mean / log_n : 0.0}});
     }
-    out.push_back({{"variant", r.variants[v].name()},
-                   {"per_layer", layers},
-                   {"negative_weight_rows", negative_rows(r.cells[v])}});
+    out.push_back(
+        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
+         {"per_layer", layers},
+         {"negative_weight_rows", negative_rows(r.cells[v])}});
   }
   return out;
 }
@@ -87,7 +89,8 @@ void print_summary(const analyses::QueryStatsResult& r, int tokens, double log_n
             << (eps > 0 ? " + eps" : "") << "))\n"
             << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << std::setw(28) << r.variants[v].name();
+    std::cout << std::setw(28)
+              << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
     for (const auto& [layer, mean] : layer_means(r.cells[v], 0, log_n > 0 ? 1.0 / log_n : 0.0)) {
       std::cout << " " << std::fixed << std::setprecision(3) << mean;
     }
@@ -113,7 +116,11 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
   const ResolvedDevice device = apply_device("entropy", f.common, false);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
+  const analyses::Selection sel = with_own_variants(
+      make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
+      "entropy takes each row over the dump's one set of key tokens (log N of the root's tokens); "
+      "windows, keys from a reduced grid and other stages' grids are not measured yet");
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int tokens = schema.attrs.num_tokens;
   const double log_n = analyses::max_entropy(tokens);
@@ -122,7 +129,8 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
 
   RunMetadata meta("entropy");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params() =
+      diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"log_eps", f.opt.log_eps},
                         {"queries", "every token, prefix tokens included"},
                         {"keys", "every token"},
@@ -132,9 +140,11 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
                sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
+  totals.result().layer_variant_names = own_names;
   const auto measure = analyses::entropy_measure(f.opt, schema.attrs.scale, f.reference);
   auto publish = [&](analyses::QueryStatsResult& r) {
     require_measured_rows(totals.measured(), "there is no entropy to measure");
+    for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "entropy.json");
     write_csv(set, r, log_n);

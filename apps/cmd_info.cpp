@@ -108,13 +108,14 @@ void check_values(DumpReader& r) {
   Progress progress("info", static_cast<std::size_t>(s.num_images));
   analyses::Selection every = analyses::resolve(s, {});
   every.need_model_tensors = true;
+  every.any_geometry = true;  // only reads: every layer in its own shape
   analyses::for_each_head(
       r, every, [](const analyses::HeadView&) {}, [&](int) { progress.tick(); });
   progress.finish();
   for (int l = 0; l < s.attrs.num_layers; ++l) {  // the local terms (not read by the loop)
     if (!s.layer_has_local[static_cast<std::size_t>(l)]) continue;
     for (int i = 0; i < s.num_images; ++i)
-      for (int h = 0; h < s.attrs.num_heads; ++h) (void)r.read_local(i, l, h);
+      for (int h = 0; h < s.geometry(l).num_heads; ++h) (void)r.read_local(i, l, h);
   }
   (void)r.read_logits();
   (void)r.read_images(nullptr);

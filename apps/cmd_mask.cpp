@@ -4,6 +4,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "image_run.hpp"
+#include "model_layers.hpp"
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
 
@@ -28,7 +29,7 @@ po::options_description mask_options(MaskFlags& f) {
   po::options_description d("options");
   add_dump_option(d, f.common);
   add_out_option(d, f.common, "results/mask");
-  add_variant_option(d, f.common);
+  add_variant_option(d, f.common, dumps_own_variant(true));
   add_selection_options(d, f.sel, false);
   d.add_options()("mask", po::value(&f.masks)->value_name("LIST")->default_value(f.masks),
                   "masks: local:K (each grid query loses its K x K window, itself included; K odd) "
@@ -49,7 +50,8 @@ nlohmann::json to_record(const std::vector<analyses::MaskCell>& cells) {
   StatsColumns removed;
   std::vector<long long> empty, degenerate;
   for (const auto& c : cells) {
-    if (c.change.count > 1 || c.change.count != 1 - c.unmeasured_heads) {
+    // One value or one unmeasured head; neither for a head its layer lacks (dropped when written).
+    if (c.change.count + c.unmeasured_heads > 1) {
       throw Error("internal: a mask cell is not one image's");
     }
     change.push_back(c.change.count ? nlohmann::json(c.change.mean) : nlohmann::json());
@@ -132,18 +134,23 @@ void write_csv(ResultSet& set, const std::string& name, const std::vector<analys
   f.close();
 }
 
-void print_table(const std::vector<analyses::MaskCell>& ts, const std::vector<Variant>& variants,
+void print_table(const std::vector<analyses::MaskCell>& ts,
                  const std::vector<analyses::MaskSpec>& masks, std::size_t images) {
+  // The variants as the totals name them (with each layer's own: each family of the layers).
+  std::vector<std::string> names;
+  for (const auto& t : ts) {
+    if (std::find(names.begin(), names.end(), t.variant) == names.end()) names.push_back(t.variant);
+  }
   std::cout << "|O' - O| / |O| per head, mean (std) over " << images
             << " images x layers x heads; removed mass per query in brackets\n"
             << std::left << std::setw(12) << "mask";
-  for (const Variant& v : variants) std::cout << std::setw(34) << v.name();
+  for (const std::string& v : names) std::cout << std::setw(34) << v;
   std::cout << "\n";
   for (const auto& m : masks) {
     std::cout << std::setw(12) << m.name();
-    for (const Variant& v : variants) {
+    for (const std::string& v : names) {
       const auto it = std::find_if(ts.begin(), ts.end(), [&](const analyses::MaskCell& t) {
-        return t.variant == v.name() && t.mask == m.name();
+        return t.variant == v && t.mask == m.name();
       });
       std::ostringstream cell;
       cell << std::setprecision(3) << it->change.mean << " (" << it->change.stddev() << ") ["
@@ -165,7 +172,13 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   const std::vector<analyses::MaskSpec> masks = analyses::parse_mask_specs(f.masks);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  sel.geometry_why =
+      "mask removes windows and random keys of the dump's one token grid from every query; "
+      "windows, keys from a reduced grid and other stages' grids are not masked yet";
+  sel.own_variants = layers_own_variants(f.common, schema, sel.layers);  // a hybrid dump's
+  const std::map<int, std::string> own_names =
+      own_variant_names(schema, sel.own_variants, sel.layers);
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   analyses::MaskCollector collector(variants, masks, sel, schema.attrs.grid, schema.attrs.scale,
                                     f.common.seed);
@@ -175,7 +188,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   meta.inputs() = {{"dump", f.common.dump}};
   nlohmann::json mask_names = nlohmann::json::array();
   for (const auto& m : masks) mask_names.push_back(m.name());
-  meta.params() = {{"variants", variant_names(variants)},
+  meta.params() = {{"variants", variants_json(variants, own_names)},
                    {"masks", mask_names},
                    {"images", sel.images.size()},
                    {"layers", model_layers_of(schema, sel.layers)},
@@ -206,6 +219,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
     long long measured = 0;
     for (const auto& c : cells) measured += c.change.count;
     require_measured_rows(measured, "no head output could be compared");
+    drop_missing_heads(cells, schema);
     report_model_layers(cells, schema);
     ResultSet set(dir, "mask.json");
     write_csv(set, "mask_per_head.csv", cells, true);
@@ -225,7 +239,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
     meta.publish(set);
   };
   if (!run.finish(apply, publish)) return 0;
-  print_table(ts, variants, masks, sel.images.size());
+  print_table(ts, masks, sel.images.size());
   return 0;
 }
 

@@ -56,7 +56,8 @@ void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
              << std::setprecision(10);
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (const auto& c : r.cells[v]) {
-      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << c.queries[0].count;
+      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
+                 << c.layer << "," << c.head << "," << c.queries[0].count;
       stat(f.stream(), c.queries[0], true);   // rank
       stat(f.stream(), c.queries[1], false);  // erank
       stat(f.stream(), c.queries[2], true);   // kv rank
@@ -82,7 +83,9 @@ nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
       if (residual.count(layer) != 0) l["mean_out_residual"] = residual.at(layer);
       layers.push_back(std::move(l));
     }
-    out.push_back({{"variant", r.variants[v].name()}, {"per_layer", layers}});
+    out.push_back(
+        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
+         {"per_layer", layers}});
   }
   return out;
 }
@@ -91,7 +94,8 @@ void print_summary(const analyses::QueryStatsResult& r, int tokens) {
   std::cout << "rank of the attention matrix (" << r.images << " images; N = " << tokens
             << "): numerical / effective, per layer, mean over heads\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << std::left << std::setw(28) << r.variants[v].name();
+    std::cout << std::left << std::setw(28)
+              << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
     const auto erank = layer_means(r.cells[v], 1);
     for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
       std::cout << " " << std::fixed << std::setprecision(1) << mean << "/" << erank.at(layer);
@@ -118,7 +122,11 @@ int run_rank_cmd(const std::vector<std::string>& args) {
   const ResolvedDevice device = apply_device("rank", f.common, false);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
+  const analyses::Selection sel = with_own_variants(
+      make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
+      "rank is that of the head's one N x N matrix over the dump's tokens; a layer of windows is "
+      "block-diagonal (one matrix per window) and reduced keys give N x M: not measured yet");
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int tokens = schema.attrs.num_tokens;
   const analyses::QueryStatsLayout layout = analyses::rank_layout(tokens);
@@ -130,7 +138,8 @@ int run_rank_cmd(const std::vector<std::string>& args) {
   }
   RunMetadata meta("rank");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params() =
+      diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"rank_tol", f.opt.rank_tol},
                         {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
                                                          : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
@@ -138,6 +147,7 @@ int run_rank_cmd(const std::vector<std::string>& args) {
   ImageRun run(f.control, "rank", args, dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
+  totals.result().layer_variant_names = own_names;
   const auto measure = analyses::rank_measure(f.opt, schema.attrs.scale, f.reference);
   auto publish = [&](analyses::QueryStatsResult& r) {
     std::int64_t rows = 0;  // rows that are not degenerate: a W of zero rows measures nothing
@@ -145,6 +155,7 @@ int run_rank_cmd(const std::vector<std::string>& args) {
       for (const auto& c : cells) rows += c.queries[0].count * tokens - c.counters[0];
     }
     require_measured_rows(rows, "there is no matrix to measure");
+    for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "rank.json");
     write_csv(set, r);

@@ -69,13 +69,19 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
     throw InputError(schema.path, "attribute 'prefix_tokens'",
                      "at least 1: a CLS token, whose row of the rollout is the map", "0");
   }
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
+  const analyses::Selection sel =
+      with_own_variants(make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
+                        "the rollout multiplies every layer's token-to-token N x N matrices "
+                        "through the model: windows, keys from a reduced grid and token counts "
+                        "that change between stages (patch merging) leave that product undefined");
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("rollout");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params() =
+      diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"fusion", analyses::to_string(fusion)},
                         {"layers_in_order", model_layers_of(schema, analyses::layers_in_model_order(schema, sel.layers))},
                         {"step", "A = rownorm(fuse(W_heads) + I); R = A_last ... A_first; the map: R's row of token 0"}});
@@ -105,6 +111,10 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
   std::vector<std::vector<double>> sum(variants.size(), std::vector<double>(static_cast<std::size_t>(tokens), 0.0));
   std::vector<std::int64_t> fixed(variants.size(), 0), degenerate(variants.size(), 0);
   std::int64_t images = 0;
+  // A rollout runs through every layer: with each layer's own variant it is "each_layer_own".
+  auto name = [&](std::size_t v) {
+    return analyses::all_layers_variant_name(own_names, variants[v]);
+  };
   auto apply = [&](int image, const nlohmann::json& rec) {
     open_set();
     const analyses::RolloutImage img = from_record(image, rec, variants.size(), tokens);
@@ -112,7 +122,8 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
       for (int t = 0; t < tokens; ++t) {
         const double x = img.cls[v][static_cast<std::size_t>(t)];
         sum[v][static_cast<std::size_t>(t)] += x;
-        maps->stream() << variants[v].name() << "," << image << "," << t << "," << cell_of(grid, t) << "," << x << "\n";
+        maps->stream() << name(v) << "," << image << "," << t << "," << cell_of(grid, t) << "," << x
+                       << "\n";
       }
       fixed[v] += img.fixed_rows[v];
       degenerate[v] += img.degenerate_rows[v];
@@ -135,18 +146,19 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
       int top = grid.prefix;
       for (int t = 0; t < tokens; ++t) {
         const double m = sum[v][static_cast<std::size_t>(t)] / static_cast<double>(images);
-        mean.stream() << variants[v].name() << "," << t << "," << cell_of(grid, t) << "," << m << "\n";
+        mean.stream() << name(v) << "," << t << "," << cell_of(grid, t) << "," << m << "\n";
         if (t < grid.prefix) prefix += m;
         if (t >= grid.prefix && sum[v][static_cast<std::size_t>(t)] > sum[v][static_cast<std::size_t>(top)]) top = t;
       }
-      per_variant.push_back({{"variant", variants[v].name()},
-                             {"cls_to_prefix", prefix},
-                             {"cls_to_grid", 1.0 - prefix},
-                             {"top_grid_token", top},
-                             {"top_grid_cell", {grid.row(top), grid.col(top)}},
-                             {"top_grid_mean", sum[v][static_cast<std::size_t>(top)] / static_cast<double>(images)},
-                             {"rows_replaced_by_identity", fixed[v]},
-                             {"degenerate_rows", degenerate[v]}});
+      per_variant.push_back(
+          {{"variant", name(v)},
+           {"cls_to_prefix", prefix},
+           {"cls_to_grid", 1.0 - prefix},
+           {"top_grid_token", top},
+           {"top_grid_cell", {grid.row(top), grid.col(top)}},
+           {"top_grid_mean", sum[v][static_cast<std::size_t>(top)] / static_cast<double>(images)},
+           {"rows_replaced_by_identity", fixed[v]},
+           {"degenerate_rows", degenerate[v]}});
     }
     mean.close();
     meta.results() = {{"images", images}, {"variants", per_variant}, {"ms_per_image", timer.summary()}};

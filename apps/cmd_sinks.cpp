@@ -121,10 +121,11 @@ void write_csvs(ResultSet& set, const analyses::SinksResult& r, const TokenGrid&
         const std::size_t top = top_key(h);
         double prefix = 0.0;
         for (int j = 0; j < grid.prefix; ++j) prefix += h.received_sum[static_cast<std::size_t>(j)];
-        f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << h.images << ","
-                   << h.images_with_sink << "," << static_cast<double>(h.images_with_sink) / n << "," << top << ","
-                   << h.received_sum[top] / n << "," << prefix / n << "," << h.top_received_sum / n << ","
-                   << h.degenerate_rows << "\n";
+        f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], h.layer)
+                   << "," << h.layer << "," << h.head << "," << h.images << ","
+                   << h.images_with_sink << "," << static_cast<double>(h.images_with_sink) / n
+                   << "," << top << "," << h.received_sum[top] / n << "," << prefix / n << ","
+                   << h.top_received_sum / n << "," << h.degenerate_rows << "\n";
       }
     }
     f.close();
@@ -136,7 +137,8 @@ void write_csvs(ResultSet& set, const analyses::SinksResult& r, const TokenGrid&
       for (const auto& h : r.heads[v]) {
         const double n = h.images > 0 ? static_cast<double>(h.images) : 1.0;
         for (std::size_t j = 0; j < h.received_sum.size(); ++j) {
-          f.stream() << r.variants[v].name() << "," << h.layer << "," << h.head << "," << j << ","
+          f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], h.layer)
+                     << "," << h.layer << "," << h.head << "," << j << ","
                      << cell_of(grid, static_cast<int>(j)) << "," << h.received_sum[j] / n << ","
                      << h.sink_images[j] << "\n";
         }
@@ -181,9 +183,10 @@ nlohmann::json results_json(const analyses::SinksResult& r) {
     for (const auto& [layer, share] : sink_share_per_layer(r.heads[v])) {
       layers.push_back({{"layer", layer}, {"sink_share", share}});
     }
-    variants.push_back({{"variant", r.variants[v].name()},
-                        {"sink_share", pairs > 0 ? static_cast<double>(with) / static_cast<double>(pairs) : 0.0},
-                        {"per_layer", layers}});
+    variants.push_back(
+        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
+         {"sink_share", pairs > 0 ? static_cast<double>(with) / static_cast<double>(pairs) : 0.0},
+         {"per_layer", layers}});
   }
   nlohmann::json norms = nlohmann::json::array();
   for (const auto& l : r.layers) {
@@ -198,7 +201,8 @@ void print_summary(const analyses::SinksResult& r, const analyses::SinkOptions& 
             << " of every query's row)\n"
             << std::left << std::setw(28) << "variant" << "per layer, share of (image, head) pairs with a sink\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    std::cout << std::setw(28) << r.variants[v].name();
+    std::cout << std::setw(28)
+              << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
     for (const auto& [layer, share] : sink_share_per_layer(r.heads[v])) {
       std::cout << " " << std::fixed << std::setprecision(3) << share;
     }
@@ -225,13 +229,19 @@ int run_sinks_cmd(const std::vector<std::string>& args) {
   const ResolvedDevice device = apply_device("sinks", f.common, false);
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
+  const analyses::Selection sel =
+      with_own_variants(make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
+                        "a sink is one key that every query of the layer attends to: with windows "
+                        "a key is seen by its own window's queries only, and reduced keys are no "
+                        "tokens of the layer, so the measure is not defined there");
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("sinks");
   meta.inputs() = {{"dump", f.common.dump}};
-  meta.params() = diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device);
+  meta.params() =
+      diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"threshold", f.opt.threshold},
                         {"norms", to_string(f.opt.norms)},
                         {"norm_ratio", f.opt.norm_ratio},
@@ -250,6 +260,7 @@ int run_sinks_cmd(const std::vector<std::string>& args) {
     progress.finish();
   });
   analyses::SinksTotals totals(variants, sel, schema.attrs.num_tokens, f.opt.norms != analyses::NormSource::None);
+  totals.result().layer_variant_names = own_names;
   auto apply = [&](int image, const nlohmann::json& rec) { totals.add(from_record(image, rec, sel)); };
   auto publish = [&] {
     analyses::SinksResult& r = totals.result();
@@ -258,6 +269,7 @@ int run_sinks_cmd(const std::vector<std::string>& args) {
       for (const auto& h : hs) measured += h.images;
     }
     require_measured_rows(measured, "no key receives attention to measure");
+    for (auto& hs : r.heads) drop_missing_heads(hs, schema);
     for (auto& hs : r.heads) report_model_layers(hs, schema);
     report_model_layers(r.layers, schema);
     ResultSet set(dir, "sinks.json");

@@ -320,13 +320,23 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   const analyses::HeadSource source =
       f.synthetic ? analyses::HeadSource::synthetic(so) : analyses::HeadSource::dump(*reader);
   const DumpSchema& schema = source.schema();
-  const analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
+  sel.geometry_why =
+      "spikiness sweeps rows over the dump's one token grid; windows, keys from a reduced grid and "
+      "other stages' grids are not measured yet";
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int n_tokens = schema.attrs.num_tokens;
-  const auto samples =
+  auto samples =
       f.tokens.empty()
           ? analyses::draw_samples(sel, n_tokens, f.samples, f.common.seed)
           : analyses::grid_samples(sel, n_tokens, analyses::parse_index_list(f.tokens, "--tokens"));
+  // A dump whose layers differ in heads: the selection's heads go up to the most of any layer;
+  // queries of heads a layer lacks are dropped (a dump of one head count keeps every draw).
+  samples.erase(std::remove_if(samples.begin(), samples.end(),
+                               [&](const analyses::QuerySample& q) {
+                                 return q.head >= schema.geometry(q.layer).num_heads;
+                               }),
+                samples.end());
   if (samples.empty()) throw UsageError("no query selected (--samples 0?)");
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 

@@ -80,7 +80,8 @@ VariantDefault dumps_own_variant(bool each_layer) {
                                schema.layer_variants_text(layers) +
                                "); this command applies one variant to every layer: give "
                                "--variant, or --layers of one family (recompute, confusion, "
-                               "locality and maps use each layer's own)");
+                               "locality, maps, distance, entropy, rank, sinks, rollout and "
+                               "mask use each layer's own)");
             }
             try {
               return std::vector<Variant>{

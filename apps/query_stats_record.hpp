@@ -108,7 +108,8 @@ inline void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r,
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (const auto& c : r.cells[v]) {
       for (std::size_t b = 0; b < bins.slots(); ++b) {
-        os << r.variants[v].name() << "," << c.layer << "," << c.head << ",";
+        os << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
+           << c.layer << "," << c.head << ",";
         if (b == 0) {
           os << "below," << -inf << "," << bins.lo;
         } else if (b == bins.slots() - 1) {

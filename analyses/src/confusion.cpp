@@ -252,7 +252,7 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
   const std::size_t slots = resolved.layers.size() * nh;
   // Slot of a (layer, head) in the per-head tables.
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
-  std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
+  std::vector<int> head_slot(static_cast<std::size_t>(schema.max_heads()), -1);
   for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
 

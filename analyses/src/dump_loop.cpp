@@ -355,16 +355,27 @@ struct ReaderThread {
 
 std::size_t float_bytes(std::size_t n) { return n * sizeof(float); }
 
-/// Refuses a selected layer whose geometry is not the root attributes' (Selection::any_geometry).
-void require_root_geometry(const DumpSchema& s, const std::vector<int>& layers) {
+/// Refuses a selected layer whose geometry is not the root attributes' (Selection::any_geometry),
+/// saying why the analysis does not take it (`why`) and which layers it can read.
+void require_root_geometry(const DumpSchema& s, const std::vector<int>& layers,
+                           const std::string& why) {
   for (int l : layers) {
     if (!s.geometry_differs(l)) continue;
-    throw InputError(s.path, "/layers/" + std::to_string(l) + " (model layer " +
-                                 std::to_string(s.model_layer(l)) + ")",
-                     "the root attributes' geometry (" + s.geometry(-1).describe() +
-                         "): this analysis reads layers of that shape only (recompute, "
-                         "confusion, locality and maps take every geometry; or select --layers)",
-                     s.geometry(l).describe());
+    std::string root_layers;
+    for (int r = 0; r < s.attrs.num_layers; ++r) {
+      if (!s.geometry_differs(r))
+        root_layers += (root_layers.empty() ? "" : ",") + std::to_string(s.model_layer(r));
+    }
+    throw InputError(
+        s.path,
+        "/layers/" + std::to_string(l) + " (model layer " + std::to_string(s.model_layer(l)) + ")",
+        "the root attributes' geometry (" + s.geometry(-1).describe() +
+            "): " + (why.empty() ? "this analysis reads layers of that shape only" : why) +
+            " (recompute, confusion, locality and maps take every geometry; " +
+            (root_layers.empty() ? std::string("no layer of this dump has the root's shape")
+                                 : "layers of the root's shape: --layers " + root_layers) +
+            ")",
+        s.geometry(l).describe());
   }
 }
 
@@ -462,7 +473,8 @@ namespace {
 void stream_images(DumpReader& reader, const Selection& resolved,
                    const std::function<std::size_t(ImageQueue&, double& waited, std::size_t left)>& consume) {
   if (resolved.images.empty()) return;
-  if (!resolved.any_geometry) require_root_geometry(reader.schema(), resolved.layers);
+  if (!resolved.any_geometry)
+    require_root_geometry(reader.schema(), resolved.layers, resolved.geometry_why);
   const auto t0 = std::chrono::steady_clock::now();
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
   reader.set_chunk_cache(plan.chunk_cache);

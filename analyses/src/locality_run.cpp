@@ -72,7 +72,7 @@ void locality_images(DumpReader& reader, const Selection& resolved,
   const double scale = schema.attrs.scale;
   const std::size_t nh = resolved.heads.size();
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
-  std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
+  std::vector<int> head_slot(static_cast<std::size_t>(schema.max_heads()), -1);
   for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
 

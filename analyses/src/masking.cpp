@@ -114,7 +114,8 @@ MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec
       grid_(grid),
       scale_(scale),
       seed_(seed) {
-  for (const Variant& v : variants_) {
+  own_ = resolved.own_variants;
+  for (const Variant& v : own_.empty() ? variants_ : own_) {
     std::string why;
     if (!v.supports(&why)) throw UsageError(v.name() + " cannot be masked: " + why);
   }
@@ -123,7 +124,8 @@ MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec
       for (int layer : layers_)
         for (int head : heads_) {
           MaskCell c;
-          c.variant = v.name();
+          // With each layer's own variant (Selection::own_variants) the cell names the layer's.
+          c.variant = own_.empty() ? v.name() : own_[static_cast<std::size_t>(layer)].name();
           c.mask = m.name();
           c.layer = layer;
           c.head = head;
@@ -142,7 +144,8 @@ void MaskCollector::add_head(const HeadView& h) {
   for (std::size_t m = 0; m < masks_.size(); ++m) {
     const Mask mask = build_mask(masks_[m], grid_, mask_seed(seed_, h.image, h.layer, h.head));
     for (std::size_t v = 0; v < variants_.size(); ++v) {
-      const Variant variant = head_variant(variants_[v], h);
+      const Variant variant =
+          head_variant(own_.empty() ? variants_[v] : own_[static_cast<std::size_t>(h.layer)], h);
       const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
         return device_ == Device::Cuda ? mask_head_cuda(variant, q, k, values, scale_, mask)
                                        : mask_head(variant, q, k, values, scale_, mask);

@@ -154,7 +154,7 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
   }
   const std::size_t nh = resolved.heads.size();
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
-  std::vector<int> head_slot(static_cast<std::size_t>(schema.attrs.num_heads), -1);
+  std::vector<int> head_slot(static_cast<std::size_t>(schema.max_heads()), -1);
   for (std::size_t s = 0; s < resolved.layers.size(); ++s)
     layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
@@ -194,6 +194,8 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
                                   0.0);  // heads in selection order
         for (std::size_t hs = 0; hs < nh; ++hs) {
           const std::vector<double>& sq = squared[ls * nh + hs];
+          if (sq.empty())
+            continue;  // a head this layer lacks (a dump whose layers differ in heads)
           for (std::size_t t = 0; t < total.size(); ++t) total[t] += sq[t];
         }
         LayerNorms ln = layer_norms(total, opt.norm_ratio);

@@ -218,8 +218,11 @@ def model_setup(model, layers, model_name, attention_family, feature_map, conven
     attrs = _attributes(model, style, [sites[i] for i in keep], model_name, grid, prefix_tokens)
     attrs["num_layers"] = len(keep)
     root = (attrs["grid_height"], attrs["grid_width"], attrs["prefix_tokens"])
+    stage0 = attrs.pop("_first_stage", root)  # RoPE stages: the first stage's grid (grid=)
     for i in keep:
-        layout = root if sites[i].layout_hint is None or i == keep[0] else sites[i].layout_hint
+        hint = sites[i].layout_hint
+        hint = hint(stage0) if callable(hint) else hint  # a later stage's grid from the first's
+        layout = root if hint is None or i == keep[0] else hint
         if hasattr(sites[i], "set_layout"):
             sites[i].set_layout(layout)
         sites[i].geometry_attrs, sites[i].geometry_arrays = _layer_geometry(sites[i], layout, attrs)
@@ -443,7 +446,7 @@ def _attributes(model, style, sites, model_name, grid, prefix):
     shape records its own, see _layer_geometry)."""
     first = sites[0].info
     layout = token_layout(model, style)
-    if layout is None and sites[0].layout_hint is not None:
+    if layout is None and sites[0].layout_hint is not None and not callable(sites[0].layout_hint):
         layout = sites[0].layout_hint
     if grid is None or prefix is None:
         if layout is None:
@@ -451,7 +454,11 @@ def _attributes(model, style, sites, model_name, grid, prefix):
                              "prefix_tokens=")
     gh, gw = (grid if grid is not None else layout[:2])
     prefix = prefix if prefix is not None else layout[2]
-    return {
+    extra = {}
+    if callable(sites[0].layout_hint):  # a later RoPE stage first: grid= is the first stage's
+        extra["_first_stage"] = (int(gh), int(gw), int(prefix))
+        gh, gw, prefix = sites[0].layout_hint(extra["_first_stage"])
+    return {**extra,
         "format": "attnscope-dump", "format_version": 1,
         "model_name": model_name or type(model).__name__,
         "attention_family": first.family,

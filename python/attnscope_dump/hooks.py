@@ -396,6 +396,39 @@ def _stages(model: nn.Module):
     return stages or None
 
 
+def _conv_out(size: int, conv: nn.Conv2d, axis: int) -> int:
+    k, st, p = (int(conv.kernel_size[axis]), int(conv.stride[axis]), int(conv.padding[axis]))
+    return (size + 2 * p - k) // st + 1
+
+
+def rope_stages(model: nn.Module):
+    """RAVLT's and MALA's stages: `layers[i]` with `blocks` (their `attn`) and the stage's `RoPE`,
+    each stage's map the one before run through its `downsample` convolution; [(block, hint)] in
+    order, hint None for the first stage (the dump's root grid) and else a function of the root
+    layout giving the stage's; None when the model is not so built."""
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers) or not all(
+            isinstance(getattr(s, "blocks", None), nn.ModuleList) and hasattr(s, "RoPE")
+            and all(hasattr(b, "attn") for b in s.blocks) for s in layers):
+        return None
+    out, convs = [], []
+    for stage in layers:
+        def hint(root, convs=tuple(convs)):
+            gh, gw, _ = root
+            for c in convs:
+                gh, gw = _conv_out(gh, c, 0), _conv_out(gw, c, 1)
+            return gh, gw, 0
+        out += [(b, hint if convs else None) for b in stage.blocks]
+        down = getattr(stage, "downsample", None)
+        conv = next((m for m in down.modules() if isinstance(m, nn.Conv2d)), None) \
+            if down is not None else None
+        if conv is None and stage is not layers[-1]:
+            raise ValueError(f"{type(model).__name__}: stage layers[{len(convs)}] has no "
+                             "`downsample` convolution, so the next stage's grid is unknown")
+        convs.append(conv)
+    return out
+
+
 def find_sites(model: nn.Module, families=None):
     """Returns (style, [site per layer]) for a supported model; ValueError otherwise.
     families: the user's statement of each layer's family (see _stated)."""
@@ -405,6 +438,10 @@ def find_sites(model: nn.Module, families=None):
     swin = swin_blocks(model)
     if swin is not None:
         return "swin", [_window_site(b, i, families) for i, b in enumerate(swin)]
+    staged = rope_stages(model)
+    if staged is not None:
+        return "rope_stages", [_site_or_refusal(b.attn, i, families, hint)
+                               for i, (b, hint) in enumerate(staged)]
     stages = _stages(model)
     if stages is not None and all(hasattr(b, "attn") for blk, _ in stages for b in blk):
         sites = []

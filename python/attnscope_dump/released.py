@@ -224,6 +224,14 @@ def _mala_released(m) -> bool:
     return _qkvo_elu(m) and type(m).__name__ == "AddLinearAttention" and _is(m, "lepe", nn.Conv2d)
 
 
+def _retnet_softmax(m) -> bool:
+    """RAVLT's and MALA's softmax stages: RALA's convolutions without the ELU map."""
+    qkvo = getattr(m, "qkvo", None)
+    return isinstance(qkvo, nn.Conv2d) and qkvo.out_channels == 4 * qkvo.in_channels \
+        and not hasattr(m, "elu") and _is(m, "lepe", nn.Conv2d) and _is(m, "proj", nn.Conv2d) \
+        and isinstance(getattr(m, "scale", None), float)
+
+
 def _mlla(m) -> bool:
     qk = getattr(m, "qk", None)
     return isinstance(qk, nn.Linear) and qk.out_features == 2 * qk.in_features \
@@ -269,7 +277,7 @@ _WINDOWS = ("window attention (one call per window, the shifted-window mask betw
             "the same for queries and keys")
 
 from .released_field import (AgentDeiTSite, MllaSite, PolaPVTSite, RetNetRopeSite,  # noqa: E402
-                             agent_info, mlla_info, pola_info, qkvo_info)
+                             RetNetSoftmaxSite, agent_info, mlla_info, pola_info, qkvo_info)
 
 STRUCTURES: tuple[Structure, ...] = (
     Structure("InLine DeiT (InLineAttention)",
@@ -343,6 +351,9 @@ STRUCTURES: tuple[Structure, ...] = (
               "`qkvo` Conv2d C->4C and an `elu` ELU module",
               _rala, "rala", refusal="no `lepe` and `proj` convolutions: not the released "
               "structure whose forward the capture reads"),
+    Structure("RAVLT and MALA softmax stage (VanillaSelfAttention)",
+              "`qkvo` Conv2d C->4C, `lepe` and `proj` Conv2d, a float `scale`, no `elu`",
+              _retnet_softmax, "softmax", site=RetNetSoftmaxSite, layer_info=qkvo_info),
     Structure("MLLA (LinearAttention of MLLA)",
               "`qk` Linear C->2C, an `elu` ELU module, `lepe` Conv2d and `rope` holding a "
               "`rotations` buffer",

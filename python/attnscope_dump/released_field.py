@@ -90,6 +90,50 @@ class RetNetRopeSite(_LocalSite):
         return hooks
 
 
+def _rotate_pairs(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """The RetNet-style rotation RAVLT and MALA apply: x cos + turn(x) sin, turn taking each pair
+    (x0, x1) to (-x1, x0); sin, cos [(gh gw), d] broadcast over batch and heads."""
+    turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * cos + turned * sin
+
+
+class RetNetSoftmaxSite(_LocalSite):
+    """The softmax stages of RAVLT and MALA (VanillaSelfAttention of qhfan/RALA
+    classfication/RALA.py): called as attn(x, sin, cos); `qkvo` gives q, k, v and the gate o; q and
+    k are rotated by the stage's RoPE before softmax(scale q k^T), so they are stored rotated (as
+    the softmax sees them, family softmax, no parameters); `lepe` of v is the local term; `proj`
+    takes (W V + lepe) * o."""
+
+    captures_rotation = True  # q and k are stored after the model's own rotation
+
+    def install(self, store, want_attn, want_out):
+        m, h = self.m, self.info.num_heads
+        self._refuse_weights(want_attn)
+
+        def on_input(_mod, inp):
+            store["rope"] = (inp[1], inp[2])
+
+        def on_qkvo(_mod, _inp, o):
+            c = o.shape[1] // 4
+            sin, cos = store.pop("rope")
+            store.update(q=_rotate_pairs(_conv_heads(o[:, :c], h), sin, cos),
+                         k=_rotate_pairs(_conv_heads(o[:, c:2 * c], h), sin, cos),
+                         v=_conv_heads(o[:, 2 * c:3 * c], h), gate=o[:, 3 * c:])
+
+        hooks = [m.register_forward_pre_hook(on_input), m.qkvo.register_forward_hook(on_qkvo),
+                 m.lepe.register_forward_hook(
+                     lambda _m, _i, o: store.update(local=_conv_heads(o, h)))]
+        if want_out:
+            hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: store.update(
+                out=_conv_heads(inp[0] / store.pop("gate"), h) - store["local"])))
+        return hooks
+
+    def _refuse_weights(self, want_attn: bool) -> None:
+        if want_attn:
+            raise ValueError(f"{self.info.structure}: its weights are not captured (the module "
+                             "forms them inside its forward); dump without with_attn")
+
+
 class PolaPVTSite(_LocalSite):
     """PolaFormer's PolaLinearAttention, PVT form with sr_ratio 1: `qg` gives q and the gate g,
     `kv` gives k (plus `positional_encoding`) and v; feature_scale = softplus(`scale`), exponent =

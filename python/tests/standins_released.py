@@ -861,3 +861,186 @@ class RopeStageModel(nn.Module):
         for blk in self.blocks:
             x = blk(x, sin, cos)
         return self.head(x.mean(dim=(2, 3)))
+
+
+# ----------------------------------------------------------------------------- CSwin
+def _stripes(t, gh, gw, h_sp, w_sp):
+    """[B, N, C] on a gh x gw grid -> [B * stripes, h_sp * w_sp, C], stripes row by row."""
+    b, _, c = t.shape
+    t = t.transpose(1, 2).reshape(b, c, gh // h_sp, h_sp, gw // w_sp, w_sp)
+    return t.permute(0, 2, 4, 3, 5, 1).reshape(-1, h_sp * w_sp, c)
+
+
+def _unstripe(t, b, gh, gw, h_sp, w_sp):
+    c = t.shape[-1]
+    t = t.reshape(b, gh // h_sp, gw // w_sp, h_sp, w_sp, c).permute(0, 5, 1, 3, 2, 4)
+    return t.reshape(b, c, gh * gw).transpose(1, 2)
+
+
+class InLineStripeAttention(nn.Module):
+    """InLine's CSwin attention: one branch of a CSwin block, given the block's q, k, v, attending
+    within horizontal (idx 0: H_sp = split_size, W_sp = the width) or vertical (idx 1) stripes;
+    per stripe InLine's W V and the local residual over the stripe's grid, its kernels made by
+    `residual` from the stripe's mean of v (the branch is handed q, k, v only)."""
+
+    def __init__(self, dim, resolution, idx, split_size, num_heads):
+        super().__init__()
+        self.dim, self.resolution, self.idx, self.num_heads = dim, resolution, idx, num_heads
+        self.split_size = split_size
+        self.H_sp, self.W_sp = (split_size, resolution) if idx == 0 else (resolution, split_size)
+        self.scale = (dim // num_heads) ** -0.5
+        self.residual = nn.Sequential(nn.Conv1d(dim, dim, 1, groups=num_heads), nn.GELU(),
+                                      nn.Conv1d(dim, 9 * dim, 1, groups=num_heads))
+        self.attn_drop = nn.Dropout(0.0)
+
+    def forward(self, qkv):
+        q, k, v = qkv
+        b = q.shape[0]
+        r, hs, ws = self.resolution, self.H_sp, self.W_sp
+        q, k, v = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k, v))
+        x = _join_heads(v)
+        y = _join_heads(_inline_wv(q, k, v, self.scale)) + \
+            _inline_local(x, v, self.residual, hs, ws)
+        return _unstripe(y, b, r, r, hs, ws)
+
+
+class LePEAttention(nn.Module):
+    """CSwin's softmax branch: softmax within the stripes plus LePE, a 3x3 depthwise convolution
+    (`get_v`) of v's stripe grid."""
+
+    def __init__(self, dim, resolution, idx, split_size, num_heads):
+        super().__init__()
+        self.dim, self.resolution, self.idx, self.num_heads = dim, resolution, idx, num_heads
+        self.split_size = split_size
+        self.H_sp, self.W_sp = (split_size, resolution) if idx == 0 else (resolution, split_size)
+        self.scale = (dim // num_heads) ** -0.5
+        self.get_v = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.attn_drop = nn.Dropout(0.0)
+
+    def forward(self, qkv):
+        q, k, v = qkv
+        b = q.shape[0]
+        r, hs, ws = self.resolution, self.H_sp, self.W_sp
+        vs = _stripes(v, r, r, hs, ws)
+        lepe = self.get_v(vs.transpose(1, 2).reshape(-1, self.dim, hs, ws)).flatten(2)
+        q, k, v = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k, vs))
+        w = torch.softmax(self.scale * q @ k.transpose(-2, -1), dim=-1)
+        y = _join_heads(w @ v) + lepe.transpose(1, 2)
+        return _unstripe(y, b, r, r, hs, ws)
+
+
+class CSwinBlock(nn.Module):
+    """A CSwin block: `qkv`, the channels split in two branches (`attns`: horizontal then
+    vertical stripes, half the heads each; one branch over the whole map when the stripe is the
+    map), `proj`; attn_type 'I' (InLine's) or 'S' (CSwin's softmax with LePE)."""
+
+    def __init__(self, dim, resolution, num_heads, split_size, attn_type):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, dim)
+        cls = InLineStripeAttention if attn_type == "I" else LePEAttention
+        last = split_size >= resolution
+        self.branch_num = 1 if last else 2
+        d, h = dim // self.branch_num, num_heads // self.branch_num
+        self.attns = nn.ModuleList([cls(d, resolution, -1 if last else i, split_size, h)
+                                    for i in range(self.branch_num)])
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        if self.branch_num == 1:
+            y = self.attns[0]((q, k, v))
+        else:
+            c = x.shape[-1] // 2
+            y = torch.cat([a((q[..., i * c:(i + 1) * c], k[..., i * c:(i + 1) * c],
+                              v[..., i * c:(i + 1) * c])) for i, a in enumerate(self.attns)], -1)
+        return x + self.proj(y)
+
+
+class CSwinModel(nn.Module):
+    """CSwin: a 4x4 patch embedding, stages `stage1`, `stage2` of CSwinBlock with a strided
+    convolution (`merge1`) between them, the tokens' mean classified; attn_type per stage, e.g.
+    'IS' as InLine-CSwin's 'IISS'."""
+
+    def __init__(self, img_size=32, in_chans=1, num_classes=5, dim=16, num_heads=(2, 4),
+                 split_size=(2, 4), attn_type="IS"):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(in_chans, dim, 4, 4)
+        r = img_size // 4
+        self.stage1 = nn.ModuleList([CSwinBlock(dim, r, num_heads[0], split_size[0],
+                                                attn_type[0])])
+        self.merge1 = nn.Conv2d(dim, 2 * dim, 3, 2, 1)
+        self.stage2 = nn.ModuleList([CSwinBlock(2 * dim, r // 2, num_heads[1], split_size[1],
+                                                attn_type[1])])
+        self.head = nn.Linear(2 * dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        b, c, h, w = x.shape
+        x = x.flatten(2).transpose(1, 2)
+        for blk in self.stage1:
+            x = blk(x)
+        x = self.merge1(x.transpose(1, 2).reshape(b, c, h, w)).flatten(2).transpose(1, 2)
+        for blk in self.stage2:
+            x = blk(x)
+        return self.head(x.mean(dim=1))
+
+
+# ----------------------------------------------------------------------------- RAVLT / MALA stages
+class VanillaSelfAttention(_QkvoAttention):
+    """RAVLT's and MALA's softmax stages: RALA's convolutions, q and k rotated by the stage's RoPE,
+    softmax(s q k^T) V, then MALA's and RALA's lepe and gate."""
+
+    def __init__(self, dim, num_heads):
+        super().__init__(dim, num_heads)
+        del self.elu  # the softmax stages have no ELU map
+
+    def forward(self, x, sin, cos):
+        q, k, v, gate, lepe = self.split(x)
+        q, k = _turn_every_two(q, sin, cos), _turn_every_two(k, sin, cos)
+        w = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1)
+        return self.finish(w @ v, gate, lepe)
+
+
+class RopeStage(nn.Module):
+    """One stage: its `RoPE`, `blocks` (RopeStageBlock) and a stride-2 convolution (`downsample`)
+    to the next stage's map."""
+
+    def __init__(self, attns, dim, out_dim):
+        super().__init__()
+        self.RoPE = StageRoPE(dim, attns[0].num_heads)
+        self.blocks = nn.ModuleList([RopeStageBlock(a) for a in attns])
+        self.downsample = None
+        if out_dim:
+            self.downsample = nn.Module()
+            self.downsample.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
+
+    def forward(self, x):
+        sin, cos = self.RoPE(*x.shape[-2:])
+        for blk in self.blocks:
+            x = blk(x, sin, cos)
+        return x if self.downsample is None else self.downsample.reduction(x)
+
+
+class RavltModel(nn.Module):
+    """RAVLT ('rala') or MALA ('mala') as released: `layers[i]` stages over 2-D maps, flags per
+    stage 'l' (the linear attention) or 'v' (VanillaSelfAttention), e.g. 'llvv' for linear in
+    stages 1-2 and softmax in 3-4; a 4x4 patch embedding, no prefix token."""
+
+    def __init__(self, kind="rala", flags="lv", in_chans=1, num_classes=5, dims=(16, 32),
+                 num_heads=(2, 2), depth=1):
+        super().__init__()
+        lin = AddLinearAttention if kind == "mala" else GateLinearAttentionNoSilu
+        self.patch_embed = nn.Conv2d(in_chans, dims[0], 4, 4)
+        self.layers = nn.ModuleList()
+        for i, f in enumerate(flags):
+            cls = lin if f == "l" else VanillaSelfAttention
+            self.layers.append(RopeStage([cls(dims[i], num_heads[i]) for _ in range(depth)],
+                                         dims[i], dims[i + 1] if i + 1 < len(flags) else None))
+        self.head = nn.Linear(dims[-1], num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        for stage in self.layers:
+            x = stage(x)
+        return self.head(x.mean(dim=(2, 3)))

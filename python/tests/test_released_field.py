@@ -241,3 +241,60 @@ def test_attnscope_recomputes_the_dumped_field_families(tmp_path, attnscope_bin,
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert ("agents" if name == "agent" else "feature_scale" if name == "polaformer" else "rope_cos") in r.stderr
+
+
+@pytest.mark.parametrize("kind,family", [("rala", "rala"), ("mala", "mala")])
+def test_ravlt_and_mala_hybrid_linear_then_softmax_stages(tmp_path, attnscope_bin, kind, family):
+    """RAVLT and MALA as released: a linear stage, then a softmax stage (their 'llvv'), each
+    stage's blocks at layers[i].blocks[j].attn with the stage's RoPE. Each layer records its
+    family and its stage's grid (8x8, then 4x4 after the stride-2 downsample); the softmax stage's
+    q and k are stored rotated, so softmax of them is the module's W V, and out + local, gated, is
+    what proj receives; attnscope recomputes the whole hybrid, each stage under its own family,
+    and the softmax stage dumped alone."""
+    import subprocess
+    from cli_check import info_and_recompute
+    from standins_released import RavltModel
+    torch.manual_seed(11)
+    model = RavltModel(kind, flags="lv").eval()
+    x = _dump(model, tmp_path / "d.h5", 32, grid=(8, 8), prefix_tokens=0)
+    attns = [s.blocks[0].attn for s in model.layers]
+    before = _proj_inputs(model, x, [a.proj for a in attns])
+    gates = []
+    hooks = [a.qkvo.register_forward_hook(
+        lambda _m, _i, o: gates.append(o[:, 3 * o.shape[1] // 4:])) for a in attns]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    with h5py.File(tmp_path / "d.h5") as f:
+        a0, a1 = dict(f["layers/0"].attrs), dict(f["layers/1"].attrs)
+        assert a0["attention_family"] == family and a1["attention_family"] == "softmax"
+        assert (f.attrs["grid_height"], a1["grid_height"], a1["grid_width"]) == (8, 4, 4)
+        assert f["layers/1/q"].shape == (4, 2, 16, 16)
+        t = {n: torch.from_numpy(f[f"layers/1/{n}"][()]).double() for n in
+             ("q", "k", "v", "out", "local")}
+        scale = float(a1["scale"])
+        w = torch.softmax(scale * t["q"] @ t["k"].transpose(-1, -2), dim=-1)
+        assert _rel(t["out"], w @ t["v"]) < 1e-5
+        b, c, gh, gw = before[1].shape
+        merged = (t["out"] + t["local"]).transpose(-2, -1).reshape(b, c, gh, gw) * \
+            gates[1].double()
+        assert _rel(merged, before[1].double()) < 1e-5
+        assert t["local"].abs().max() > 1e-2 * t["out"].abs().max()
+        # negative control: q and k before the rotation do not give the module's output
+        qkvo = []
+        hk = attns[1].qkvo.register_forward_hook(lambda _m, _i, o: qkvo.append(o))
+        with torch.no_grad():
+            model(x)
+        hk.remove()
+        raw = qkvo[0].double()[:, :16].reshape(4, 2, 8, 16).transpose(-2, -1)
+        rawk = qkvo[0].double()[:, 16:32].reshape(4, 2, 8, 16).transpose(-2, -1)
+        w_raw = torch.softmax(scale * raw @ rawk.transpose(-1, -2), dim=-1)
+        assert _rel(t["out"], w_raw @ t["v"]) > 1e-3
+    # the whole hybrid: the linear stage under its registry family (RALA; released MALA as
+    # mala_rope) with the stage's RoPE tables, the softmax stage under softmax
+    info_and_recompute(attnscope_bin, tmp_path / "d.h5", tmp_path / "rr", tol=1e-5)
+    _dump(model, tmp_path / "s.h5", 32, grid=(8, 8), prefix_tokens=0, layers=[1])
+    with h5py.File(tmp_path / "s.h5") as f:
+        assert (f.attrs["grid_height"], f.attrs["num_tokens"]) == (4, 16)
+    info_and_recompute(attnscope_bin, tmp_path / "s.h5", tmp_path / "r", tol=1e-5)

@@ -16,7 +16,7 @@ from attnscope_dump.figures import read_csv
 from attnscope_dump.released_hier import swin_window_positions
 from cli_check import info_and_recompute
 from conftest import image_loader
-from standins_released import FLattenPVT, SwinModel
+from standins_released import CSwinModel, FLattenPVT, SwinModel
 
 
 def _run(attnscope_bin, *args, ok=True):
@@ -277,3 +277,20 @@ def test_census_and_spikiness_apply_their_variants_to_every_layer_of_a_hybrid(tm
     for v in ("softmax@code", "inline:identity@code"):
         assert {int(l) for var, l in zip(samples["variant"], samples["layer"]) if var == v} \
             == {0, 1}, v
+
+
+def test_cswin_stripes_are_refused_never_softmax(tmp_path):
+    """InLine-CSwin 'IS' (as 'IISS'): each block splits its heads into horizontal and vertical
+    stripes, two attentions of different shapes in one layer, which the dump format cannot hold:
+    the InLine branch is refused by its structure and path; CSwin's softmax branch (LePE) is no
+    structure the dumper knows and is refused, never taken for softmax."""
+    torch.manual_seed(2)
+    model = CSwinModel(attn_type="IS").eval()
+    assert model(image_loader(2, size=32)[0][0]).shape == (2, 5)  # the stand-in runs
+    with pytest.raises(ValueError, match=r"^module stage1\.0\.attns\.0: InLineStripeAttention is "
+                                         r"InLine Swin with a kernel function, InLine CSwin: not "
+                                         r"supported: .*CSwin's stripes"):
+        dump_model(model, image_loader(2, size=32), str(tmp_path / "d.h5"))
+    with pytest.raises(ValueError, match=r"^CSwinModel: no supported attention layers found"):
+        dump_model(CSwinModel(attn_type="SS"), image_loader(2, size=32), str(tmp_path / "s.h5"))
+    assert not (tmp_path / "d.h5").exists() and not (tmp_path / "s.h5").exists()

@@ -159,18 +159,6 @@ struct ConfusionResult {
   std::map<int, std::string> layer_variant_names;
 };
 
-/// The variant a row of `layer` was computed under: the layer's own (names non-empty) or `v`'s.
-inline std::string row_variant_name(const std::map<int, std::string>& names, const Variant& v,
-                                    int layer) {
-  const auto it = names.find(layer);
-  return names.empty() || it == names.end() ? v.name() : it->second;
-}
-/// What the rows of all layers together are computed under: "each layer's own" or `v`'s name.
-inline std::string all_layers_variant_name(const std::map<int, std::string>& names,
-                                           const Variant& v) {
-  return names.empty() ? v.name() : "each_layer_own";
-}
-
 /// One image's counts, per variant and per (layer, head) slot of the selection (slot =
 /// layer slot * heads + head slot, the order of ConfusionResult::per_head).
 struct ConfusionImage {

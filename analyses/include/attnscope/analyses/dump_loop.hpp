@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -56,6 +57,9 @@ struct Selection {
   /// grid, heads and dims of its own; HeadView::geometry). When false the loop refuses, naming
   /// the file and layer, a selected layer whose geometry is not the root attributes'.
   bool any_geometry = false;
+  /// Without any_geometry: what the analysis is and why it does not take such layers (windows,
+  /// reduced keys, another stage's grid), for the refusal ("<analysis>: <why>"); one line.
+  std::string geometry_why;
   /// Each layer's own variant, indexed by dump layer (DumpSchema::layer_variant), for a dump
   /// whose layers differ in family: the loop hands each head its layer's (HeadView::own_variant)
   /// and the analysis applies it in place of its one variant (head_variant). Empty: the
@@ -121,6 +125,18 @@ inline Variant head_variant(const std::vector<Variant>& variants, std::size_t vi
 }
 /// One variant bound to the head's family parameters.
 inline Variant head_variant(const Variant& v, const HeadView& hv) { return v.with_params(hv.params); }
+
+/// The variant a row of `layer` was computed under: the layer's own (names non-empty) or `v`'s.
+inline std::string row_variant_name(const std::map<int, std::string>& names, const Variant& v,
+                                    int layer) {
+  const auto it = names.find(layer);
+  return names.empty() || it == names.end() ? v.name() : it->second;
+}
+/// What the rows of all layers together are computed under: "each layer's own" or `v`'s name.
+inline std::string all_layers_variant_name(const std::map<int, std::string>& names,
+                                           const Variant& v) {
+  return names.empty() ? v.name() : "each_layer_own";
+}
 
 /// The model's scale of a head's layer (its geometry's, else the dump's).
 inline double head_scale(const HeadView& hv, double dump_scale) {

@@ -95,6 +95,7 @@ class MaskCollector {
  private:
   Device device_ = Device::Cpu;
   std::vector<Variant> variants_;
+  std::vector<Variant> own_;  ///< each dump layer's own variant (Selection::own_variants), or empty
   std::vector<MaskSpec> masks_;
   std::vector<int> layers_, heads_;
   TokenGrid grid_;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ struct QueryStatsResult {
   QueryStatsLayout layout;
   std::vector<std::vector<QueryStatsCell>> cells;  ///< [variant][slot]
   std::int64_t images = 0;
+  /// With each layer's own variant (Selection::own_variants): its name by the (model) layer the
+  /// cells report; rows then name each layer's (row_variant_name). Empty otherwise.
+  std::map<int, std::string> layer_variant_names;
 };
 
 /// Measures one head (q after the selection's transform) under one variant. Called on many

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,9 @@ struct SinksResult {
   std::vector<std::vector<SinksHeadTotal>> heads;  ///< [variant][slot]
   std::vector<SinksLayerTotal> layers;             ///< [layer slot] (empty without norms)
   std::int64_t images = 0;
+  /// With each layer's own variant (Selection::own_variants): its name by the (model) layer the
+  /// rows report (row_variant_name). Empty otherwise.
+  std::map<int, std::string> layer_variant_names;
 };
 
 /// Folds images in the order add()ed (sums of doubles: add them in the selection's order).
