@@ -42,45 +42,6 @@ po::options_description distance_options(DistanceFlags& f) {
   return d;
 }
 
-void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
-  ResultFile f(set, "distance.csv");
-  f.stream() << "variant,layer,head,mean_distance,image_std,query_std,min,max,queries,images,mean_grid_mass,"
-                "degenerate_rows,negative_weight_rows,rows_without_grid_mass\n"
-             << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) {
-      const analyses::RunningStats& q = c.queries[0];
-      const bool any = q.count > 0;
-      f.stream() << r.variants[v].name() << "," << c.layer << "," << c.head << "," << c.images[0].mean << ","
-                 << c.images[0].stddev() << "," << q.stddev() << "," << (any ? q.min : 0.0) << ","
-                 << (any ? q.max : 0.0) << "," << q.count << "," << c.images[0].count << "," << c.queries[1].mean
-                 << "," << c.counters[0] << "," << c.counters[1] << "," << c.counters[2] << "\n";
-    }
-  }
-  f.close();
-}
-
-/// Per variant: the per-layer means (over heads) and how its weights were taken.
-nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
-  nlohmann::json out = nlohmann::json::array();
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    nlohmann::json layers = nlohmann::json::array();
-    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
-      layers.push_back({{"layer", layer}, {"mean_distance", mean}});
-    }
-    std::int64_t negative = 0;
-    for (const auto& c : r.cells[v]) negative += c.counters[1];
-    const bool signed_weights = r.variants[v].family->weights_can_be_negative() || negative > 0;
-    out.push_back({{"variant", r.variants[v].name()},
-                   {"per_layer", layers},
-                   {"negative_weight_rows", negative},
-                   {"weights", signed_weights ? "signed: the weights as given, negative ones included; a row's "
-                                                "distance is a signed sum and can fall outside [0, max_distance]"
-                                              : "non-negative"}});
-  }
-  return out;
-}
-
 void print_summary(const analyses::QueryStatsResult& r, const analyses::PatchSize& p, bool renormalise,
                    double uniform) {
   std::cout << "mean attention distance in pixels (" << r.images << " images; patch " << p.height << "x" << p.width
@@ -145,13 +106,9 @@ int run_distance_cmd(const std::vector<std::string>& args) {
     require_measured_rows(totals.measured(), "there is no distance to measure");
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "distance.json");
-    write_csv(set, r);
-    write_histogram(set, r, "distance_histogram.csv", "queries");
-    meta.results() = {{"images", r.images},
-                      {"max_distance", geometry.max_distance()},
-                      {"uniform_baseline", analyses::uniform_distance(geometry, f.opt.renormalise)},
-                      {"variants", variant_results(r)},
-                      {"ms_per_image", timer.summary()}};
+    write_distance_files(set, r);
+    meta.results() = distance_results(r, geometry, f.opt.renormalise);
+    meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };
   if (!run_query_stats("distance", run, reader, sel, variants, layout, measure, timer, totals, publish)) return 0;
