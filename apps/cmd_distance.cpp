@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
 
@@ -97,7 +97,7 @@ int run_distance_cmd(const std::vector<std::string>& args) {
                         {"renormalise", f.opt.renormalise},
                         {"prefix_tokens", "dropped as queries and keys"},
                         {"bins", f.bins}});
-  ImageRun run(f.control, "distance", args, dir, run_fingerprint("distance", f.common.dump, meta.params()),
+  ImageRun run(f.control, "distance", command_args(args), dir, run_fingerprint("distance", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);

@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
 
@@ -90,7 +90,7 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
                         {"keys", "every token"},
                         {"negative_weights", kNegativeRows},
                         {"bins", f.bins}});
-  ImageRun run(f.control, "entropy", args, dir, run_fingerprint("entropy", f.common.dump, meta.params()),
+  ImageRun run(f.control, "entropy", command_args(args), dir, run_fingerprint("entropy", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);

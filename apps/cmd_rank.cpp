@@ -4,7 +4,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
 
@@ -84,7 +84,7 @@ int run_rank_cmd(const std::vector<std::string>& args) {
                         {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
                                                          : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
                         {"out_layers", out_layers}});
-  ImageRun run(f.control, "rank", args, dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
+  ImageRun run(f.control, "rank", command_args(args), dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
   const auto measure = analyses::rank_measure(f.opt, schema.attrs.scale, f.reference);

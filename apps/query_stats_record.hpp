@@ -5,7 +5,7 @@
 #pragma once
 
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
 
