@@ -68,14 +68,16 @@ def families() -> list[str]:
 
 
 def weights(q, k, variant: str, scale=None, mask=None, *, convention: str = "paper",
-            return_degenerate: bool = False):
+            return_degenerate: bool = False, out=None):
     """Explicit attention weights ``[..., tokens, tokens]`` of any registry variant.
 
     ``scale`` is the model's s (default ``dim ** -0.5``); ``mask`` a ``[tokens, tokens]`` bool
     array (True: the key stays visible), shared by every head. Degenerate rows are zeros; with
-    ``return_degenerate`` their indices come too (a list per head)."""
+    ``return_degenerate`` their indices come too (a list per head). ``out``: a C-contiguous
+    array of the computing dtype (float32, or float64 for float64 inputs) and the result's shape
+    to write into (and return) instead of a new one, numpy's convention."""
     w, dead = _core.weights(_array(q, "q"), _array(k, "k"), variant, scale, _array(mask, "mask"),
-                            convention)
+                            convention, _array(out, "out"))
     w = _like_inputs(w, q, k)
     return (w, dead) if return_degenerate else w
 

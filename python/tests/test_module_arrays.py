@@ -346,3 +346,26 @@ def test_diagnostics_on_planted_inputs(attnscope_module):
     # the masked outputs are computed by the mask path (rounding apart from the plain path's)
     assert np.all(m["random:0"]["change"] < 1e-12)
     assert np.all(m["local:3"]["change"] > 1e-3)
+
+
+def test_weights_into_a_given_array(attnscope_module):
+    """out=: the weights are written into the array given (and it is returned), the same values
+    as a new array's; a wrong dtype, layout, shape or a read-only array is refused."""
+    at = attnscope_module
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    out = np.full((2, 3, 7, 7), np.nan, np.float32)
+    w = at.weights(q, k, "inline", out=out)
+    assert w is out or np.shares_memory(w, out)
+    np.testing.assert_array_equal(out, at.weights(q, k, "inline"))
+    with pytest.raises(TypeError, match="out: expected a C-contiguous float32 array"):
+        at.weights(q, k, "softmax", out=out.astype(np.float64))
+    with pytest.raises(TypeError, match="out: expected a C-contiguous float32 array"):
+        at.weights(q, k, "softmax", out=np.zeros((2, 3, 7, 14), np.float32)[..., ::2])
+    with pytest.raises(ValueError, match=r"out: expected shape \[2, 3, 7, 7\]"):
+        at.weights(q, k, "softmax", out=np.zeros((2, 3, 7, 6), np.float32))
+    ro = np.zeros((2, 3, 7, 7), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        at.weights(q, k, "softmax", out=ro)
