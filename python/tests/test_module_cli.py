@@ -7,6 +7,7 @@ import math
 import subprocess
 
 import h5py
+import numpy as np
 import pytest
 
 VARIANTS = ["softmax", "linear:relu", "inline", "mala"]
@@ -340,3 +341,32 @@ def test_verify_equals_the_cli(attnscope_module, attnscope_bin, tmp_path):
             assert g["margin"] == w["margin"], g["check"]
         assert g["pass"] == (w["result"] == "PASS")
     assert len(got) > 20
+
+
+def test_attention_map_equals_the_cli(attnscope_module, attnscope_bin, synth_dump, tmp_path):
+    """Every map `attnscope maps` writes into maps.h5 (double, exactly) equals attention_map's for
+    that image, layer, head and query token, bit for bit."""
+    at = attnscope_module
+    tokens = [0, 7, 13]
+    out = run_cli(attnscope_bin, "maps", synth_dump, tmp_path / "m", "--tokens",
+                  ",".join(map(str, tokens)), "--images", "0-4")
+    compared = 0
+    with h5py.File(out / "maps.h5", "r") as f:
+        for layer, q, k, attrs in layers(synth_dump):
+            for spec in VARIANTS:
+                name = at.variant_name(spec)
+                for token in tokens:
+                    grid_w, prefix_w = at.attention_map(q, k, spec, grid_of(attrs), token,
+                                                        scale=float(attrs["scale"]))
+                    for image in range(q.shape[0]):
+                        for head in range(q.shape[1]):
+                            path = f"{name}/image_{image}/layer_{layer}/head_{head}/query_{token}"
+                            if path not in f:  # the command writes no map of a degenerate row
+                                assert not grid_w[image, head].any(), path
+                                continue
+                            d = f[path]
+                            assert np.array_equal(d[()], grid_w[image, head]), path
+                            assert np.array_equal(np.asarray(d.attrs["prefix_weights"]),
+                                                  prefix_w[image, head]), path
+                            compared += 1
+    assert compared > 0.9 * 2 * len(VARIANTS) * len(tokens) * 5 * 2
