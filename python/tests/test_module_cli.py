@@ -370,3 +370,30 @@ def test_attention_map_equals_the_cli(attnscope_module, attnscope_bin, synth_dum
                                                   prefix_w[image, head]), path
                             compared += 1
     assert compared > 0.9 * 2 * len(VARIANTS) * len(tokens) * 5 * 2
+
+
+def test_sweep_equals_the_cli(attnscope_module, attnscope_bin, synth_dump, tmp_path):
+    """Each query `attnscope spikiness` samples, swept by sweep() on its head: the reference keys
+    and every point (ratio and the row's spikiness) as spikiness.csv prints them."""
+    at = attnscope_module
+    out = run_cli(attnscope_bin, "spikiness", synth_dump, tmp_path / "s", "--samples", "6",
+                  "--scales", "0.5:4:7", "--keys", "top,median", "--topk", "3", "--seed", "2")
+    samples = read_rows(str(out / "spikiness_samples.csv"))
+    points = read_rows(str(out / "spikiness.csv"))
+    data = {layer: (q, k, attrs) for layer, q, k, attrs in layers(synth_dump)}
+    compared = 0
+    for s in samples:
+        q, k, attrs = data[int(s["layer"])]
+        image, head, token = int(s["image"]), int(s["head"]), int(s["token"])
+        spec = next(v for v in VARIANTS if at.variant_name(v) == s["variant"])
+        r = at.sweep(q[image, head], k[image, head], spec, token, scales="0.5:4:7",
+                     keys="top,median", topk=3, scale=float(attrs["scale"]))
+        assert (r["key_high"], r["key_low"]) == (int(s["key_high"]), int(s["key_low"])), s
+        want = [p for p in points if p["variant"] == s["variant"] and p["sample"] == s["sample"]]
+        assert len(want) == len(r["points"]) == 7
+        for p, w in zip(r["points"], want):
+            for c in ("scale", "ratio", "max_weight", "entropy", "effective_keys", "topk_mass"):
+                assert text(p[c], 10) == w[c], (s, c, p[c], w[c])
+            assert (p["negatives"], p["zeros"]) == (int(w["negatives"]), int(w["zeros"]))
+            compared += 1
+    assert compared == len(VARIANTS) * 6 * 7
