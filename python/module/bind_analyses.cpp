@@ -134,10 +134,10 @@ pyb::tuple local_mass(pyb::handle q_obj, pyb::handle k_obj, const std::string& s
   std::vector<std::vector<double>> mass(static_cast<std::size_t>(q.count()));
   std::vector<std::int64_t> dead(static_cast<std::size_t>(q.count()));
   for_each_index(q.count(), [&](Eigen::Index i) {
-    const FloatHead h(q, k, i);
+    // local_mass reads the heads in place (Eigen::Ref): no copy of the caller's buffer.
     int degenerate = 0;
     mass[static_cast<std::size_t>(i)] =
-        analyses::local_mass(v, h.q, h.k, scale, grid, window, &degenerate);
+        analyses::local_mass(v, q.head(i), k.head(i), scale, grid, window, &degenerate);
     dead[static_cast<std::size_t>(i)] = degenerate;
   });
   return pyb::make_tuple(per_head_rows(q, mass, {q.tokens()}), per_head(q, dead));

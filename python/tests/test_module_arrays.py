@@ -369,3 +369,35 @@ def test_weights_into_a_given_array(attnscope_module):
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="out: the array is read-only"):
         at.weights(q, k, "softmax", out=ro)
+
+
+def test_local_mass_reads_any_float32_buffer_bit_for_bit(attnscope_module):
+    """local_mass reads float32 heads in place (no copy into the library's matrix): heads at an
+    address that is not 16-byte aligned, a slice of a larger stack, and the float64 copy of the
+    same values (converted once) give the same masses bit for bit, every family alike."""
+    at = attnscope_module
+    rng = np.random.default_rng(11)
+    big_q = rng.standard_normal((3, 3, 50, 16)).astype(np.float32)
+    big_k = rng.standard_normal((3, 3, 50, 16)).astype(np.float32)
+    q, k = np.ascontiguousarray(big_q[1:]), np.ascontiguousarray(big_k[1:])
+
+    def misaligned(a):
+        raw = np.zeros(a.nbytes + 16, np.uint8)
+        start = 4 if raw.ctypes.data % 16 == 0 else 16 - raw.ctypes.data % 16 + 4
+        out = raw[start:start + a.nbytes].view(np.float32).reshape(a.shape)
+        out[...] = a
+        return out
+
+    qm, km = misaligned(q), misaligned(k)
+    assert qm.ctypes.data % 16 != 0 and km.ctypes.data % 16 != 0 and qm.flags.c_contiguous
+    for spec in ["softmax", "inline", "linear:relu", "mala"]:
+        m = at.local_mass(q, k, spec, grid=(1, 7, 7), return_degenerate=True)
+        assert m[0].shape == (2, 3, 50) and not np.all(np.isnan(m[0])), spec
+        for qq, kk in [(qm, km), (big_q[1:], big_k[1:]),
+                       (q.astype(np.float64), k.astype(np.float64))]:
+            other = at.local_mass(qq, kk, spec, grid=(1, 7, 7), return_degenerate=True)
+            assert np.array_equal(other[0], m[0], equal_nan=True), spec
+            assert np.array_equal(other[1], m[1]), spec
+    # control: other values give other masses
+    assert not np.array_equal(at.local_mass(q, k[::-1].copy(), "inline", grid=(1, 7, 7))[0],
+                              at.local_mass(q, k, "inline", grid=(1, 7, 7))[0], equal_nan=True)
