@@ -9,7 +9,10 @@ an array made once, out=, as the C++ side writes into its buffer): q and k of De
 Gaussian, float32) through weights (softmax), confusion (softmax, linear:relu) and local_mass
 (inline): bench_module_baseline makes the library calls directly on the same heads, and the module
 is called on the numpy arrays, alternating round by round; each side's seconds per call are the
-median over every repeat of every round. Both sides' checksums must agree (the same work).
+median (min-max) over every repeat of every round, in wall and in CPU time (every thread's), and
+the module's CPU time over the library's is also taken round by round (the two calls moments apart,
+under the same load) and given as its median and quartiles; the load average is printed at the
+start and the end. Both sides' checksums must agree (the same work).
 
 Part 2: a committed model over the first Fashion-MNIST test images (random images when the data
 set is missing): attnscope.analyze(locality, census, confusion) against dump_model followed by the
@@ -50,6 +53,7 @@ def part1(at, build, images, rounds, repeats):
             ("local_mass", "inline", lambda: at.local_mass(q, k, "inline", (1, 14, 14)),
              lambda r: float(np.nansum(r)))]
     rows = []
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         qf, kf = os.path.join(d, "q.f32"), os.path.join(d, "k.f32")
         q.tofile(qf)
@@ -80,17 +84,27 @@ def part1(at, build, images, rounds, repeats):
                                  f"module {mod_sum}")
             lm, ll, lh = median_spread(lib)
             mm, ml, mh = median_spread(mod)
-            lc, mc = statistics.median(lib_cpu), statistics.median(mod_cpu)
-            rows.append((name, spec, lm, ll, lh, mm, ml, mh, mm / lm, lc, mc, mc / lc))
+            lc, lcl, lch = median_spread(lib_cpu)
+            mc, mcl, mch = median_spread(mod_cpu)
+            # the rounds paired: each round's module CPU over the library's (same load, moments apart)
+            paired = sorted(m / l for m, l in zip(mod_cpu, lib_cpu))
+            pq = statistics.quantiles(paired, n=4)
+            rows.append((name, spec, lm, ll, lh, mm, ml, mh, mm / lm, lc, lcl, lch, mc, mcl, mch,
+                         mc / lc, statistics.median(paired), pq[0], pq[2]))
+    load_end = os.getloadavg()
     print(f"\n{images} images x 3 heads of 197 tokens, d = 64, float32; {rounds} rounds x "
-          f"{repeats} repeats each side; seconds per call, wall: median (min-max), and CPU (every "
-          f"thread's, median)\n")
+          f"{repeats} repeats each side; seconds per call, wall and CPU (every thread's): median "
+          f"(min-max); load average (1, 5, 15 min) at the start {load_start[0]:.2f} "
+          f"{load_start[1]:.2f} {load_start[2]:.2f}, at the end {load_end[0]:.2f} "
+          f"{load_end[1]:.2f} {load_end[2]:.2f}\n")
     print("| work | variant | C++ library, wall | module, wall | module / library, wall "
-          "| C++ library, CPU | module, CPU | module / library, CPU |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, spec, lm, ll, lh, mm, ml, mh, ratio, lc, mc, cratio in rows:
+          "| C++ library, CPU | module, CPU | module / library, CPU | per round, CPU (quartiles) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (name, spec, lm, ll, lh, mm, ml, mh, ratio, lc, lcl, lch, mc, mcl, mch,
+         cratio, pm, p1, p3) in rows:
         print(f"| {name} | {spec} | {lm:.4f} ({ll:.4f}-{lh:.4f}) | {mm:.4f} ({ml:.4f}-{mh:.4f}) "
-              f"| {ratio:.3f} | {lc:.4f} | {mc:.4f} | {cratio:.3f} |")
+              f"| {ratio:.3f} | {lc:.4f} ({lcl:.4f}-{lch:.4f}) | {mc:.4f} ({mcl:.4f}-{mch:.4f}) "
+              f"| {cratio:.3f} | {pm:.3f} ({p1:.3f}-{p3:.3f}) |")
 
 
 def part2(at, build, model_name, images, rounds):
