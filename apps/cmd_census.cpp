@@ -2,7 +2,7 @@
 // smallest weight, and how many rows fail to sum to 1.
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 
@@ -131,7 +131,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
                    {"precision", "double"},
                    {"threads", threads}};
   meta.params()["device"] = device.description;
-  ImageRun run(f.control, "census", args, dir,
+  ImageRun run(f.control, "census", command_args(args), dir,
                run_fingerprint("census", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
     analyses::Selection part = sel;

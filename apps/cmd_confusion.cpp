@@ -1,7 +1,7 @@
 // attnscope confusion: counts confused query pairs per image, layer and head (InLine Fig. 2).
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 
@@ -184,7 +184,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
     meta.params()["layer_geometry"] = geo;
   }
-  ImageRun run(f.control, "confusion", args, dir,
+  ImageRun run(f.control, "confusion", command_args(args), dir,
                run_fingerprint("confusion", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   run.compute([&] {

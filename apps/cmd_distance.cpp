@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
 
@@ -40,53 +40,6 @@ po::options_description distance_options(DistanceFlags& f) {
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
   add_diagnostic_run_options(d, f.common, f.control);
   return d;
-}
-
-void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
-  ResultFile f(set, "distance.csv");
-  f.stream() << "variant,layer,head,mean_distance,image_std,query_std,min,max,queries,images,mean_grid_mass,"
-                "degenerate_rows,negative_weight_rows,rows_without_grid_mass\n"
-             << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) {
-      const analyses::RunningStats& q = c.queries[0];
-      const bool any = q.count > 0;
-      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
-                 << c.layer << "," << c.head << "," << c.images[0].mean << ","
-                 << c.images[0].stddev() << "," << q.stddev() << "," << (any ? q.min : 0.0) << ","
-                 << (any ? q.max : 0.0) << "," << q.count << "," << c.images[0].count << ","
-                 << c.queries[1].mean << "," << c.counters[0] << "," << c.counters[1] << ","
-                 << c.counters[2] << "\n";
-    }
-  }
-  f.close();
-}
-
-/// Per variant: the per-layer means (over heads) and how its weights were taken (`own`: each
-/// layer's own variant, when the run applies them).
-nlohmann::json variant_results(const analyses::QueryStatsResult& r,
-                               const std::vector<Variant>& own) {
-  nlohmann::json out = nlohmann::json::array();
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    nlohmann::json layers = nlohmann::json::array();
-    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
-      layers.push_back({{"layer", layer}, {"mean_distance", mean}});
-    }
-    std::int64_t negative = 0;
-    for (const auto& c : r.cells[v]) negative += c.counters[1];
-    bool signed_weights = r.variants[v].family->weights_can_be_negative() || negative > 0;
-    for (const Variant& o : own)
-      signed_weights = signed_weights || o.family->weights_can_be_negative();
-    out.push_back(
-        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
-         {"per_layer", layers},
-         {"negative_weight_rows", negative},
-         {"weights", signed_weights
-                         ? "signed: the weights as given, negative ones included; a row's "
-                           "distance is a signed sum and can fall outside [0, max_distance]"
-                         : "non-negative"}});
-  }
-  return out;
 }
 
 void print_summary(const analyses::QueryStatsResult& r, const analyses::PatchSize& p, bool renormalise,
@@ -150,7 +103,7 @@ int run_distance_cmd(const std::vector<std::string>& args) {
                         {"renormalise", f.opt.renormalise},
                         {"prefix_tokens", "dropped as queries and keys"},
                         {"bins", f.bins}});
-  ImageRun run(f.control, "distance", args, dir, run_fingerprint("distance", f.common.dump, meta.params()),
+  ImageRun run(f.control, "distance", command_args(args), dir, run_fingerprint("distance", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
@@ -161,13 +114,9 @@ int run_distance_cmd(const std::vector<std::string>& args) {
     for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "distance.json");
-    write_csv(set, r);
-    write_histogram(set, r, "distance_histogram.csv", "queries");
-    meta.results() = {{"images", r.images},
-                      {"max_distance", geometry.max_distance()},
-                      {"uniform_baseline", analyses::uniform_distance(geometry, f.opt.renormalise)},
-                      {"variants", variant_results(r, sel.own_variants)},
-                      {"ms_per_image", timer.summary()}};
+    write_distance_files(set, r);
+    meta.results() = distance_results(r, geometry, f.opt.renormalise, sel.own_variants);
+    meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };
   if (!run_query_stats("distance", run, reader, sel, variants, layout, measure, timer, totals, publish)) return 0;

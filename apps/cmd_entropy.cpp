@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
 
@@ -41,48 +41,6 @@ po::options_description entropy_options(EntropyFlags& f) {
   return d;
 }
 
-void write_csv(ResultSet& set, const analyses::QueryStatsResult& r, double log_n) {
-  ResultFile f(set, "entropy.csv");
-  f.stream() << "variant,layer,head,mean_entropy,mean_normalised,image_std,query_std,min,max,queries,images,"
-                "degenerate_rows,negative_weight_rows,mean_negative_mass\n"
-             << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) {
-      const analyses::RunningStats& q = c.queries[0];
-      const bool any = q.count > 0;
-      const double mean = c.images[0].mean;
-      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
-                 << c.layer << "," << c.head << "," << mean << ","
-                 << (log_n > 0.0 ? mean / log_n : 0.0) << "," << c.images[0].stddev() << ","
-                 << q.stddev() << "," << (any ? q.min : 0.0) << "," << (any ? q.max : 0.0) << ","
-                 << q.count << "," << c.images[0].count << "," << c.counters[0] << ","
-                 << c.counters[1] << "," << c.queries[1].mean << "\n";
-    }
-  }
-  f.close();
-}
-
-std::int64_t negative_rows(const std::vector<analyses::QueryStatsCell>& cells) {
-  std::int64_t n = 0;
-  for (const auto& c : cells) n += c.counters[1];
-  return n;
-}
-
-nlohmann::json variant_results(const analyses::QueryStatsResult& r, double log_n) {
-  nlohmann::json out = nlohmann::json::array();
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    nlohmann::json layers = nlohmann::json::array();
-    for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
-      layers.push_back({{"layer", layer}, {"mean_entropy", mean}, {"mean_normalised", log_n > 0 ? mean / log_n : 0.0}});
-    }
-    out.push_back(
-        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
-         {"per_layer", layers},
-         {"negative_weight_rows", negative_rows(r.cells[v])}});
-  }
-  return out;
-}
-
 void print_summary(const analyses::QueryStatsResult& r, int tokens, double log_n, double eps) {
   std::cout << "attention entropy as a share of log N (" << r.images << " images; N = " << tokens
             << " keys, every query; log N = " << std::setprecision(5) << log_n << "; -sum w log(w"
@@ -95,7 +53,9 @@ void print_summary(const analyses::QueryStatsResult& r, int tokens, double log_n
       std::cout << " " << std::fixed << std::setprecision(3) << mean;
     }
     std::cout << std::defaultfloat << "\n";
-    if (const std::int64_t n = negative_rows(r.cells[v]); n > 0) {
+    std::int64_t n = 0;
+    for (const auto& c : r.cells[v]) n += c.counters[1];
+    if (n > 0) {
       std::cout << "  (" << n << " rows with negative weights: entropy of |w| renormalised)\n";
     }
   }
@@ -136,7 +96,7 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
                         {"keys", "every token"},
                         {"negative_weights", kNegativeRows},
                         {"bins", f.bins}});
-  ImageRun run(f.control, "entropy", args, dir, run_fingerprint("entropy", f.common.dump, meta.params()),
+  ImageRun run(f.control, "entropy", command_args(args), dir, run_fingerprint("entropy", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
@@ -147,12 +107,9 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
     for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "entropy.json");
-    write_csv(set, r, log_n);
-    write_histogram(set, r, "entropy_histogram.csv", "queries");
-    meta.results() = {{"images", r.images},
-                      {"log_n", log_n},
-                      {"variants", variant_results(r, log_n)},
-                      {"ms_per_image", timer.summary()}};
+    write_entropy_files(set, r, log_n);
+    meta.results() = entropy_results(r, log_n);
+    meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };
   if (!run_query_stats("entropy", run, reader, sel, variants, layout, measure, timer, totals, publish)) return 0;

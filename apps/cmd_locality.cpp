@@ -1,7 +1,7 @@
 // attnscope locality: attention mass in each query's k x k grid window (InLine Fig. 3).
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "attnscope/run/result_files.hpp"
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
@@ -134,7 +134,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
     meta.params()["layer_geometry"] = geo;
   }
-  ImageRun run(f.control, "locality", args, dir,
+  ImageRun run(f.control, "locality", command_args(args), dir,
                run_fingerprint("locality", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   run.compute([&] {

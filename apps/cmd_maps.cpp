@@ -2,7 +2,7 @@
 // input of the papers' attention-map figures.
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/maps.hpp"
@@ -114,7 +114,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
     meta.params()["layer_geometry"] = geo;
   }
-  ImageRun run(f.control, "maps", args, dir, run_fingerprint("maps", f.common.dump, meta.params()),
+  ImageRun run(f.control, "maps", command_args(args), dir, run_fingerprint("maps", f.common.dump, meta.params()),
                sel.images);
   run.compute([&] {
     analyses::Selection part = sel;

@@ -3,7 +3,7 @@
 // report how far each head's attention output moves (masking.hpp).
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "model_layers.hpp"
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
@@ -197,7 +197,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                    {"precision", "double"},
                    {"threads", threads}};
   meta.params()["device"] = device.description;
-  ImageRun run(f.control, "mask", args, dir,
+  ImageRun run(f.control, "mask", command_args(args), dir,
                run_fingerprint("mask", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
     analyses::Selection part = sel;

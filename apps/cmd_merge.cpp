@@ -1,7 +1,7 @@
 // attnscope merge: folds the result sets of `--shard I/N` runs into the files one plain run writes.
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "attnscope/run/journal.hpp"
 #include "attnscope/run/sha256.hpp"
 

@@ -4,7 +4,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "query_stats_record.hpp"
 #include "selection_flags.hpp"
 
@@ -34,60 +34,6 @@ po::options_description rank_options(RankFlags& f) {
       ("reference", po::bool_switch(&f.reference), "plain double-precision loops and Jacobi SVD (slow; for checks)");
   add_diagnostic_run_options(d, f.common, f.control);
   return d;
-}
-
-/// mean (and min, max) of a quantity, "nan" where no image gave one.
-void stat(std::ostream& os, const analyses::RunningStats& s, bool range) {
-  if (s.count == 0) {
-    os << ",nan" << (range ? ",nan,nan" : "");
-    return;
-  }
-  os << "," << s.mean;
-  if (range) os << "," << s.min << "," << s.max;
-}
-
-void write_csv(ResultSet& set, const analyses::QueryStatsResult& r) {
-  ResultFile f(set, "rank.csv");
-  f.stream() << "variant,layer,head,images,mean_rank,min_rank,max_rank,mean_erank,mean_kv_rank,min_kv_rank,"
-                "max_kv_rank,mean_kv_erank,mean_k_ratio,min_k_ratio,max_k_ratio,mean_k1_ratio,min_k1_ratio,"
-                "max_k1_ratio,mean_fk_ratio,min_fk_ratio,max_fk_ratio,mean_fk1_ratio,min_fk1_ratio,max_fk1_ratio,"
-                "k_full_rank_images,k1_full_rank_images,fk_full_rank_images,fk1_full_rank_images,"
-                "mean_out_residual,min_out_residual,max_out_residual,out_images,degenerate_rows\n"
-             << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) {
-      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
-                 << c.layer << "," << c.head << "," << c.queries[0].count;
-      stat(f.stream(), c.queries[0], true);   // rank
-      stat(f.stream(), c.queries[1], false);  // erank
-      stat(f.stream(), c.queries[2], true);   // kv rank
-      stat(f.stream(), c.queries[3], false);  // kv erank
-      for (std::size_t q = 4; q < 8; ++q) stat(f.stream(), c.queries[q], true);  // ratios
-      for (std::size_t k = 1; k < 5; ++k) f.stream() << "," << c.counters[k];
-      stat(f.stream(), c.queries[8], true);
-      f.stream() << "," << c.queries[8].count << "," << c.counters[0] << "\n";
-    }
-  }
-  f.close();
-}
-
-nlohmann::json variant_results(const analyses::QueryStatsResult& r) {
-  nlohmann::json out = nlohmann::json::array();
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    nlohmann::json layers = nlohmann::json::array();
-    const auto rank = layer_means(r.cells[v], 0), erank = layer_means(r.cells[v], 1);
-    const auto kv = layer_means(r.cells[v], 2), residual = layer_means(r.cells[v], 8);
-    for (const auto& [layer, mean] : rank) {
-      nlohmann::json l = {{"layer", layer}, {"mean_rank", mean}, {"mean_erank", erank.at(layer)}};
-      if (kv.count(layer) != 0) l["mean_kv_rank"] = kv.at(layer);
-      if (residual.count(layer) != 0) l["mean_out_residual"] = residual.at(layer);
-      layers.push_back(std::move(l));
-    }
-    out.push_back(
-        {{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
-         {"per_layer", layers}});
-  }
-  return out;
 }
 
 void print_summary(const analyses::QueryStatsResult& r, int tokens) {
@@ -144,23 +90,19 @@ int run_rank_cmd(const std::vector<std::string>& args) {
                         {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
                                                          : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
                         {"out_layers", out_layers}});
-  ImageRun run(f.control, "rank", args, dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
+  ImageRun run(f.control, "rank", command_args(args), dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);
   totals.result().layer_variant_names = own_names;
   const auto measure = analyses::rank_measure(f.opt, schema.attrs.scale, f.reference);
   auto publish = [&](analyses::QueryStatsResult& r) {
-    std::int64_t rows = 0;  // rows that are not degenerate: a W of zero rows measures nothing
-    for (const auto& cells : r.cells) {
-      for (const auto& c : cells) rows += c.queries[0].count * tokens - c.counters[0];
-    }
-    require_measured_rows(rows, "there is no matrix to measure");
+    require_measured_rows(rank_measured_rows(r, tokens), "there is no matrix to measure");
     for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "rank.json");
-    write_csv(set, r);
-    write_histogram(set, r, "rank_histogram.csv", "images");
-    meta.results() = {{"images", r.images}, {"variants", variant_results(r)}, {"ms_per_image", timer.summary()}};
+    write_rank_files(set, r);
+    meta.results() = rank_results(r);
+    meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };
   if (!run_query_stats("rank", run, reader, sel, variants, layout, measure, timer, totals, publish, true, true)) {

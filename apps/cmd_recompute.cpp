@@ -2,7 +2,7 @@
 // q, k, v with the model's own variant and compares them with the tensors the model produced.
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/recompute.hpp"
@@ -134,7 +134,7 @@ int run_recompute(const std::vector<std::string>& args) {
   meta.params() = {
       {"variant", described}, {"tol", tol}, {"threads", threads}, {"images", sel.images.size()}};
   meta.params()["device"] = device.description;
-  ImageRun run(f.control, "recompute", args, dir,
+  ImageRun run(f.control, "recompute", command_args(args), dir,
                run_fingerprint("recompute", f.common.dump, meta.params()),
                sel.images);
   run.compute([&] {

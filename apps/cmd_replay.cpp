@@ -2,7 +2,7 @@
 // the attention layers; accuracy per intervention and the logits of every image (replay.hpp).
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 
 #include "attnscope/analyses/replay.hpp"
 #include "attnscope/dump.hpp"
@@ -174,7 +174,7 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   meta.params()["device"] = device.description;
   std::vector<std::string> inputs{source};
   inputs.insert(inputs.end(), model_paths.begin(), model_paths.end());
-  ImageRun run(f.control, "replay", args, dir, run_fingerprint("replay", inputs, meta.params()), in.ids);
+  ImageRun run(f.control, "replay", command_args(args), dir, run_fingerprint("replay", inputs, meta.params()), in.ids);
 
   // An image's record: its label (-1 without labels) and, per model, the predicted class and the
   // logits under each intervention, and where the dump holds the model's own logits, the largest

@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/rollout.hpp"
@@ -85,7 +85,7 @@ int run_rollout_cmd(const std::vector<std::string>& args) {
   meta.params().update({{"fusion", analyses::to_string(fusion)},
                         {"layers_in_order", model_layers_of(schema, analyses::layers_in_model_order(schema, sel.layers))},
                         {"step", "A = rownorm(fuse(W_heads) + I); R = A_last ... A_first; the map: R's row of token 0"}});
-  ImageRun run(f.control, "rollout", args, dir, run_fingerprint("rollout", f.common.dump, meta.params()),
+  ImageRun run(f.control, "rollout", command_args(args), dir, run_fingerprint("rollout", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
   run.compute([&] {

@@ -3,7 +3,7 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "diagnostic_options.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/sinks.hpp"
@@ -246,7 +246,7 @@ int run_sinks_cmd(const std::vector<std::string>& args) {
                         {"norms", to_string(f.opt.norms)},
                         {"norm_ratio", f.opt.norm_ratio},
                         {"queries_and_keys", "every token, prefix tokens included"}});
-  ImageRun run(f.control, "sinks", args, dir, run_fingerprint("sinks", f.common.dump, meta.params()), sel.images);
+  ImageRun run(f.control, "sinks", command_args(args), dir, run_fingerprint("sinks", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   run.compute([&] {
     analyses::Selection part = sel;

@@ -2,7 +2,7 @@
 // attention row sharpens (MALA Fig. 2), checking MALA eq. 6, 7, 11, 12 and InLine eq. 4 as it goes.
 #include "command.hpp"
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 #include "attnscope/run/sha256.hpp"
 
@@ -358,7 +358,7 @@ int run_spikiness_cmd(const std::vector<std::string>& args) {
   nlohmann::json identity = meta.params();
   identity["source"] = source.name();
   identity["queries_sha256"] = samples_digest(samples);
-  ImageRun run(f.control, "spikiness", args, dir,
+  ImageRun run(f.control, "spikiness", command_args(args), dir,
                run_fingerprint("spikiness",
                                f.synthetic ? std::vector<std::string>{} : std::vector<std::string>(f.common.dump),
                                identity),

@@ -14,7 +14,7 @@ struct Command {
   std::string summary;  ///< one line for `attnscope --help`
   /// Runs with the arguments after the subcommand name. Returns the exit code.
   std::function<int(const std::vector<std::string>& args)> run;
-  /// Whether it runs over a dump's images through ImageRun (image_run.hpp), and so may be split
+  /// Whether it runs over a dump's images through ImageRun (run/: attnscope/run/image_run.hpp), and so may be split
   /// over MPI ranks; other commands refuse to run under MPI with more than one rank.
   bool over_images = false;
 };

@@ -407,21 +407,21 @@ int report(const std::string& command, const std::string& what, int code) {
 ExitStatus exit_status(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
-  } catch (const CodedExit& x) {
-    return {x.code(), x.what()};
-  } catch (const UsageError& x) {
-    return {kExitUsage, x.what()};
-  } catch (const NothingToMeasure& x) {
-    return {kExitNothingToMeasure, x.what()};
   } catch (const po::error& x) {
     return {kExitUsage, x.what()};
-  } catch (const std::bad_alloc&) {
-    return {kExitInput, "out of memory"};
-  } catch (const std::exception& x) {
-    return {kExitInput, x.what()};
   } catch (...) {
-    return {kExitInput, "unknown error"};
+    return run::exit_status(e);
   }
+}
+
+void add_run_control_options(po::options_description& d, RunControl& c) {
+  d.add_options()
+      ("resume", po::bool_switch(&c.resume),
+       "continue an interrupted run of the same command, dump and flags from its journal in "
+       "--out (refused when anything differs)")
+      ("shard", po::value(&c.shard)->value_name("I/N"),
+       "compute only the I-th of N contiguous blocks of the images and publish their records "
+       "(combine the N folders with attnscope merge)");
 }
 
 namespace {

@@ -3,6 +3,8 @@
 // a progress bar on stderr when it is a terminal.
 #pragma once
 
+#include "attnscope/run/exit_status.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "attnscope/run/result_set.hpp"
 #include "attnscope/run/run_record.hpp"
 
@@ -26,37 +28,12 @@
 
 namespace attnscope::app {
 
-// The run machinery (run/: result sets, run records, journals, MPI, interrupts) is library code
-// that the command shares with the Python module.
+// The run machinery (run/: result sets, run records, journals, image runs, MPI, interrupts, exit
+// codes) is library code that the command shares with the Python module.
 using namespace attnscope::run;
 
 namespace po = boost::program_options;
 
-
-/// Exit codes: 0 ok, 1 input/numerical error, 2 usage error, 3 a check failed (verify),
-/// 4 nothing to measure (no images selected, or no row of the selection could be measured).
-inline constexpr int kExitInput = 1;
-inline constexpr int kExitUsage = 2;
-inline constexpr int kExitCheckFailed = 3;
-inline constexpr int kExitNothingToMeasure = 4;
-
-/// Thrown when a run has nothing to measure (a dump without images, every row degenerate):
-/// run_guarded reports it on one line with exit 4, before any result file is written.
-class NothingToMeasure : public Error {
- public:
-  using Error::Error;
-};
-
-/// Ends a run with a given exit code and message (one line on stderr; nothing when the message is
-/// empty: another process of the run reports it, see image_run.hpp).
-class CodedExit : public Error {
- public:
-  CodedExit(int code, const std::string& message) : Error(message), code_(code) {}
-  [[nodiscard]] int code() const { return code_; }
-
- private:
-  int code_;
-};
 
 /// Throws NothingToMeasure ("no valid queries: every attention row of the selection is
 /// degenerate ..., so <consequence>") when not one row of the run could be measured.
@@ -160,6 +137,16 @@ nlohmann::json layer_geometry_json(const DumpSchema& schema, const std::vector<i
 /// `--name=value` (an abbreviation such as `--ou` becomes `--out=...`), positional values as given.
 const std::vector<std::string>& parsed_args();
 
+/// The command's arguments as an image run keeps them for merge (ImageRun's `args`): what the
+/// parser understood (parsed_args()), not what was typed (an abbreviated --ou would not be
+/// stripped), or `args` when nothing was parsed.
+inline const std::vector<std::string>& command_args(const std::vector<std::string>& args) {
+  return parsed_args().empty() ? args : parsed_args();
+}
+
+/// --resume and --shard I/N (RunControl, image_run.hpp).
+void add_run_control_options(po::options_description& d, RunControl& c);
+
 /// Parses args against `desc` (and positional names, if any). Prints help and returns false on
 /// --help (the caller returns 0). Throws UsageError on unknown or malformed flags, on a
 /// positional argument that `pos` does not name, and on a flag given an empty value.
@@ -172,12 +159,8 @@ bool parse_args(const std::string& command, const std::string& synopsis,
 /// OMP_NUM_THREADS is set to anything but a list of counts in [1, kMaxThreads].
 int apply_threads(int threads);
 
-/// The exit code and one-line message run_guarded gives an exception (an empty message: the
-/// CodedExit of a process whose run another process reports).
-struct ExitStatus {
-  int code = 0;
-  std::string message;
-};
+/// The exit code and one-line message run_guarded gives an exception: run::exit_status's, and a
+/// Boost.Program_options error is a usage error (2).
 ExitStatus exit_status(std::exception_ptr e);
 
 /// Runs a subcommand body, turning attnscope::UsageError into exit 2, NothingToMeasure into exit

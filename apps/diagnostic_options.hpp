@@ -3,7 +3,7 @@
 #pragma once
 
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "model_layers.hpp"
 #include "selection_flags.hpp"
 

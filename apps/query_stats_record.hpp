@@ -1,25 +1,22 @@
 // An image's part of a per-query statistics run (query_stats.hpp) as an image run's record, and
 // back, exactly (records are CBOR: every double comes back bit for bit), and the per-layer
-// summary the commands print. Shared by `distance` and `entropy`.
+// image run of the commands. Shared by `distance`, `entropy` and `rank`; their result files are
+// run/query_stats_files.hpp's, shared with the Python module.
 #pragma once
 
 #include "common.hpp"
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 #include "selection_flags.hpp"
 #include "stats_record.hpp"
 
 #include "attnscope/analyses/query_stats.hpp"
+#include "attnscope/run/query_stats_files.hpp"
 #include "attnscope/error.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <cstdint>
 #include <functional>
-#include <iomanip>
-#include <limits>
-#include <map>
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -80,49 +77,6 @@ inline analyses::QueryStatsImage query_stats_from_record(
   }
   img.cells = std::move(empty);
   return img;
-}
-
-/// Per variant, per layer: the mean over heads of each head's mean of quantity `q` over images
-/// (heads without a value left out), with `scale` applied (e.g. 1 / log N).
-inline std::map<int, double> layer_means(const std::vector<analyses::QueryStatsCell>& cells,
-                                         std::size_t q, double scale = 1.0) {
-  std::map<int, analyses::RunningStats> layers;
-  for (const auto& c : cells) {
-    if (c.images[q].count > 0) layers[c.layer].add(c.images[q].mean * scale);
-  }
-  std::map<int, double> out;
-  for (const auto& [layer, s] : layers) out[layer] = s.mean;
-  return out;
-}
-
-/// Writes `file` (a result of `set`): the histogram of quantity 0, one row per (variant, layer,
-/// head, bin) with the bin's label (below, 0..bins-1, above), lower and upper edge, and count;
-/// `count_column` names the count ("queries", "images").
-inline void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r,
-                            const std::string& file, const std::string& count_column) {
-  const double inf = std::numeric_limits<double>::infinity();
-  const analyses::HistogramBins& bins = r.layout.bins;
-  ResultFile f(set, file);
-  std::ostream& os = f.stream();
-  os << "variant,layer,head,bin,lo,hi," << count_column << "\n" << std::setprecision(10);
-  for (std::size_t v = 0; v < r.variants.size(); ++v) {
-    for (const auto& c : r.cells[v]) {
-      for (std::size_t b = 0; b < bins.slots(); ++b) {
-        os << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
-           << c.layer << "," << c.head << ",";
-        if (b == 0) {
-          os << "below," << -inf << "," << bins.lo;
-        } else if (b == bins.slots() - 1) {
-          os << "above," << bins.hi << "," << inf;
-        } else {
-          const int i = static_cast<int>(b) - 1;
-          os << i << "," << bins.edge(i) << "," << bins.edge(i + 1);
-        }
-        os << "," << c.histogram[b] << "\n";
-      }
-    }
-  }
-  f.close();
 }
 
 /// The image run of a per-query statistics analysis: computes this process's pending images

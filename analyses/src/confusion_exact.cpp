@@ -25,7 +25,7 @@ double dot(const double* a, const double* b, Eigen::Index n) {
 
 }  // namespace
 
-void ExactRows::validate(const Variant& v, const MatF& q, const MatF& k, double scale) {
+void ExactRows::validate(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale) {
   if (q.rows() != k.rows() || q.cols() != k.cols()) {
     throw UsageError("confusion: q and k of one head must have the same shape");
   }
@@ -45,7 +45,7 @@ void ExactRows::validate(const Variant& v, const MatF& q, const MatF& k, double 
   }
 }
 
-ExactRows::ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale)
+ExactRows::ExactRows(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale)
     : variant_(v), n_(static_cast<int>(k.rows())), scale_(scale) {
   validate(v, q, k, scale);
   a_.assign(static_cast<std::size_t>(n_), 0.0);

@@ -101,8 +101,8 @@ double logit_error(double scale, double q_norm, double k_max, Eigen::Index d);
 /// Whether the float rows of a softmax head are finite and accurate (see the limit above; also
 /// false for a scale that is not a normal float). Throws NumericalError when q or k holds a
 /// non-finite value. Fills q_norm with |q_i| (double) and sets k_max = max_j |k_j|.
-bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<double>& q_norm,
-                    double& k_max);
+bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
+                    std::vector<double>& q_norm, double& k_max);
 
 /// The low-rank form of a kernel-family head, centred: W_ij = z_i . m_j + 1/N with m_j the
 /// j-th centred key feature f_k(j) - mean f_k. Every row sums to 1, so z_i = a_i f_q(i) (a_i of

@@ -226,8 +226,8 @@ HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJu
 
 }  // namespace
 
-bool float_rows_fit(const MatF& q, const MatF& k, double scale, std::vector<double>& q_norm,
-                    double& k_max) {
+bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
+                    std::vector<double>& q_norm, double& k_max) {
   const Eigen::Index d = q.cols();
   q_norm.resize(static_cast<std::size_t>(q.rows()));
   // A float's square is at most 1.2e77: in double these norms are finite unless an entry is not.

@@ -29,8 +29,8 @@ void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
   }
 }
 
-std::vector<double> softmax_mass(const MatF& q, const MatF& k, double scale, const TokenGrid& grid,
-                                 int window) {
+std::vector<double> softmax_mass(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
+                                 const TokenGrid& grid, int window) {
   std::vector<double> mass(static_cast<std::size_t>(grid.tokens()), kNaN);
   std::vector<double> q_norm;
   double k_max = 0.0;
@@ -107,8 +107,8 @@ double RunningStats::stddev() const {
   return count < 2 ? 0.0 : std::sqrt(m2 / static_cast<double>(count));
 }
 
-std::vector<double> local_mass(const Variant& v, const MatF& q, const MatF& k, double scale,
-                               const TokenGrid& grid, int window, int* degenerate) {
+std::vector<double> local_mass(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k,
+                               double scale, const TokenGrid& grid, int window, int* degenerate) {
   check_window(grid, window, k.rows());
   if (!v.has_linear_form()) {
     std::string why;

@@ -129,6 +129,35 @@ int rollout_head_weights(const Variant& v, const MatF& q, const MatF& k, double 
 
 }  // namespace
 
+RolloutRow rollout_of_heads(const Variant& v, const std::vector<std::vector<MatF>>& q,
+                            const std::vector<std::vector<MatF>>& k, double scale,
+                            HeadFusion fusion, bool reference) {
+  if (q.empty() || q.size() != k.size()) {
+    throw UsageError("rollout: expected q and k of the same layers, at least one");
+  }
+  std::vector<std::vector<MatD>> layers(q.size());
+  RolloutRow out;
+  for (std::size_t l = 0; l < q.size(); ++l) {
+    if (q[l].size() != q[0].size() || k[l].size() != q[l].size() || q[l].empty()) {
+      throw UsageError("rollout: every layer needs the same heads, at least one, in q and k");
+    }
+    layers[l].resize(q[l].size());
+    for (std::size_t h = 0; h < q[l].size(); ++h) {
+      out.degenerate_rows += rollout_head_weights(v, q[l][h], k[l][h], scale, reference, layers[l][h]);
+    }
+  }
+  int fixed = 0;
+  if (reference) {
+    const MatD r = rollout_reference(layers, fusion, &fixed);
+    out.cls.assign(r.row(0).data(), r.row(0).data() + r.cols());
+  } else {
+    const VecD r = rollout_cls_row(layers, fusion, &fixed);
+    out.cls.assign(r.data(), r.data() + r.size());
+  }
+  out.fixed_rows = fixed;
+  return out;
+}
+
 bool rollout_holds_every_head(const DumpSchema& schema, const Selection& resolved, std::size_t variants,
                               bool reference) {
   const auto n = static_cast<double>(schema.attrs.num_tokens);

@@ -20,7 +20,7 @@ from .live import analyze
 __version__ = _core.__version__
 __all__ = ["analyze", "weights", "outputs", "variant_name", "families", "confusion", "confused_pairs",
            "local_mass", "locality", "census", "attention_map", "entropy", "distance", "rank",
-           "totals", "row_stats", "sweep"]
+           "totals", "row_stats", "sweep", "sinks", "token_norms", "rollout", "mask", "verify"]
 
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -68,14 +68,16 @@ def families() -> list[str]:
 
 
 def weights(q, k, variant: str, scale=None, mask=None, *, convention: str = "paper",
-            return_degenerate: bool = False):
+            return_degenerate: bool = False, out=None):
     """Explicit attention weights ``[..., tokens, tokens]`` of any registry variant.
 
     ``scale`` is the model's s (default ``dim ** -0.5``); ``mask`` a ``[tokens, tokens]`` bool
     array (True: the key stays visible), shared by every head. Degenerate rows are zeros; with
-    ``return_degenerate`` their indices come too (a list per head)."""
+    ``return_degenerate`` their indices come too (a list per head). ``out``: a C-contiguous
+    array of the computing dtype (float32, or float64 for float64 inputs) and the result's shape
+    to write into (and return) instead of a new one, numpy's convention."""
     w, dead = _core.weights(_array(q, "q"), _array(k, "k"), variant, scale, _array(mask, "mask"),
-                            convention)
+                            convention, _array(out, "out"))
     w = _like_inputs(w, q, k)
     return (w, dead) if return_degenerate else w
 
@@ -156,25 +158,26 @@ def distance(q, k, variant: str, grid, *, patch_size: float = 1.0, renormalise: 
                             "renormalise": renormalise}, reference, convention)
 
 
-def rank(q, k, v, variant: str, *, rank_tol: float = 0.0, scale=None, reference: bool = False,
-         convention: str = "paper") -> dict:
+def rank(q, k, v, variant: str, *, rank_tol: float = 0.0, out=None, scale=None,
+         reference: bool = False, convention: str = "paper") -> dict:
     """Per head: rank and effective rank of W, of the kernel form's K^T V, condition ratios of K
-    and the features (``attnscope rank``); each ``[..., 1]``."""
+    and the features, and with ``out`` (the model's own attention output, shaped like ``v``) its
+    rank-collapse residual (NaN without it) (``attnscope rank``); each ``[..., 1]``."""
     return _core.per_query("rank", _array(q, "q"), _array(k, "k"), _array(v, "v"), variant, scale,
-                           {"rank_tol": rank_tol}, reference, convention)
+                           {"rank_tol": rank_tol}, reference, convention, _array(out, "out"))
 
 
-def totals(analysis: str, q, k, variant: str, v=None, *, scale=None, reference: bool = False,
-           convention: str = "paper", **options) -> dict:
+def totals(analysis: str, q, k, variant: str, v=None, *, out=None, scale=None,
+           reference: bool = False, convention: str = "paper", **options) -> dict:
     """The per-head totals over the images of ``entropy``, ``distance`` or ``rank``, as the
     command totals one layer of a dump: per quantity the statistics of every (image, query) value
     and of the images' means, the histogram of the first quantity and the counters. ``options``:
     entropy ``log_eps``, ``bins``; distance ``grid``, ``patch_size``, ``renormalise``, ``bins``;
-    rank ``rank_tol``."""
+    rank ``rank_tol`` (and ``out``, the model's attention output, for the collapse residual)."""
     if "grid" in options:
         options["grid"] = list(options["grid"])
     return _core.totals(analysis, _array(q, "q"), _array(k, "k"), _array(v, "v"), variant, scale,
-                        options, reference, convention)
+                        options, reference, convention, _array(out, "out"))
 
 
 def row_stats(w, topk: int = 5) -> dict:
@@ -195,3 +198,55 @@ def sweep(q, k, variant: str, token: int, *, scales: str = "0.25:8:33", keys: st
     laws table); with ``keep_weights`` also ``weights``, the row at each scale."""
     return _core.sweep(_array(q, "q"), _array(k, "k"), variant, token, scales, keys, topk, space,
                        scale, keep_weights, convention)
+
+
+def sinks(q, k, variant: str, *, threshold: float = 0.5, scale=None, reference: bool = False,
+          convention: str = "paper") -> dict:
+    """Attention sinks per head (``attnscope sinks``): ``received`` ``[..., tokens]``, each key's
+    mean weight over the head's valid rows; ``sink_keys``, the keys above ``threshold`` in every
+    valid row (a list per head, ``[images][heads]`` for a stack); ``valid_rows`` and
+    ``degenerate_rows`` per head."""
+    return _core.sinks(_array(q, "q"), _array(k, "k"), variant, threshold, scale, reference,
+                       convention)
+
+
+def token_norms(x, *, ratio: float = 4.0) -> dict:
+    """High-norm tokens of one layer (``attnscope sinks --norms``): ``x`` the layer's values or
+    attention outputs ``[images, heads, tokens, dim]`` (or one head ``[tokens, dim]``). Each
+    token's norm over the heads against the image's median: ``ratio`` ``[images, tokens]``,
+    ``high`` (ratio above ``ratio``), ``median`` ``[images]``."""
+    return _core.token_norms(_array(x, "x"), ratio)
+
+
+def rollout(q, k, variant: str, *, fusion: str = "mean", scale=None, reference: bool = False,
+            convention: str = "paper") -> dict:
+    """Attention rollout (``attnscope rollout``): ``q`` and ``k`` are lists with one array per
+    layer, in the model's order, each ``[images, heads, tokens, dim]`` (or ``[tokens, dim]``).
+    Returns ``cls`` ``[images, tokens]``, row 0 (the class token) of the product of the layers'
+    head-fused (``fusion`` mean, max or min), residual-added, row-normalised weights, and per image
+    ``fixed_rows`` (rows replaced by the identity's) and ``degenerate_rows``."""
+    if not isinstance(q, (list, tuple)) or not isinstance(k, (list, tuple)):
+        raise TypeError("rollout: q and k are lists of arrays, one per layer")
+    return _core.rollout([_array(x, "q") for x in q], [_array(x, "k") for x in k], variant,
+                         fusion, scale, reference, convention)
+
+
+def mask(q, k, v, variant: str, grid, *, masks: str = "local:3,local:5,local:7,random:9,"
+         "random:25,random:49", seed: int = 0, layer: int = 0, scale=None,
+         convention: str = "paper") -> dict:
+    """Layer-local masking (``attnscope mask``): per mask (``"local:K"`` windows, ``"random:N"``
+    keys drawn from ``seed`` per image, ``layer`` and head as the command draws them for that
+    dump layer), ``change`` ``[images, heads]`` = |O' - O| / |O| (NaN where no row was left to
+    compare), and per head over the images ``values``, ``change_mean``, ``change_std``,
+    ``change_min``, ``change_max``, ``removed_mass_queries``, ``removed_mass_mean``,
+    ``removed_mass_std``, ``empty_rows``, ``degenerate_rows``, ``unmeasured_heads``. ``grid``
+    is ``(prefix_tokens, height, width)``."""
+    return _core.mask(_array(q, "q"), _array(k, "k"), _array(v, "v"), variant, masks, list(grid),
+                      seed, layer, scale, convention)
+
+
+def verify(*, seed: int = 0, trials: int = 200) -> list[dict]:
+    """The papers' propositions and identities checked by numbers (``attnscope verify
+    --no-timing``): one dict per row with ``check``, ``what``, ``trials``, ``unusable_trials``,
+    ``margin``, ``threshold``, ``sense``, ``result`` and ``pass``."""
+    return _core.verify(seed, trials)

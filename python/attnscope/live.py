@@ -12,7 +12,9 @@ import time
 
 from . import _attnscope as _core
 
-ANALYSES = ("locality", "census", "confusion")
+ANALYSES = ("locality", "census", "confusion", "entropy", "distance", "rank")
+#: What analyze runs when `analyses` is left out: the analyses of q and k (rank also reads v).
+DEFAULT_ANALYSES = ("locality", "census", "confusion")
 
 
 def _dumper():
@@ -32,19 +34,24 @@ def _own_variant(attrs) -> str:
     return attrs["attention_family"] + ("" if fmap == "none" else ":" + fmap)
 
 
-def analyze(model, loader, analyses=ANALYSES, *, out: str = "results/analyze", layers=None,
-            variants=None, dtype: str = "float16", max_images: int | None = None,
+def analyze(model, loader, analyses=DEFAULT_ANALYSES, *, out: str = "results/analyze",
+            layers=None, variants=None, dtype: str = "float16", max_images: int | None = None,
             window: int = 3, sum_tol: float = 1e-6, eps: float = 1e-3,
-            query_eps: float = 1e-6, model_name: str | None = None,
+            query_eps: float = 1e-6, log_eps: float = 0.0, bins: int = 32,
+            patch_size: float = 1.0, renormalise: bool = False, rank_tol: float = 0.0,
+            with_out: bool = True, model_name: str | None = None,
             attention_family: str | None = None, feature_map: str | None = None,
             convention: str = "code", grid=None, prefix_tokens: int | None = None,
             device=None, allow_rotary: bool = False) -> dict:
     """Runs `model` over `loader` (as attnscope_dump.dump_model does: tensors, (images, labels)
     pairs or dicts with pixel_values) and analyses every batch as it comes.
 
-    analyses: any of "locality" (window), "census" (sum_tol) and "confusion" (eps, query_eps);
-    each publishes into
-    ``out/<analysis>/`` the files of ``attnscope <analysis> --out out/<analysis>``.
+    analyses: any of "locality" (window), "census" (sum_tol), "confusion" (eps, query_eps),
+    "entropy" (log_eps, bins), "distance" (patch_size in pixels, 1: distances in patches, as for
+    a dump without /images; renormalise, bins) and "rank" (rank_tol; reads v, and with
+    ``with_out`` the attention module's own output for the rank-collapse residual, as a dump
+    with /out gives it); each publishes into ``out/<analysis>/`` the files of
+    ``attnscope <analysis> --out out/<analysis>``.
     layers: the model's layers to analyse (default all; results name the model's indices).
     variants: specs (default the model's own variant), without @convention read under the
     model's convention, as the command reads them under a dump's.
@@ -64,21 +71,30 @@ def analyze(model, loader, analyses=ANALYSES, *, out: str = "results/analyze", l
     specs = list(variants) if variants else [_own_variant(attrs)]
     grid3 = [attrs["prefix_tokens"], attrs["grid_height"], attrs["grid_width"]]
     options = {"locality": {"window": window}, "census": {"sum_tol": sum_tol},
-               "confusion": {"eps": eps, "query_eps": query_eps}}
+               "confusion": {"eps": eps, "query_eps": query_eps},
+               "entropy": {"log_eps": log_eps, "bins": bins},
+               "distance": {"patch_size": patch_size, "renormalise": renormalise, "bins": bins},
+               "rank": {"rank_tol": rank_tol}}
     runs = {name: _core.live(name, os.path.join(out, name), specs, keep, attrs["num_heads"],
                              grid3, attrs["scale"], options[name], attrs["convention"])
             for name in analyses}
+    need_v = any(run.needs_v for run in runs.values())
+    need_out = need_v and with_out
+    names = ("q", "k") + (("v",) if need_v else ()) + (("out",) if need_out else ())
     start, started = time.monotonic(), datetime.datetime.now(datetime.timezone.utc)
     images = 0
-    with dumper.hooked(model, sites, keep, False, False) as stores:
+    with dumper.hooked(model, sites, keep, False, need_out) as stores:
         for x, _, _, captured in dumper.captured_batches(
-                model, loader, stores, keep, ("q", "k"), attrs, np_dtype, 0, max_images, device,
+                model, loader, stores, keep, names, attrs, np_dtype, 0, max_images, device,
                 dumper.call_kwargs(model, style, False), [sites[i].hint for i in keep]):
             # Rounded as the dump stores them (float16 -> float32 is exact on the C++ side).
-            q = [layer["q"].astype(np_dtype, copy=False) for layer in captured]
-            k = [layer["k"].astype(np_dtype, copy=False) for layer in captured]
+            t = {name: [layer[name].astype(np_dtype, copy=False) for layer in captured]
+                 for name in names}
             for run in runs.values():
-                run.add(q, k)
+                if run.needs_v:
+                    run.add(t["q"], t["k"], t["v"], t.get("out"))
+                else:
+                    run.add(t["q"], t["k"])
             images += len(x)
     if images == 0:
         raise ValueError("the loader yielded no images")

@@ -134,10 +134,10 @@ pyb::tuple local_mass(pyb::handle q_obj, pyb::handle k_obj, const std::string& s
   std::vector<std::vector<double>> mass(static_cast<std::size_t>(q.count()));
   std::vector<std::int64_t> dead(static_cast<std::size_t>(q.count()));
   for_each_index(q.count(), [&](Eigen::Index i) {
-    const FloatHead h(q, k, i);
+    // local_mass reads the heads in place (Eigen::Ref): no copy of the caller's buffer.
     int degenerate = 0;
     mass[static_cast<std::size_t>(i)] =
-        analyses::local_mass(v, h.q, h.k, scale, grid, window, &degenerate);
+        analyses::local_mass(v, q.head(i), k.head(i), scale, grid, window, &degenerate);
     dead[static_cast<std::size_t>(i)] = degenerate;
   });
   return pyb::make_tuple(per_head_rows(q, mass, {q.tokens()}), per_head(q, dead));
@@ -157,7 +157,7 @@ pyb::dict locality(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec
   const Heads<float> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
   LiveLocality live(one_layer_setup(v, q, scale_obj, grid_of(grid_spec, q.tokens())), window);
-  live.add({q}, {k});
+  live.add(LiveBatch{{q}, {k}, {}, {}});
   const analyses::LocalityResult r = live.result();
   std::vector<std::int64_t> count, dead;
   std::vector<double> mean, stddev, min, max;
@@ -191,7 +191,7 @@ pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
   // The census uses no grid: any grid holding the tokens will do.
   const TokenGrid grid{0, 1, static_cast<int>(q.tokens())};
   LiveCensus live(one_layer_setup(v, q, scale_obj, grid), sum_tolerance);
-  live.add({q}, {k});
+  live.add(LiveBatch{{q}, {k}, {}, {}});
   const analyses::CensusColumns c = analyses::census_columns(live.cells());
   pyb::dict d;
   d["rows"] = per_head_total(q, c.rows);

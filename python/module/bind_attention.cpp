@@ -40,14 +40,35 @@ pyb::object degenerate_lists(bool single, Eigen::Index images, Eigen::Index head
   return out;
 }
 
+/// The array results are written into: a new one, or `out_obj` when given, which must be a
+/// writeable C-contiguous array of T with exactly `shape` (TypeError / UsageError otherwise).
+template <typename T>
+pyb::array_t<T> result_array(const pyb::object& out_obj, const std::vector<pyb::ssize_t>& shape) {
+  if (out_obj.is_none()) return pyb::array_t<T>(shape);
+  const char* want = sizeof(T) == 4 ? "float32" : "float64";
+  if (!pyb::isinstance<pyb::array_t<T, pyb::array::c_style>>(out_obj)) {
+    throw pyb::type_error(std::string("out: expected a C-contiguous ") + want +
+                          " array (the dtype the inputs compute in)");
+  }
+  auto out = pyb::reinterpret_borrow<pyb::array_t<T, pyb::array::c_style>>(out_obj);
+  if (!out.writeable()) throw UsageError("out: the array is read-only");
+  if (std::vector<pyb::ssize_t>(out.shape(), out.shape() + out.ndim()) != shape) {
+    std::string s;
+    for (auto x : shape) s += (s.empty() ? "" : ", ") + std::to_string(x);
+    throw UsageError("out: expected shape [" + s + "]");
+  }
+  return out;
+}
+
 template <typename T>
 pyb::tuple weights_of(pyb::handle q_obj, pyb::handle k_obj, const Variant& v,
-                      const pyb::object& scale, const pyb::object& mask_obj) {
+                      const pyb::object& scale, const pyb::object& mask_obj,
+                      const pyb::object& out_obj) {
   const Heads<T> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
   const double s = scale_or_default(scale, q.dim());
   const std::optional<Mask> mask = mask_of(mask_obj, q.tokens());
-  pyb::array_t<T> out(q.shape({q.tokens(), q.tokens()}));
+  pyb::array_t<T> out = result_array<T>(out_obj, q.shape({q.tokens(), q.tokens()}));
   T* dst = out.mutable_data();
   const Eigen::Index n = q.tokens();
   std::vector<std::vector<int>> degenerate(static_cast<std::size_t>(q.count()));
@@ -106,14 +127,14 @@ void bind_attention(pyb::module_& m) {
   m.def(
       "weights",
       [](pyb::handle q, pyb::handle k, const std::string& spec, const pyb::object& scale,
-         const pyb::object& mask, const std::string& convention) {
+         const pyb::object& mask, const std::string& convention, const pyb::object& out) {
         const Variant v = variant_of(spec, convention);
         return scalar_of({{"q", q}, {"k", k}}) == Scalar::Double
-                   ? weights_of<double>(q, k, v, scale, mask)
-                   : weights_of<float>(q, k, v, scale, mask);
+                   ? weights_of<double>(q, k, v, scale, mask, out)
+                   : weights_of<float>(q, k, v, scale, mask, out);
       },
       pyb::arg("q"), pyb::arg("k"), pyb::arg("variant"), pyb::arg("scale"), pyb::arg("mask"),
-      pyb::arg("convention"));
+      pyb::arg("convention"), pyb::arg("out") = pyb::none());
   m.def(
       "outputs",
       [](pyb::handle q, pyb::handle k, pyb::handle values, const std::string& spec,

@@ -12,9 +12,10 @@ namespace attnscope::python {
 
 namespace {
 
-/// A batch's layers: each a [images, heads, tokens, dim] array.
-std::vector<Heads<float>> layers_of(const pyb::list& arrays, const char* name) {
+/// A batch's layers: each a [images, heads, tokens, dim] array (None: none given).
+std::vector<Heads<float>> layers_of(const pyb::object& arrays, const char* name) {
   std::vector<Heads<float>> out;
+  if (arrays.is_none()) return out;
   for (pyb::handle a : arrays) out.emplace_back(a, name);
   return out;
 }
@@ -48,7 +49,11 @@ std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis, const std::
     if (options.contains("query_eps")) opt.query_eps = options["query_eps"].cast<double>();
     return std::make_unique<LiveConfusion>(std::move(setup), opt, out_dir);
   }
-  throw UsageError("analyses: expected locality, census or confusion, got '" + analysis + "'");
+  if (analysis == "entropy" || analysis == "distance" || analysis == "rank") {
+    return std::make_unique<LiveQueryStats>(std::move(setup), analysis, options, out_dir);
+  }
+  throw UsageError("analyses: expected locality, census, confusion, entropy, distance or rank, "
+                   "got '" + analysis + "'");
 }
 
 }  // namespace
@@ -57,17 +62,20 @@ void bind_live(pyb::module_& m) {
   pyb::class_<LiveAnalysis>(m, "LiveAnalysis")
       .def(
           "add",
-          [](LiveAnalysis& a, const pyb::list& q, const pyb::list& k) {
-            a.add(layers_of(q, "q"), layers_of(k, "k"));
+          [](LiveAnalysis& a, const pyb::object& q, const pyb::object& k, const pyb::object& v,
+             const pyb::object& out) {
+            a.add(LiveBatch{layers_of(q, "q"), layers_of(k, "k"), layers_of(v, "v"),
+                            layers_of(out, "out")});
           },
-          pyb::arg("q"), pyb::arg("k"))
+          pyb::arg("q"), pyb::arg("k"), pyb::arg("v") = pyb::none(), pyb::arg("out") = pyb::none())
       .def(
           "publish",
           [](LiveAnalysis& a, const std::string& record) {
             return a.publish(nlohmann::json::parse(record));
           },
           pyb::arg("record"))
-      .def_property_readonly("images", &LiveAnalysis::images);
+      .def_property_readonly("images", &LiveAnalysis::images)
+      .def_property_readonly("needs_v", &LiveAnalysis::needs_v);
   m.def("live", &make_live, pyb::arg("analysis"), pyb::arg("out_dir"), pyb::arg("variants"),
         pyb::arg("layers"), pyb::arg("heads"), pyb::arg("grid"), pyb::arg("scale"),
         pyb::arg("options"), pyb::arg("convention"));

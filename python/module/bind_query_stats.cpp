@@ -23,21 +23,16 @@ namespace {
 using analyses::HeadQueryValues;
 using analyses::HeadView;
 
-/// An analysis of query_stats.hpp by name, with its options.
-struct Measure {
-  analyses::QueryStatsLayout layout;
-  analyses::HeadMeasureFn fn;
-  bool need_v = false;
-};
+using Measure = QueryMeasure;
 
 template <typename T>
 T option(const pyb::dict& options, const char* key, T fallback) {
   return options.contains(key) ? options[key].cast<T>() : fallback;
 }
 
-/// entropy: log_eps, bins (32); distance: grid (prefix, height, width), patch_size (pixels, 1),
-/// renormalise, bins (32); rank: rank_tol. Unknown options are refused.
-Measure measure_of(const std::string& name, const pyb::dict& options, Eigen::Index tokens,
+}  // namespace
+
+QueryMeasure query_measure(const std::string& name, const pyb::dict& options, Eigen::Index tokens,
                    double scale, bool reference) {
   const std::vector<std::string> known =
       name == "entropy"    ? std::vector<std::string>{"log_eps", "bins"}
@@ -83,6 +78,8 @@ Measure measure_of(const std::string& name, const pyb::dict& options, Eigen::Ind
   return m;
 }
 
+namespace {
+
 /// The values v where the analysis needs them (UsageError when they are missing).
 std::optional<Heads<float>> values_of(const Measure& m, pyb::handle v_obj, const Heads<float>& q) {
   if (!m.need_v) return std::nullopt;
@@ -92,16 +89,30 @@ std::optional<Heads<float>> values_of(const Measure& m, pyb::handle v_obj, const
   return values;
 }
 
-/// Measures every head of the stack in float; `values` may be null.
+/// The model's own attention output where given (rank's collapse residual reads it; the other
+/// analyses do not take it).
+std::optional<Heads<float>> outputs_of(const std::string& name, pyb::handle out_obj,
+                                       const Heads<float>& q) {
+  if (out_obj.is_none()) return std::nullopt;
+  if (name != "rank") throw UsageError(name + ": takes no out (only rank reads the model's output)");
+  std::optional<Heads<float>> out(std::in_place, out_obj, "out");
+  require_same_heads(q, *out, false);
+  return out;
+}
+
+/// Measures every head of the stack in float; `values` and `outputs` may be null.
 std::vector<HeadQueryValues> measure_heads(const Measure& m, const Variant& v,
                                            const Heads<float>& q, const Heads<float>& k,
-                                           const Heads<float>* values) {
+                                           const Heads<float>* values,
+                                           const Heads<float>* outputs) {
   std::vector<HeadQueryValues> out(static_cast<std::size_t>(q.count()));
   for_each_index(q.count(), [&](Eigen::Index i) {
     const MatF qi = q.head(i), ki = k.head(i);
     const MatF vi = values ? MatF(values->head(i)) : MatF();
+    const MatF oi = outputs ? MatF(outputs->head(i)) : MatF();
     const int image = q.single() ? -1 : static_cast<int>(i / q.heads());
-    const HeadView hv{image, 0, static_cast<int>(i % q.heads()), qi, ki, vi, &qi};
+    const HeadView hv{image, 0, static_cast<int>(i % q.heads()), qi, ki, vi, &qi, nullptr,
+                      outputs ? &oi : nullptr};
     out[static_cast<std::size_t>(i)] =
         analyses::in_head(image, 0, hv.head, [&] { return m.fn(v, hv); });
   });
@@ -115,13 +126,15 @@ struct Measured {
   std::vector<HeadQueryValues> heads;
 
   Measured(const std::string& name, pyb::handle q_obj, pyb::handle k_obj, pyb::handle v_obj,
-           const Variant& v, const pyb::object& scale_obj, const pyb::dict& options, bool reference)
+           pyb::handle out_obj, const Variant& v, const pyb::object& scale_obj,
+           const pyb::dict& options, bool reference)
       : q(q_obj, "q") {
     const Heads<float> k(k_obj, "k");
     require_same_heads(q, k, true);
-    m = measure_of(name, options, q.tokens(), scale_or_default(scale_obj, q.dim()), reference);
+    m = query_measure(name, options, q.tokens(), scale_or_default(scale_obj, q.dim()), reference);
     const std::optional<Heads<float>> values = values_of(m, v_obj, q);
-    heads = measure_heads(m, v, q, k, values ? &*values : nullptr);
+    const std::optional<Heads<float>> outputs = outputs_of(name, out_obj, q);
+    heads = measure_heads(m, v, q, k, values ? &*values : nullptr, outputs ? &*outputs : nullptr);
   }
 };
 
@@ -129,9 +142,10 @@ struct Measured {
 /// quantity) and each counter [images, heads]; a single head drops the first two axes.
 pyb::dict per_query(const std::string& name, pyb::handle q_obj, pyb::handle k_obj,
                     pyb::handle v_obj, const std::string& spec, const pyb::object& scale_obj,
-                    const pyb::dict& options, bool reference, const std::string& convention) {
-  const Measured r(name, q_obj, k_obj, v_obj, variant_of(spec, convention), scale_obj, options,
-                   reference);
+                    const pyb::dict& options, bool reference, const std::string& convention,
+                    pyb::handle out_obj) {
+  const Measured r(name, q_obj, k_obj, v_obj, out_obj, variant_of(spec, convention), scale_obj,
+                   options, reference);
   pyb::dict d;
   for (std::size_t qi = 0; qi < r.m.layout.quantities.size(); ++qi) {
     const auto n = static_cast<pyb::ssize_t>(r.heads.front().values[qi].size());
@@ -158,9 +172,9 @@ pyb::dict per_query(const std::string& name, pyb::handle q_obj, pyb::handle k_ob
 /// 0 and the counters.
 pyb::dict totals(const std::string& name, pyb::handle q_obj, pyb::handle k_obj, pyb::handle v_obj,
                  const std::string& spec, const pyb::object& scale_obj, const pyb::dict& options,
-                 bool reference, const std::string& convention) {
+                 bool reference, const std::string& convention, pyb::handle out_obj) {
   const Variant v = variant_of(spec, convention);
-  const Measured r(name, q_obj, k_obj, v_obj, v, scale_obj, options, reference);
+  const Measured r(name, q_obj, k_obj, v_obj, out_obj, v, scale_obj, options, reference);
   const Heads<float>* q = &r.q;
   const Measure& m = r.m;
   const std::vector<HeadQueryValues>& heads = r.heads;
@@ -314,10 +328,10 @@ void bind_query_stats(pyb::module_& m) {
         pyb::arg("scale"), pyb::arg("keep_weights"), pyb::arg("convention"));
   m.def("per_query", &per_query, pyb::arg("analysis"), pyb::arg("q"), pyb::arg("k"), pyb::arg("v"),
         pyb::arg("variant"), pyb::arg("scale"), pyb::arg("options"), pyb::arg("reference"),
-        pyb::arg("convention"));
+        pyb::arg("convention"), pyb::arg("out") = pyb::none());
   m.def("totals", &totals, pyb::arg("analysis"), pyb::arg("q"), pyb::arg("k"), pyb::arg("v"),
         pyb::arg("variant"), pyb::arg("scale"), pyb::arg("options"), pyb::arg("reference"),
-        pyb::arg("convention"));
+        pyb::arg("convention"), pyb::arg("out") = pyb::none());
   m.def("row_stats", &row_stats, pyb::arg("w"), pyb::arg("topk"));
 }
 

@@ -30,4 +30,5 @@ PYBIND11_MODULE(_attnscope, m) {
   attnscope::python::bind_analyses(m);
   attnscope::python::bind_query_stats(m);
   attnscope::python::bind_live(m);
+  attnscope::python::bind_diagnostics(m);
 }

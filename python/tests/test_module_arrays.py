@@ -243,3 +243,161 @@ def test_sweep_follows_the_magnitude_laws(attnscope_module):
         assert laws and all(law["pass"] and law["points"] > 0 for law in laws), (spec, laws)
     with pytest.raises(ValueError, match="token: expected a token index in \\[0, 63\\), got 63"):
         at.sweep(q, k, "softmax", 63)
+
+
+def test_diagnostics_refuse_bad_inputs(attnscope_module):
+    """sinks, token_norms, rollout, mask, verify and rank's out: wrong rank, NaN, wrong dtype,
+    mismatched shapes and bad parameters raise the command line's message, never crash."""
+    at = attnscope_module
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 2, 5, 3)).astype(np.float32)
+    bad = q.copy()
+    bad[0, 1, 4, 2] = np.nan
+    grid = (1, 2, 2)
+    # wrong rank
+    for call in (lambda: at.sinks(q[0], q[0], "softmax"), lambda: at.token_norms(q[0]),
+                 lambda: at.rollout([q[0]], [q[0]], "softmax"),
+                 lambda: at.mask(q[0], q[0], q[0], "softmax", grid)):
+        with pytest.raises(ValueError, match="expected a \\[tokens, dim\\] or \\[images, heads, "
+                                             "tokens, dim\\] array, got 3 dimensions"):
+            call()
+    # NaN
+    nan = r"expected finite values, found NaN at image 0, head 1, token 4, dim 2"
+    for call in (lambda: at.sinks(q, bad, "softmax"), lambda: at.token_norms(bad),
+                 lambda: at.rollout([q, bad], [q, q], "softmax"),
+                 lambda: at.mask(q, q, bad, "softmax", grid)):
+        with pytest.raises(ValueError, match=nan):
+            call()
+    # wrong dtype
+    for call in (lambda: at.sinks(q.astype(np.int64), q, "softmax"),
+                 lambda: at.token_norms(q.astype(np.int16)),
+                 lambda: at.rollout([q], [q.astype(np.int32)], "softmax"),
+                 lambda: at.mask(q, q, q.astype(np.int8), "softmax", grid)):
+        with pytest.raises(TypeError, match="expected float16, float32 or float64 values"):
+            call()
+    # non-contiguous views are read correctly (copied once), not refused
+    wide = np.repeat(q, 2, axis=3)[..., ::2]
+    assert not wide.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(at.sinks(wide, wide, "inline")["received"],
+                                  at.sinks(q, q, "inline")["received"])
+    # mismatched shapes
+    with pytest.raises(ValueError, match=r"k is \[2, 2, 4, 3\], expected the shape of q"):
+        at.sinks(q, q[:, :, :4], "softmax")
+    with pytest.raises(ValueError, match=r"expected the shape of q"):
+        at.rollout([q, q[:1]], [q, q[:1]], "softmax")
+    with pytest.raises(ValueError, match="one array per layer, of the same length, got 2 and 1"):
+        at.rollout([q, q], [q], "softmax")
+    with pytest.raises(TypeError, match="lists of arrays"):
+        at.rollout(q, q, "softmax")
+    with pytest.raises(ValueError, match=r"v is \[2, 2, 4, 3\]"):
+        at.mask(q, q, q[:, :, :4], "softmax", grid)
+    with pytest.raises(ValueError, match=r"out is \[2, 2, 4, 3\]"):
+        at.rank(q, q, q, "softmax", out=q[:, :, :4])
+    with pytest.raises(ValueError, match="entropy: takes no out"):
+        at.totals("entropy", q, q, "softmax", out=q)
+    # bad parameters: the command's messages
+    with pytest.raises(ValueError, match="--threshold: expected a finite number, found nan"):
+        at.sinks(q, q, "softmax", threshold=float("nan"))
+    with pytest.raises(ValueError, match="--norm-ratio: expected a finite number > 0, found 0"):
+        at.token_norms(q, ratio=0.0)
+    with pytest.raises(ValueError, match="--fusion: expected mean, max or min, found 'sum'"):
+        at.rollout([q], [q], "softmax", fusion="sum")
+    with pytest.raises(ValueError, match="--mask 'local:4'"):
+        at.mask(q, q, q, "softmax", grid, masks="local:4")
+    with pytest.raises(ValueError, match="grid"):
+        at.mask(q, q, q, "softmax", (1, 3, 3))
+    with pytest.raises(ValueError, match="unknown"):
+        at.sinks(q, q, "softmaxx")
+    with pytest.raises(ValueError, match="trials must be >= 1, got 0"):
+        at.verify(trials=0)
+
+
+def test_diagnostics_on_planted_inputs(attnscope_module):
+    """Negative controls for the new functions: a key every query attends to is a sink and one
+    no query favours is not; a token with a large value is high-norm and the others are not; a
+    rollout's class-token row sums to 1; a mask that removes nothing changes nothing."""
+    at = attnscope_module
+    n, d = 9, 4
+    k = np.zeros((n, d), np.float32)
+    k[3, 0] = 10.0
+    q = np.zeros((n, d), np.float32)
+    q[:, 0] = 2.0
+    r = at.sinks(q, k, "softmax", threshold=0.5, scale=1.0)
+    assert r["sink_keys"] == [3] and r["valid_rows"] == n
+    assert r["received"][3] > 0.99 and r["received"][[0, 1, 2, 4]].max() < 0.01
+    r = at.sinks(q, np.zeros_like(k), "softmax", threshold=0.5, scale=1.0)
+    assert r["sink_keys"] == []  # uniform rows: no sink
+    v = np.ones((1, 2, n, d), np.float32)
+    v[0, 1, 6] = 50.0
+    norms = at.token_norms(v, ratio=4.0)
+    assert norms["high"][0].tolist() == [t == 6 for t in range(n)]
+    rng = np.random.default_rng(3)
+    qs = [rng.standard_normal((2, 3, n, d)).astype(np.float32) for _ in range(3)]
+    ks = [rng.standard_normal((2, 3, n, d)).astype(np.float32) for _ in range(3)]
+    cls = at.rollout(qs, ks, "softmax")["cls"]
+    np.testing.assert_allclose(cls.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    # the fast path's softmax weights come from float exponentials (rollout.hpp: each within a
+    # relative 5e-4, measured below 2e-6); the reference is ExactRows' in double
+    ref = at.rollout(qs, ks, "softmax", reference=True)["cls"]
+    np.testing.assert_allclose(cls, ref, rtol=1e-5, atol=0)
+    np.testing.assert_array_equal(at.rollout(qs, ks, "inline")["cls"].shape, (2, n))
+    vs = rng.standard_normal((2, 3, n, d)).astype(np.float32)
+    m = at.mask(qs[0], ks[0], vs, "inline", (0, 3, 3), masks="random:0,local:3")
+    # the masked outputs are computed by the mask path (rounding apart from the plain path's)
+    assert np.all(m["random:0"]["change"] < 1e-12)
+    assert np.all(m["local:3"]["change"] > 1e-3)
+
+
+def test_weights_into_a_given_array(attnscope_module):
+    """out=: the weights are written into the array given (and it is returned), the same values
+    as a new array's; a wrong dtype, layout, shape or a read-only array is refused."""
+    at = attnscope_module
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    out = np.full((2, 3, 7, 7), np.nan, np.float32)
+    w = at.weights(q, k, "inline", out=out)
+    assert w is out or np.shares_memory(w, out)
+    np.testing.assert_array_equal(out, at.weights(q, k, "inline"))
+    with pytest.raises(TypeError, match="out: expected a C-contiguous float32 array"):
+        at.weights(q, k, "softmax", out=out.astype(np.float64))
+    with pytest.raises(TypeError, match="out: expected a C-contiguous float32 array"):
+        at.weights(q, k, "softmax", out=np.zeros((2, 3, 7, 14), np.float32)[..., ::2])
+    with pytest.raises(ValueError, match=r"out: expected shape \[2, 3, 7, 7\]"):
+        at.weights(q, k, "softmax", out=np.zeros((2, 3, 7, 6), np.float32))
+    ro = np.zeros((2, 3, 7, 7), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        at.weights(q, k, "softmax", out=ro)
+
+
+def test_local_mass_reads_any_float32_buffer_bit_for_bit(attnscope_module):
+    """local_mass reads float32 heads in place (no copy into the library's matrix): heads at an
+    address that is not 16-byte aligned, a slice of a larger stack, and the float64 copy of the
+    same values (converted once) give the same masses bit for bit, every family alike."""
+    at = attnscope_module
+    rng = np.random.default_rng(11)
+    big_q = rng.standard_normal((3, 3, 50, 16)).astype(np.float32)
+    big_k = rng.standard_normal((3, 3, 50, 16)).astype(np.float32)
+    q, k = np.ascontiguousarray(big_q[1:]), np.ascontiguousarray(big_k[1:])
+
+    def misaligned(a):
+        raw = np.zeros(a.nbytes + 16, np.uint8)
+        start = 4 if raw.ctypes.data % 16 == 0 else 16 - raw.ctypes.data % 16 + 4
+        out = raw[start:start + a.nbytes].view(np.float32).reshape(a.shape)
+        out[...] = a
+        return out
+
+    qm, km = misaligned(q), misaligned(k)
+    assert qm.ctypes.data % 16 != 0 and km.ctypes.data % 16 != 0 and qm.flags.c_contiguous
+    for spec in ["softmax", "inline", "linear:relu", "mala"]:
+        m = at.local_mass(q, k, spec, grid=(1, 7, 7), return_degenerate=True)
+        assert m[0].shape == (2, 3, 50) and not np.all(np.isnan(m[0])), spec
+        for qq, kk in [(qm, km), (big_q[1:], big_k[1:]),
+                       (q.astype(np.float64), k.astype(np.float64))]:
+            other = at.local_mass(qq, kk, spec, grid=(1, 7, 7), return_degenerate=True)
+            assert np.array_equal(other[0], m[0], equal_nan=True), spec
+            assert np.array_equal(other[1], m[1]), spec
+    # control: other values give other masses
+    assert not np.array_equal(at.local_mass(q, k[::-1].copy(), "inline", grid=(1, 7, 7))[0],
+                              at.local_mass(q, k, "inline", grid=(1, 7, 7))[0], equal_nan=True)

@@ -44,15 +44,53 @@ def test_analyze_equals_the_cli_on_a_dump_of_the_same_images(attnscope_module, a
             assert len(want.splitlines()) == 1 + len(variants) * 2 * 2
 
 
+@pytest.mark.parametrize("family,layers", [("mala", None), ("softmax", [1])])
+def test_analyze_diagnostics_equal_the_cli(attnscope_module, attnscope_bin, tmp_path, family,
+                                          layers):
+    """entropy, distance and rank live: the CSV files byte for byte against the command's on a dump
+    of the same images (rank with the model's out, so its collapse residual is compared too)."""
+    model = tiny_vit(family, depth=2, heads=2)
+    loader = image_loader(7, batch=3)  # batches of 3, 3 and 1 images
+    variants = ["softmax", "inline", "mala"]
+    dump = tmp_path / "d.h5"
+    dump_model(model, loader, str(dump), layers=layers, dtype="float16", with_out=True)
+    names = ["entropy", "distance", "rank"]
+    manifests = attnscope_module.analyze(model, loader, names, layers=layers,
+                                         out=str(tmp_path / "live"), variants=variants,
+                                         dtype="float16", bins=16)
+    for name in names:
+        cli = tmp_path / "cli" / name
+        flags = [] if name == "rank" else ["--bins", "16"]
+        r = subprocess.run([attnscope_bin, name, "--dump", str(dump), "--out", str(cli),
+                            "--variant", ",".join(variants), "--threads", "2", *flags],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        live = tmp_path / "live" / name
+        verify(manifests[name])
+        assert sorted(os.listdir(live)) == sorted(os.listdir(cli)), (name, os.listdir(live))
+        for csv in (f"{name}.csv", f"{name}_histogram.csv"):
+            want, got = (cli / csv).read_text(), (live / csv).read_text()
+            assert got == want, f"{family} layers={layers} {csv}:\nlive:\n{got}\ncommand:\n{want}"
+        rows = (cli / f"{name}.csv").read_text().splitlines()
+        assert len(rows) == 1 + len(variants) * len(layers or [0, 1]) * 2
+        if name == "rank":  # the residual was measured, not left out
+            assert all(not r.split(",")[-5] == "nan" for r in rows[1:]), rows[1]
+
+
 def test_analyze_refuses_bad_arguments(attnscope_module, tmp_path):
     model = tiny_vit("softmax")
     with pytest.raises(ValueError, match="analyses: expected some of locality, census, confusion, "
-                                         "got 'bogus'"):
+                                         "entropy, distance, rank, got 'bogus'"):
         attnscope_module.analyze(model, image_loader(2), ["bogus"], out=str(tmp_path))
     with pytest.raises(ValueError, match="layer 5 out of range"):
         attnscope_module.analyze(model, image_loader(2), ["census"], layers=[5], out=str(tmp_path))
     with pytest.raises(ValueError, match="the loader yielded no images"):
         attnscope_module.analyze(model, [], ["census"], out=str(tmp_path))
+    with pytest.raises(ValueError, match="patch_size: expected a positive size in pixels"):
+        attnscope_module.analyze(model, image_loader(2), ["distance"], patch_size=0.0,
+                                 out=str(tmp_path))
+    with pytest.raises(ValueError, match="bins: expected 1 to 1000000 bins, found 0"):
+        attnscope_module.analyze(model, image_loader(2), ["entropy"], bins=0, out=str(tmp_path))
     assert not model.training  # tiny_vit is in eval mode, and analyze restored it
 
 

@@ -119,3 +119,32 @@ def test_vit_diagnostics_notebook_on_tiny_dumps(tmp_path, attnscope_bin):
         png = figures / f"{name}.png"
         assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_live_analysis_notebook_on_a_committed_model(tmp_path, attnscope_bin):
+    """The notebook runs a committed model live (attnscope.analyze, the module built beside
+    $ATTNSCOPE) over 32 Fashion-MNIST test images and draws its figure from the result sets."""
+    import pytest
+    from attnscope_dump import data
+    from attnscope_dump.result_set import verify
+    build_python = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(attnscope_bin))),
+                                "python")
+    if not os.path.isdir(os.path.join(build_python, "attnscope")):
+        pytest.skip(f"the Python module was not built ({build_python}/attnscope is missing)")
+    if not os.path.isdir(data.DEFAULT_ROOT):
+        pytest.skip(f"Fashion-MNIST is not installed ({data.DEFAULT_ROOT})")
+    results, figures = tmp_path / "results", tmp_path / "figures"
+    env = {**os.environ, "ATTNSCOPE_PYTHON": build_python, "ATTNSCOPE_LIVE_IMAGES": "32",
+           "ATTNSCOPE_LIVE_MODEL": "vit7-softmax-fmnist"}
+    r = subprocess.run([sys.executable, os.path.join(PYTHON_DIR, "run_notebooks.py"), "--results",
+                        str(results), "--figures", str(figures),
+                        os.path.join(REPO, "notebooks", "live_analysis.ipynb")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    png = figures / "live_analysis.png"
+    assert png.exists() and png.stat().st_size > 10_000, f"{png} missing or nearly empty"
+    live = results / "live-vit7-softmax-fmnist"
+    meta = verify(str(live / "locality" / "locality.json"))
+    assert meta["parameters"]["images"] == 32
+    rows = (live / "locality" / "locality.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 * 4 * 2  # four variants x the model's 4 layers x 2 heads

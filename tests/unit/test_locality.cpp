@@ -74,6 +74,56 @@ TEST(Locality, RowsNotSummingToOneAreNotRenormalised) {
   }
 }
 
+// local_mass reads q and k in place (Eigen::Ref): a view of a caller's buffer (the Python module's
+// Map of a numpy array), or of rows with a wider stride, gives the masses of the MatF bit for bit,
+// float softmax rows, exact double rows (the large scale) and the low-rank form alike.
+TEST(Locality, ViewsOfTheCallersBufferGiveTheMatFsMassesBitForBit) {
+  const TokenGrid g{1, 7, 7};
+  for (const std::string& spec : test::all_variant_specs()) {
+    for (int d : {7, 64}) {
+      for (double scale : {1.0 / std::sqrt(static_cast<double>(d)), 3e4}) {
+        const Variant v = parse_variant(spec, Convention::Paper, 4);
+        const double mean = test::input_mean(v);
+        const MatF q = test::random_matrix(g.tokens(), d, 37, mean).cast<float>();
+        const MatF k = test::random_matrix(g.tokens(), d, 38, mean).cast<float>();
+        // The same values as rows of d + 3 floats, and as maps of a plain buffer.
+        MatF q_wide = MatF::Constant(g.tokens(), d + 3, 1e30F), k_wide = q_wide;
+        q_wide.leftCols(d) = q;
+        k_wide.leftCols(d) = k;
+        const Eigen::Ref<const MatF> q_strided = q_wide.leftCols(d), k_strided = k_wide.leftCols(d);
+        ASSERT_EQ(q_strided.outerStride(), d + 3);  // a real stride, not a copy made by the Ref
+        ASSERT_EQ(q_strided.data(), q_wide.data());
+        const std::vector<float> q_buf(q.data(), q.data() + q.size()), k_buf(k.data(), k.data() + k.size());
+        const Eigen::Map<const MatF> q_map(q_buf.data(), g.tokens(), d), k_map(k_buf.data(), g.tokens(), d);
+        const std::string what = config(spec, g, d, 3) + " scale=" + std::to_string(scale);
+        int dead = -1, dead_strided = -2, dead_map = -3;
+        std::vector<double> mass, strided, mapped;
+        try {
+          mass = local_mass(v, q, k, scale, g, 3, &dead);
+        } catch (const NumericalError&) {
+          // Out of double's range for this family: the views must refuse it the same way.
+          EXPECT_THROW(local_mass(v, q_strided, k_strided, scale, g, 3), NumericalError) << what;
+          EXPECT_THROW(local_mass(v, q_map, k_map, scale, g, 3), NumericalError) << what;
+          continue;
+        }
+        strided = local_mass(v, q_strided, k_strided, scale, g, 3, &dead_strided);
+        mapped = local_mass(v, q_map, k_map, scale, g, 3, &dead_map);
+        EXPECT_EQ(dead_strided, dead) << what;
+        EXPECT_EQ(dead_map, dead) << what;
+        ASSERT_EQ(strided.size(), mass.size()) << what;
+        ASSERT_EQ(mapped.size(), mass.size()) << what;
+        for (std::size_t i = 0; i < mass.size(); ++i) {
+          ASSERT_EQ(std::isnan(strided[i]), std::isnan(mass[i])) << what << " token " << i;
+          ASSERT_EQ(std::isnan(mapped[i]), std::isnan(mass[i])) << what << " token " << i;
+          if (std::isnan(mass[i])) continue;
+          EXPECT_EQ(strided[i], mass[i]) << what << " token " << i;
+          EXPECT_EQ(mapped[i], mass[i]) << what << " token " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(Locality, IdenticalKeysGiveTheUniformMass) {
   const TokenGrid g{1, 6, 5};
   for (const char* spec : {"softmax", "linear:elu1", "inline", "mala"}) {

@@ -21,7 +21,8 @@ void softmax_rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask*
 void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out);
 
 /// Float rows of q (Nq x d) against k (Nk x d): one GEMM and one exp per entry, row sums in
-/// double. An approximation for searches that bound its error, never a result.
-void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w);
+/// double. An approximation for searches that bound its error, never a result. q and k are read
+/// in place (a MatF, or a view of a caller's row-major buffer with any row stride).
+void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w);
 
 }  // namespace attnscope

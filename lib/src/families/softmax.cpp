@@ -83,10 +83,10 @@ void softmax_exact_row(const double* qi, const double* k, int n, int d, double s
   for (int t = 0; t < n; ++t) out[t] /= sum;
 }
 
-void softmax_rows_float(const MatF& q, const MatF& k, double scale, MatF& w) {
+void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) {
   w.resize(q.rows(), k.rows());
   const Eigen::Index n = w.cols();
-  portable::gemm_nt(q.data(), q.cols(), k.data(), k.cols(), w.data(), n, q.rows(), n, q.cols());
+  portable::gemm_nt(q.data(), q.outerStride(), k.data(), k.outerStride(), w.data(), n, q.rows(), n, q.cols());
   const auto s = static_cast<float>(scale);
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
     float* row = w.row(i).data();

@@ -55,11 +55,12 @@ class ExactRows {
   /// |a_i| |f_q(i)| or (2 |a_i| + 1) |f_q(i)| |F_k|_F + 1 does (a_i of the family's RowForm:
   /// 1/den_i for normalised kernels, 1 for inline, beta_i for mala). Float inputs with the non-exp
   /// maps never come near it.
-  ExactRows(const Variant& v, const MatF& q, const MatF& k, double scale);
+  /// q and k are read in place (a MatF, or a view of a caller's row-major buffer).
+  ExactRows(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale);
   /// The constructor's checks of its inputs alone (shapes, the variant, finiteness, and for
   /// softmax the logits' bound), without computing anything: the same exceptions, in the same
   /// order. A softmax head passes it exactly when ExactRows(v, q, k, scale) would succeed.
-  static void validate(const Variant& v, const MatF& q, const MatF& k, double scale);
+  static void validate(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale);
 
   [[nodiscard]] int tokens() const { return n_; }
   [[nodiscard]] const Variant& variant() const { return variant_; }

@@ -31,9 +31,11 @@ struct RunningStats {
 };
 
 /// Mass in each token's window, one entry per token; NaN for prefix tokens and degenerate rows.
-/// `degenerate`, if given, receives the number of degenerate grid rows.
-std::vector<double> local_mass(const Variant& v, const MatF& q, const MatF& k, double scale,
-                               const TokenGrid& grid, int window, int* degenerate = nullptr);
+/// `degenerate`, if given, receives the number of degenerate grid rows. q and k are read in place
+/// (a MatF, or a view of a caller's row-major buffer with any row stride: the Python module's).
+std::vector<double> local_mass(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k,
+                               double scale, const TokenGrid& grid, int window,
+                               int* degenerate = nullptr);
 /// The same from the double rows of ExactRows, summed over a window found by scanning the grid.
 std::vector<double> local_mass_reference(const Variant& v, const MatF& q, const MatF& k, double scale,
                                          const TokenGrid& grid, int window, int* degenerate = nullptr);

@@ -82,6 +82,21 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
                     const std::vector<Variant>& variants, HeadFusion fusion, bool reference,
                     const std::function<void(RolloutImage&&)>& sink);
 
+/// One image's rollout from its heads' queries and keys, q[l][h] and k[l][h] with the layers in
+/// the model's order: the CLS row and counts rollout_images gives that image under `v` (the same
+/// weights, rollout_cls_row, or with `reference` ExactRows' rows and rollout_reference), for
+/// callers that hold the heads in memory (the Python module). UsageError unless every layer has
+/// the same heads, and there is a prefix token (tokens > 0).
+struct RolloutRow {
+  std::vector<double> cls;
+  std::int64_t fixed_rows = 0;
+  std::int64_t degenerate_rows = 0;
+};
+[[nodiscard]] RolloutRow rollout_of_heads(const Variant& v,
+                                          const std::vector<std::vector<MatF>>& q,
+                                          const std::vector<std::vector<MatF>>& k, double scale,
+                                          HeadFusion fusion, bool reference);
+
 /// The selected layers (dump indices) in the model's order.
 [[nodiscard]] std::vector<int> layers_in_model_order(const DumpSchema& schema,
                                                      std::vector<int> layers);

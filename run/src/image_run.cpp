@@ -1,6 +1,8 @@
-#include "image_run.hpp"
+#include "attnscope/run/image_run.hpp"
 
+#include "attnscope/run/exit_status.hpp"
 #include "attnscope/run/mpi_world.hpp"
+#include "attnscope/run/run_record.hpp"
 #include "attnscope/run/result_set.hpp"
 #include "attnscope/run/sha256.hpp"
 
@@ -20,7 +22,7 @@
 #include <cstring>
 #include <iostream>
 
-namespace attnscope::app {
+namespace attnscope::run {
 namespace {
 
 namespace fs = std::filesystem;
@@ -154,16 +156,6 @@ void refuse_other_layouts_running(const fs::path& partial, const std::string& co
   }
 }
 
-void add_run_control_options(po::options_description& d, RunControl& c) {
-  d.add_options()
-      ("resume", po::bool_switch(&c.resume),
-       "continue an interrupted run of the same command, dump and flags from its journal in "
-       "--out (refused when anything differs)")
-      ("shard", po::value(&c.shard)->value_name("I/N"),
-       "compute only the I-th of N contiguous blocks of the images and publish their records "
-       "(combine the N folders with attnscope merge)");
-}
-
 json dump_fingerprint(const std::vector<std::string>& files) {
   // The whole file: a change anywhere (one image's q rescaled in place, a weights file edited in
   // the middle) must be seen by --resume and merge. Cost: docs/benchmarks.md.
@@ -247,8 +239,7 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
   m.selection = selection;
   m.run = {{"command", command}, {"fingerprint", std::move(fingerprint)},
            {"images", selection.size()}, {"images_sha256", sha256_of_ints(selection)}};
-  // What the parser understood, not what was typed (an abbreviated --ou would not be stripped).
-  m.args = kept_args(parsed_args().empty() ? args : parsed_args());
+  m.args = kept_args(args);
   if (!control.shard.empty()) {
     std::tie(m.shard, m.shards) = parse_shard(control.shard);
     m.shard_mode = true;
@@ -464,4 +455,4 @@ bool ImageRun::finish(const ApplyFn& apply, const std::function<void()>& publish
   return mpi::root() && !m.shard_mode;
 }
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run

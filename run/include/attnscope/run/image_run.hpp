@@ -13,9 +13,11 @@
 //     rank's records in order and writes the results.
 // An error on any rank fails the whole run (one line from rank 0, the same exit code on every
 // rank) and nothing is published.
+//
+// Library code: the attnscope command (apps/) drives its image runs through it, and its exit codes
+// are exit_status.hpp's.
 #pragma once
 
-#include "common.hpp"
 #include "attnscope/run/journal.hpp"
 
 #include <nlohmann/json.hpp>
@@ -28,14 +30,13 @@
 #include <string>
 #include <vector>
 
-namespace attnscope::app {
+namespace attnscope::run {
 
-/// --resume and --shard I/N.
+/// --resume and --shard I/N (the command's flags: apps/common.hpp's add_run_control_options).
 struct RunControl {
   bool resume = false;
   std::string shard;  ///< "I/N" (empty: the whole selection)
 };
-void add_run_control_options(po::options_description& d, RunControl& c);
 
 /// What identifies the inputs of a run for --resume and merge: each input file's size and the
 /// SHA-256 of all its bytes (so a moved or copied file still matches, one changed anywhere does
@@ -59,7 +60,8 @@ class ImageRun {
  public:
   using ApplyFn = std::function<void(int image, const nlohmann::json& record)>;
 
-  /// `args`: the command's arguments (kept, without --out/--resume/--shard, for merge);
+  /// `args`: the command's arguments, canonical (kept, without --out/--resume/--shard, for
+  /// merge, which re-runs the command with them);
   /// `selection`: the run's images in order.
   ImageRun(const RunControl& control, const std::string& command,
            const std::vector<std::string>& args, const std::filesystem::path& out_dir,
@@ -89,4 +91,4 @@ class ImageRun {
   std::vector<int> pending_;
 };
 
-}  // namespace attnscope::app
+}  // namespace attnscope::run
