@@ -89,7 +89,8 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   sw.qi.resize(static_cast<std::size_t>(d));
   sw.double_rows = false;
   // Exact rows exactly as ExactRows computes them, for the rows the search asks about only; the
-  // keys are widened to double when the first such row is needed (most heads need none or few).
+  // keys are widened to double (and transposed) when the first such row is needed (most heads
+  // need none or few).
   // A head searched on its double rows has them all already: copied, bit for bit the same.
   bool keys_ready = false;
   auto row = [&q, &k, &sw, &keys_ready, n, d, scale](int i, double* out) {
@@ -97,9 +98,9 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
       std::copy_n(sw.wd.row(i).data(), n, out);
       return;
     }
-    if (!keys_ready) sw.k = k.cast<double>(), keys_ready = true;
+    if (!keys_ready) transpose_keys(k, sw.kt), keys_ready = true;
     for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
-    softmax_exact_row(sw.qi.data(), sw.k.data(), n, d, scale, out);
+    softmax_exact_row_t(sw.qi.data(), sw.kt.data(), n, d, scale, out);  // softmax_exact_row's bits
   };
   ws.judge.reset(static_cast<int>(q.rows()), n, q_raw, opt, row, excluded);
   return search_softmax(q, k, scale, ws.judge, sw);
