@@ -366,19 +366,22 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
     return;
   }
 
-  ConfusionImage current;
-  current.heads.assign(nv, std::vector<HeadConfusion>(slots));
-  auto on_head = [&](const HeadView& hv) {
-    for (std::size_t vi = 0; vi < nv; ++vi) current.heads[vi][slot_of(hv)] = count_one(hv, vi);
+  // Two images in flight: the threads that find no head left of one start on the next, with no
+  // barrier between images; each image's counts go to its own lane of the ring.
+  constexpr std::size_t kLanes = 2;
+  std::vector<ConfusionImage> lane(kLanes);
+  for (ConfusionImage& img : lane) img.heads.assign(nv, std::vector<HeadConfusion>(slots));
+  auto on_head = [&](const HeadView& hv, std::size_t at) {
+    for (std::size_t vi = 0; vi < nv; ++vi) lane[at].heads[vi][slot_of(hv)] = count_one(hv, vi);
   };
-  auto on_image = [&](int image) {
+  auto on_image = [&](int image, std::size_t at) {
     ConfusionImage done;
     done.image = image;
-    done.heads = current.heads;
+    done.heads = lane[at].heads;
     done.excluded_tokens = excluded_count_of(image);
     sink(std::move(done));
   };
-  for_each_head(reader, without_v, on_head, on_image);
+  for_each_head_pipelined(reader, without_v, kLanes, on_head, on_image);
 }
 
 ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,
