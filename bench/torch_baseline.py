@@ -71,7 +71,7 @@ def main():
                 mass = m if mass is None else mass + m
             times.append(1e3 * (time.perf_counter() - t0))
     out = {"images": n, "ms_per_image": {"median": statistics.median(times), "min": min(times),
-                                         "max": max(times)},
+                                         "max": max(times), "mean": statistics.mean(times)},
            "read_ms_per_image": {"median": statistics.median(read_times)}}
     if a.task == "confusion":
         out["counts"] = counts

@@ -89,7 +89,8 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   sw.qi.resize(static_cast<std::size_t>(d));
   sw.double_rows = false;
   // Exact rows exactly as ExactRows computes them, for the rows the search asks about only; the
-  // keys are widened to double when the first such row is needed (most heads need none or few).
+  // keys are widened to double (and transposed) when the first such row is needed (most heads
+  // need none or few).
   // A head searched on its double rows has them all already: copied, bit for bit the same.
   bool keys_ready = false;
   auto row = [&q, &k, &sw, &keys_ready, n, d, scale](int i, double* out) {
@@ -97,9 +98,9 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
       std::copy_n(sw.wd.row(i).data(), n, out);
       return;
     }
-    if (!keys_ready) sw.k = k.cast<double>(), keys_ready = true;
+    if (!keys_ready) transpose_keys(k, sw.kt), keys_ready = true;
     for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
-    softmax_exact_row(sw.qi.data(), sw.k.data(), n, d, scale, out);
+    softmax_exact_row_t(sw.qi.data(), sw.kt.data(), n, d, scale, out);  // softmax_exact_row's bits
   };
   ws.judge.reset(static_cast<int>(q.rows()), n, q_raw, opt, row, excluded);
   return search_softmax(q, k, scale, ws.judge, sw);
@@ -374,19 +375,22 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
     return;
   }
 
-  ConfusionImage current;
-  current.heads.assign(nv, std::vector<HeadConfusion>(slots));
-  auto on_head = [&](const HeadView& hv) {
-    for (std::size_t vi = 0; vi < nv; ++vi) current.heads[vi][slot_of(hv)] = count_one(hv, vi);
+  // Two images in flight: the threads that find no head left of one start on the next, with no
+  // barrier between images; each image's counts go to its own lane of the ring.
+  constexpr std::size_t kLanes = 2;
+  std::vector<ConfusionImage> lane(kLanes);
+  for (ConfusionImage& img : lane) img.heads.assign(nv, std::vector<HeadConfusion>(slots));
+  auto on_head = [&](const HeadView& hv, std::size_t at) {
+    for (std::size_t vi = 0; vi < nv; ++vi) lane[at].heads[vi][slot_of(hv)] = count_one(hv, vi);
   };
-  auto on_image = [&](int image) {
+  auto on_image = [&](int image, std::size_t at) {
     ConfusionImage done;
     done.image = image;
-    done.heads = current.heads;
+    done.heads = lane[at].heads;
     done.excluded_tokens = excluded_count_of(image);
     sink(std::move(done));
   };
-  for_each_head(reader, without_v, on_head, on_image);
+  for_each_head_pipelined(reader, without_v, kLanes, on_head, on_image);
 }
 
 ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,

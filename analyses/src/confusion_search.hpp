@@ -79,13 +79,14 @@ struct SoftmaxWorkspace {
   std::vector<std::pair<double, Eigen::Index>> keyed;  // first-pivot distance, row; sorted
   MatD sorted_dist;             // dist's rows in sorted order
   std::vector<double> sorted_rho;
-  MatD k;                       // keys in double, for the exact rows
+  MatD kt;                      // keys in double, transposed (d x N), for the exact rows
   std::vector<double> qi;       // one query in double
 };
 
 /// Float softmax rows (softmax.hpp) are a filter, not a result: only for heads that
 /// float_rows_fit() accepts. ExactRows::row and the fast search both take exact rows from
-/// softmax_exact_row, so their rows agree bit for bit.
+/// softmax_exact_row (the search from softmax_exact_row_t, the same bits with the keys
+/// transposed), so their rows agree bit for bit.
 
 /// Largest value of (d + 6) 2^-24 |s| |q_i| max_j |k_j| (the float logits' absolute error bound)
 /// under which a softmax head is computed in float: above it the float rows are replaced by the

@@ -33,7 +33,7 @@
 // portable::gemm_nt (one rounding per step: within the dot-product bound above, which holds for any
 // order and for fused steps alike), no reassociation, no x87. exp_float errs by < 1 ulp (the
 // "few ulp" above) and flushes results below 2^-126 to 0 (off by < 1.2e-38: within the 1e-37
-// allowed above for entries that underflow). The exact judge's rows (softmax_exact_row: plain loops and portable::exp) are
+// allowed above for entries that underflow). The exact judge's rows (softmax_exact_row, or softmax_exact_row_t with its bits: plain loops and portable::exp) are
 // the same bits on every CPU, so the counts are too.
 #include "confusion_search.hpp"
 #include "attnscope/portable_math.hpp"
@@ -266,12 +266,12 @@ HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJud
   }
   // Outside the float range: the exact rows, which the judge then copies instead of recomputing.
   const int nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
-  ws.k = k.cast<double>();
+  transpose_keys(k, ws.kt);
   ws.wd.resize(q.rows(), k.rows());
   ws.qi.resize(static_cast<std::size_t>(d));
   for (Eigen::Index i = 0; i < q.rows(); ++i) {
     for (int t = 0; t < d; ++t) ws.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
-    softmax_exact_row(ws.qi.data(), ws.k.data(), nk, d, scale, ws.wd.row(i).data());
+    softmax_exact_row_t(ws.qi.data(), ws.kt.data(), nk, d, scale, ws.wd.row(i).data());
   }
   ws.double_rows = true;
   ws.rho.assign(static_cast<std::size_t>(q.rows()), 0.0);

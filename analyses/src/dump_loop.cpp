@@ -19,11 +19,13 @@
 #include <cstdlib>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 namespace attnscope::analyses {
 
@@ -521,6 +523,113 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
     queue.give_back(b);
     if (on_image) on_image(image);
     return 1;
+  });
+}
+
+void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std::size_t lanes,
+                             const std::function<void(const HeadView&, std::size_t lane)>& fn,
+                             const std::function<void(int image, std::size_t lane)>& on_image) {
+  if (lanes < 1) throw UsageError("for_each_head_pipelined: lanes must be at least 1");
+  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
+    // The images started and not yet finished, in order: a contiguous run of the loop's images,
+    // at most `lanes` of them. A deque keeps references to its other elements on push_back and
+    // pop_front, so a thread computing a head of one keeps a valid pointer.
+    struct Active {
+      ImageBuffer* buffer = nullptr;
+      std::vector<MatF> transformed;
+      ImageHeads heads;
+      std::size_t seq = 0, lane = 0, next = 0, done = 0;  // seq: the image's place in the loop
+    };
+    std::deque<Active> active;
+    std::size_t started = 0, finished = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    // The first failure in the loop's own order (image, then: its read 0, its heads 1.., its
+    // on_image last), whichever thread met it first: once a call fails no head is handed out,
+    // the heads already running finish, and the earliest failure among them is the one a loop
+    // without threads would have met.
+    std::exception_ptr error;
+    constexpr std::size_t kLast = std::numeric_limits<std::size_t>::max();
+    std::pair<std::size_t, std::size_t> error_at{kLast, kLast};
+    auto fail = [&](std::exception_ptr e, std::size_t image_seq, std::size_t step) {
+      if (std::pair{image_seq, step} < error_at) {
+        error_at = {image_seq, step};
+        error = std::move(e);
+      }
+      cv.notify_all();
+    };
+    // With the lock held: hands every finished image at the front to on_image, in order (those
+    // before a failure too, as a loop without threads would have).
+    auto finish_front = [&] {
+      while (!active.empty() && active.front().seq < error_at.first &&
+             active.front().done == active.front().heads.size()) {
+        Active& a = active.front();
+        try {
+          on_image(a.buffer->qkv.image, a.lane);
+        } catch (...) {
+          fail(std::current_exception(), a.seq, kLast);
+          return;
+        }
+        queue.give_back(a.buffer);
+        active.pop_front();
+        ++finished;
+      }
+    };
+    parallel_run([&] {
+      std::unique_lock lock(mu);
+      for (;;) {
+        if (error || finished == left) break;
+        Active* work = nullptr;
+        for (Active& a : active) {
+          if (a.next < a.heads.size()) {
+            work = &a;
+            break;
+          }
+        }
+        if (work == nullptr) {
+          if (started == left || active.size() >= lanes) {
+            cv.wait(lock);  // until a head is done (or the loop stops)
+            continue;
+          }
+          // Next image (waits for the reader with the lock held: the other threads have no head
+          // to take meanwhile, and finishing theirs only waits for this one).
+          try {
+            ImageBuffer* b = queue.take_ready(waited);
+            Active& a = active.emplace_back();
+            a.buffer = b;
+            a.seq = started;
+            a.lane = started % lanes;
+            a.transformed = transform_queries(b->qkv, resolved);
+            a.heads = image_heads(*b, resolved, a.transformed);
+          } catch (...) {
+            fail(std::current_exception(), started, 0);
+            break;
+          }
+          ++started;
+          finish_front();  // an image with no head is finished at once
+          cv.notify_all();
+          continue;
+        }
+        const std::size_t head = work->next++;
+        lock.unlock();
+        std::exception_ptr failed_here;
+        try {
+          fn(work->heads[head], work->lane);
+        } catch (...) {
+          failed_here = std::current_exception();
+        }
+        lock.lock();
+        if (failed_here) {
+          fail(failed_here, work->seq, head + 1);
+          continue;
+        }
+        ++work->done;
+        finish_front();
+        cv.notify_all();
+      }
+    });
+    if (error) std::rethrow_exception(error);
+    return left;
   });
 }
 

@@ -26,4 +26,19 @@ void parallel_for(int n, const std::function<void(int)>& body) {
   if (first) std::rethrow_exception(first);
 }
 
+void parallel_run(const std::function<void()>& body) {
+  std::exception_ptr first;
+  std::mutex first_mutex;
+#pragma omp parallel
+  {
+    try {
+      body();
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(first_mutex);
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 }  // namespace attnscope

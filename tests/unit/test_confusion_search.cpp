@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -94,6 +95,52 @@ TEST(ConfusionSearch, NonFiniteInputNeverReachesTheSort) {
     k(5, 2) = bad;
     EXPECT_THROW((void)searched(q, k, 0.35, opt), NumericalError) << "key " << bad;
   }
+}
+
+// The search's judge computes its exact rows with softmax_exact_row_t (keys transposed, sums
+// advancing across keys); every count is defined by softmax_exact_row. The two must give the same
+// bits on every size (vector tails), magnitude (underflow, overflow to inf and NaN) and sign.
+TEST(ConfusionSearch, TransposedExactRowsAreTheSameBits) {
+  auto same_bits = [](const double* a, const double* b, int n) {
+    return std::memcmp(a, b, sizeof(double) * static_cast<std::size_t>(n)) == 0;
+  };
+  int differing_orders = 0, cases = 0;
+  for (int n : {1, 2, 3, 5, 8, 9, 16, 17, 31, 197}) {
+    for (int d : {1, 3, 8, 64}) {
+      for (double magnitude : {1e-30, 1e-3, 1.0, 7.0, 1e3, 1e19, 1e30}) {
+        const std::uint64_t seed = static_cast<std::uint64_t>(n * 131 + d);
+        const MatF qf = (test::random_matrix(3, d, seed) * magnitude).cast<float>();
+        MatF kf = (test::random_matrix(n, d, seed + 1) * magnitude).cast<float>();
+        if (n > 2) kf.row(1).setZero();  // a key of logit 0; -0 entries below
+        if (n > 4) kf.row(3) = -kf.row(3).cwiseAbs() * 0.0f;
+        const MatD kd = kf.cast<double>();
+        MatD kt;
+        transpose_keys(kf, kt);
+        ASSERT_EQ(kt.rows(), d);
+        ASSERT_EQ(kt.cols(), n);
+        for (double scale : {0.125, -1.0 / std::sqrt(static_cast<double>(d))}) {
+          for (int i = 0; i < qf.rows(); ++i) {
+            const VecD qi = qf.row(i).cast<double>().transpose();
+            VecD want(n), got(n), reversed(n);
+            softmax_exact_row(qi.data(), kd.data(), n, d, scale, want.data());
+            softmax_exact_row_t(qi.data(), kt.data(), n, d, scale, got.data());
+            EXPECT_TRUE(same_bits(want.data(), got.data(), n))
+                << "n=" << n << " d=" << d << " magnitude=" << magnitude << " scale=" << scale
+                << " query " << i;
+            // Negative control: the same row with each logit summed over t in decreasing order.
+            // Where that moves a bit, the comparison above would have seen an order changed.
+            MatD k_rev = kd.rowwise().reverse();
+            const VecD q_rev = qi.reverse();
+            softmax_exact_row(q_rev.data(), k_rev.data(), n, d, scale, reversed.data());
+            differing_orders += same_bits(want.data(), reversed.data(), n) ? 0 : 1;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // (d = 1 has one order only, and rows of one dominant key round alike in any order.)
+  EXPECT_GT(differing_orders, cases / 20) << "the inputs should be sensitive to the order of the sums";
 }
 
 }  // namespace

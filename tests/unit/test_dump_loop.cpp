@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,12 @@
 
 namespace attnscope::analyses {
 namespace {
+
+/// omp_set_num_threads, with 0 restoring the count in effect when the tests started.
+void set_threads(int n) {
+  static const int initial = omp_get_max_threads();
+  omp_set_num_threads(n > 0 ? n : initial);
+}
 
 class DumpLoop : public ::testing::Test {
  protected:
@@ -372,6 +379,99 @@ TEST_F(DumpLoop, ComputeErrorStopsTheReader) {
   EXPECT_EQ(images, 2);
   // The reader is usable again afterwards.
   EXPECT_EQ(reader.read_image(4).image, 4);
+}
+
+// The pipelined loop: every selected head once, on_image in image order once all of its heads
+// are done, lanes n % lanes (each lane's state untouched by another image between its heads and
+// its on_image), on one thread and on several.
+TEST_F(DumpLoop, PipelinedLoopFinishesImagesInOrderWithTheirOwnLanes) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {3, 1, 4, 0, 2};
+  sel.layers = {2, 0};
+  const Selection r = resolve(reader.schema(), sel);
+  for (int threads : {1, 2, 3}) {
+    set_threads(threads);
+    for (std::size_t lanes : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+      std::mutex m;
+      std::multiset<std::tuple<int, int, int>> seen;
+      std::vector<std::vector<int>> lane_images(lanes);  // images whose heads wrote to the lane
+      std::vector<int> done;
+      for_each_head_pipelined(
+          reader, r, lanes,
+          [&](const HeadView& hv, std::size_t lane) {
+            const ImageQKV want = synth_image(opts_, hv.image);
+            EXPECT_TRUE(hv.q.isApprox(want.Q(hv.layer, hv.head), 0.0)) << "image " << hv.image;
+            std::lock_guard<std::mutex> lock(m);
+            ASSERT_LT(lane, lanes);
+            seen.emplace(hv.image, hv.layer, hv.head);
+            lane_images[lane].push_back(hv.image);
+          },
+          [&](int image, std::size_t lane) {
+            std::lock_guard<std::mutex> lock(m);
+            const std::size_t n = done.size();
+            EXPECT_EQ(lane, n % lanes) << "image " << image;
+            EXPECT_EQ(image, sel.images[n]) << "images out of order";
+            // Its four heads, and no other image's, since the lane was last finished.
+            EXPECT_EQ(lane_images[lane], std::vector<int>(4, image)) << "image " << image;
+            lane_images[lane].clear();
+            done.push_back(image);
+          });
+      EXPECT_EQ(done, sel.images) << threads << " threads, " << lanes << " lanes";
+      EXPECT_EQ(seen.size(), 20u);
+      for (int i : sel.images) {
+        for (int l : {2, 0}) {
+          for (int h : {0, 1}) EXPECT_EQ(seen.count({i, l, h}), 1u) << i << " " << l << " " << h;
+        }
+      }
+    }
+  }
+  set_threads(0);
+  EXPECT_THROW(for_each_head_pipelined(reader, r, 0, [](const HeadView&, std::size_t) {},
+                                       [](int, std::size_t) {}),
+               UsageError);
+}
+
+// A failure stops the loop and reaches the caller; the one reported is the first in the loop's
+// own order whichever thread met which first, and every image before it was finished.
+TEST_F(DumpLoop, PipelinedLoopReportsTheFirstFailureInImageOrder) {
+  DumpReader reader(path_);
+  const Selection r = resolve(reader.schema(), Selection{});
+  for (int threads : {1, 2, 4}) {
+    set_threads(threads);
+    for (int round = 0; round < 20; ++round) {
+      std::vector<int> done;
+      try {
+        for_each_head_pipelined(
+            reader, r, 2,
+            [](const HeadView& hv, std::size_t) {
+              // Image 2's last head fails late, image 3's first head at once.
+              if (hv.image == 2 && hv.layer == 2 && hv.head == 1) {
+                ::usleep(2000);
+                throw NumericalError("image 2");
+              }
+              if (hv.image == 3 && hv.layer == 0 && hv.head == 0) throw NumericalError("image 3");
+            },
+            [&](int image, std::size_t) { done.push_back(image); });
+        ADD_FAILURE() << "no exception";
+      } catch (const NumericalError& e) {
+        EXPECT_STREQ(e.what(), "image 2") << threads << " threads";
+      }
+      EXPECT_EQ(done, (std::vector<int>{0, 1})) << threads << " threads";
+    }
+    // on_image's own failure: images after it are not finished.
+    std::vector<int> done;
+    EXPECT_THROW(for_each_head_pipelined(
+                     reader, r, 2, [](const HeadView&, std::size_t) {},
+                     [&](int image, std::size_t) {
+                       done.push_back(image);
+                       if (image == 1) throw std::runtime_error("stop");
+                     }),
+                 std::runtime_error);
+    EXPECT_EQ(done, (std::vector<int>{0, 1}));
+  }
+  set_threads(0);
+  EXPECT_EQ(reader.read_image(4).image, 4);  // the reader is usable again
 }
 
 TEST(ByteSize, ParsesSuffixesAndRefusesGarbage) {

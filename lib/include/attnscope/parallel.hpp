@@ -14,4 +14,8 @@ namespace attnscope {
 /// any call; after a throw no further index is started. n <= 0 runs nothing.
 void parallel_for(int n, const std::function<void(int)>& body);
 
+/// Runs body() once on every thread of one OpenMP parallel region (the threads share out the work
+/// themselves). Rethrows the first exception thrown by any call, once every thread has left.
+void parallel_run(const std::function<void()>& body);
+
 }  // namespace attnscope

@@ -20,6 +20,16 @@ void softmax_rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask*
 /// is defined by this one function.
 void softmax_exact_row(const double* qi, const double* k, int n, int d, double scale, double* out);
 
+/// k (n x d, row-major) widened to double and transposed into kt (d x n, row-major): the keys'
+/// layout for softmax_exact_row_t.
+void transpose_keys(const MatF& k, MatD& kt);
+
+/// softmax_exact_row with the keys transposed (kt: d x n, row-major, as transpose_keys writes it):
+/// the same bits, operation for operation (each logit summed over t in increasing order from 0,
+/// then scaled; the same max, exp, sum in index order and division), with the sums of all keys
+/// advancing together so that the compiler vectorises them across keys.
+void softmax_exact_row_t(const double* qi, const double* kt, int n, int d, double scale, double* out);
+
 /// Float rows of q (Nq x d) against k (Nk x d): one GEMM and one exp per entry, row sums in
 /// double. An approximation for searches that bound its error, never a result. q and k are read
 /// in place (a MatF, or a view of a caller's row-major buffer with any row stride).

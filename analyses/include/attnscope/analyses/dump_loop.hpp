@@ -156,6 +156,19 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
 
+/// Like for_each_head, with no barrier between images: the heads of up to `lanes` consecutive
+/// images are handed out, in order, to the threads of one parallel region that lasts the whole
+/// loop, so a thread that finds no head left of an image starts on the next one instead of
+/// waiting (and the threads are not put to sleep and woken once per image). fn(head, lane) runs
+/// on any thread; `lane` (< lanes) is the image's place in a ring of per-image state that the
+/// caller keeps: image number n of the loop has lane n % lanes. on_image(image, lane) runs once
+/// every head of that image is done, in image order, one call at a time (on whichever thread
+/// finished the image), before that lane is given to another image. The first exception of any
+/// call (or of the reader) stops the loop and is rethrown on the calling thread.
+void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std::size_t lanes,
+                             const std::function<void(const HeadView&, std::size_t lane)>& fn,
+                             const std::function<void(int image, std::size_t lane)>& on_image);
+
 /// The heads of one image, in selection order (layer slot, then head), as for_each_head gives
 /// them one at a time.
 using ImageHeads = std::vector<HeadView>;
