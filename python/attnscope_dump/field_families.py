@@ -1,8 +1,9 @@
 """The families of the field that need per-layer model data, in float64, for the dumper's
 self-check and the tests: MLLA, RALA, MALA with its released RoPE (`mala` in the `code+rope`
 convention), PolaFormer and Agent attention. The same formulas as the C++ references
-(lib/src/reference/families/{mlla,rala,mala_rope,polaformer,agent}.cpp), which the C++ registry
-does not hold yet, so `attnscope recompute` cannot check these dumps; this module can.
+(lib/src/reference/families/{mlla,rala,mala_rope,polaformer,agent}.cpp), in torch, so that the
+dumper can check itself before the dump is written; `attnscope recompute` then checks the same
+dumps with the C++ registry's families (lib/src/families/).
 
 Tensors are [B, H, N, d]; `params` is the layer's /layers/L/family_params as {name: array
 [H, rows, cols]} (docs/dump-format.md, "Family parameters"), and `agents` [B, H, n, d] for Agent
