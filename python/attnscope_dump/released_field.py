@@ -59,27 +59,32 @@ class MllaSite(_LocalSite):
         return hooks
 
 
-class RetNetRopeSite(_LocalSite):
-    """RALA's and MALA's attention (qhfan/RALA classfication/RALA.py GateLinearAttentionNoSilu,
-    qhfan/MALA classfication_release/model.py AddLinearAttention): called as attn(x, sin, cos) with
-    the stage's RoPE [(gh gw), d] (each pair's value twice); `qkvo` gives q, k, v and the gate o;
-    `lepe` of v is the local term; `proj` takes (W V + lepe) * o."""
+class _RetNetQkvoSite(_LocalSite):
+    """The attention modules of RAVLT and MALA, called as attn(x, sin, cos) with the stage's RoPE
+    [(gh gw), d] (each pair's value twice): `qkvo` gives q, k, v and the gate o; `lepe` of v is the
+    local term; `proj` takes (W V + lepe) * o. A subclass says what it keeps of the RoPE
+    (`_take_rope`) and how q and k are stored (`_queries_keys`)."""
 
     captures_rotation = True
+
+    def _take_rope(self, store, sin, cos):
+        raise NotImplementedError
+
+    def _queries_keys(self, store, q, k):
+        return q, k
 
     def install(self, store, want_attn, want_out):
         m, h = self.m, self.info.num_heads
         self._refuse_weights(want_attn)
 
         def on_input(_mod, inp):
-            sin, cos = inp[1], inp[2]
-            store["params"] = {"rope_cos": _per_head(cos[:, 0::2], h),
-                               "rope_sin": _per_head(sin[:, 0::2], h)}
+            self._take_rope(store, inp[1], inp[2])
 
         def on_qkvo(_mod, _inp, o):
             c = o.shape[1] // 4
-            store.update(q=_conv_heads(o[:, :c], h), k=_conv_heads(o[:, c:2 * c], h),
-                         v=_conv_heads(o[:, 2 * c:3 * c], h), gate=o[:, 3 * c:])
+            q, k = self._queries_keys(store, _conv_heads(o[:, :c], h),
+                                      _conv_heads(o[:, c:2 * c], h))
+            store.update(q=q, k=k, v=_conv_heads(o[:, 2 * c:3 * c], h), gate=o[:, 3 * c:])
 
         hooks = [m.register_forward_pre_hook(on_input), m.qkvo.register_forward_hook(on_qkvo),
                  m.lepe.register_forward_hook(
@@ -88,6 +93,17 @@ class RetNetRopeSite(_LocalSite):
             hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: store.update(
                 out=_conv_heads(inp[0] / store.pop("gate"), h) - store["local"])))
         return hooks
+
+
+class RetNetRopeSite(_RetNetQkvoSite):
+    """RALA's and MALA's linear attention (qhfan/RALA classfication/RALA.py
+    GateLinearAttentionNoSilu, qhfan/MALA classfication_release/model.py AddLinearAttention): q and
+    k are stored as `qkvo` gives them, the RoPE as the layer's family parameters."""
+
+    def _take_rope(self, store, sin, cos):
+        h = self.info.num_heads
+        store["params"] = {"rope_cos": _per_head(cos[:, 0::2], h),
+                           "rope_sin": _per_head(sin[:, 0::2], h)}
 
 
 def _rotate_pairs(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
@@ -97,41 +113,17 @@ def _rotate_pairs(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torc
     return x * cos + turned * sin
 
 
-class RetNetSoftmaxSite(_LocalSite):
+class RetNetSoftmaxSite(_RetNetQkvoSite):
     """The softmax stages of RAVLT and MALA (VanillaSelfAttention of qhfan/RALA
-    classfication/RALA.py): called as attn(x, sin, cos); `qkvo` gives q, k, v and the gate o; q and
-    k are rotated by the stage's RoPE before softmax(scale q k^T), so they are stored rotated (as
-    the softmax sees them, family softmax, no parameters); `lepe` of v is the local term; `proj`
-    takes (W V + lepe) * o."""
+    classfication/RALA.py): q and k are rotated by the stage's RoPE before softmax(scale q k^T), so
+    they are stored rotated (as the softmax sees them, family softmax, no parameters)."""
 
-    captures_rotation = True  # q and k are stored after the model's own rotation
+    def _take_rope(self, store, sin, cos):
+        store["rope"] = (sin, cos)
 
-    def install(self, store, want_attn, want_out):
-        m, h = self.m, self.info.num_heads
-        self._refuse_weights(want_attn)
-
-        def on_input(_mod, inp):
-            store["rope"] = (inp[1], inp[2])
-
-        def on_qkvo(_mod, _inp, o):
-            c = o.shape[1] // 4
-            sin, cos = store.pop("rope")
-            store.update(q=_rotate_pairs(_conv_heads(o[:, :c], h), sin, cos),
-                         k=_rotate_pairs(_conv_heads(o[:, c:2 * c], h), sin, cos),
-                         v=_conv_heads(o[:, 2 * c:3 * c], h), gate=o[:, 3 * c:])
-
-        hooks = [m.register_forward_pre_hook(on_input), m.qkvo.register_forward_hook(on_qkvo),
-                 m.lepe.register_forward_hook(
-                     lambda _m, _i, o: store.update(local=_conv_heads(o, h)))]
-        if want_out:
-            hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: store.update(
-                out=_conv_heads(inp[0] / store.pop("gate"), h) - store["local"])))
-        return hooks
-
-    def _refuse_weights(self, want_attn: bool) -> None:
-        if want_attn:
-            raise ValueError(f"{self.info.structure}: its weights are not captured (the module "
-                             "forms them inside its forward); dump without with_attn")
+    def _queries_keys(self, store, q, k):
+        sin, cos = store.pop("rope")
+        return _rotate_pairs(q, sin, cos), _rotate_pairs(k, sin, cos)
 
 
 class PolaPVTSite(_LocalSite):
