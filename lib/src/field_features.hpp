@@ -4,6 +4,8 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
@@ -67,5 +69,62 @@ inline RowForm eps_normalised_row(double S, int n_kept, double magnitude, double
 inline double released_eps(const Variant& v) {
   return v.convention == Convention::Paper ? 0.0 : 1e-6;
 }
+
+/// The form MLLA and RALA share (MLLA's, with RALA's re-weighted keys): phi = ELU + 1 on the
+/// queries, keys k'_j = base_keys(k) (MLLA: phi(k); RALA: its re-weighting), the head's 2-D RoPE R
+/// in the numerator only, w_ij = R phi(q_i).R k'_j / (sum_m phi(q_i).k'_m + N eps), eps the
+/// released codes' 1e-6 per key in the code convention. A family deriving from it names itself
+/// and gives its keys; its maths stays in its own file.
+class RopeNumeratorFamily : public KernelFamily {
+ public:
+  MapRule map_rule() const override { return MapRule::None; }
+  std::vector<std::string_view> params(const Variant& /*v*/) const override {
+    return {"rope_cos", "rope_sin"};
+  }
+  bool rows_sum_to_one(const Variant& /*v*/) const override { return false; }
+  bool position_dependent() const override { return true; }
+  bool weights_can_be_negative() const override { return true; }
+  std::vector<MagnitudeLaw> magnitude_laws() const override {
+    return {MagnitudeLaw::LinearInvariant};
+  }
+  int feature_dim(const Variant& /*v*/, int d) const override { return d; }
+  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
+                      Eigen::Index n_keys, double /*scale*/, Eigen::Ref<MatD> out) const override {
+    const RopeTables rope = rope_tables(v, n_keys, q.cols());
+    elu1_into(q, 1.0, out);
+    rotate_rows(rope, positions, out);
+  }
+  void key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                    Eigen::Ref<MatD> out) const override {
+    const RopeTables rope = rope_tables(v, k.rows(), k.cols());
+    base_keys(v, q, k, scale, out);
+    rotate_rows(rope, TokenPositions{}, out);
+  }
+  bool separate_normaliser(const Variant& /*v*/) const override { return true; }
+  void normaliser_query_features(const Variant& /*v*/, ConstRef<double> q,
+                                 TokenPositions /*positions*/, Eigen::Index /*n_keys*/,
+                                 double /*scale*/, Eigen::Ref<MatD> out) const override {
+    elu1_into(q, 1.0, out);
+  }
+  void normaliser_key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k,
+                               double scale, Eigen::Ref<MatD> out) const override {
+    base_keys(v, q, k, scale, out);
+  }
+  RowForm row_form(double S, int n_kept, double magnitude) const override {
+    return normalised_row(S, n_kept, magnitude);
+  }
+  RowForm variant_row_form(const Variant& v, double S, int n_kept,
+                           double magnitude) const override {
+    return eps_normalised_row(S, n_kept, magnitude, released_eps(v));
+  }
+  bool has_offset() const override { return false; }
+  bool query_features_homogeneous(const Variant& /*v*/) const override { return false; }
+
+ protected:
+  /// The keys before the rotation (N x d into out), from the head's keys k (and its queries q and
+  /// scale, where the family's keys depend on them).
+  virtual void base_keys(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                         Eigen::Ref<MatD> out) const = 0;
+};
 
 }  // namespace attnscope::detail

@@ -16,55 +16,19 @@
 namespace attnscope {
 namespace {
 
-class Mlla final : public KernelFamily {
+class Mlla final : public detail::RopeNumeratorFamily {
  public:
   std::string_view name() const override { return "mlla"; }
   std::string_view formula() const override {
     return "R phi(q_i).R phi(k_j) / (sum_m phi(q_i).phi(k_m) [+ N 1e-6 @code]), phi = ELU+1, R the "
            "layer's RoPE   (MLLA, Han et al. 2024, models/mlla.py)";
   }
-  MapRule map_rule() const override { return MapRule::None; }
-  std::vector<std::string_view> params(const Variant& /*v*/) const override {
-    return {"rope_cos", "rope_sin"};
-  }
-  bool rows_sum_to_one(const Variant& /*v*/) const override { return false; }
-  bool position_dependent() const override { return true; }
-  bool weights_can_be_negative() const override { return true; }
-  std::vector<MagnitudeLaw> magnitude_laws() const override {
-    return {MagnitudeLaw::LinearInvariant};
-  }
-  int feature_dim(const Variant& /*v*/, int d) const override { return d; }
-  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
-                      Eigen::Index n_keys, double /*scale*/, Eigen::Ref<MatD> out) const override {
-    const detail::RopeTables rope = detail::rope_tables(v, n_keys, q.cols());
-    detail::elu1_into(q, 1.0, out);
-    detail::rotate_rows(rope, positions, out);
-  }
-  void key_features(const Variant& v, ConstRef<double> /*q*/, ConstRef<double> k, double /*scale*/,
-                    Eigen::Ref<MatD> out) const override {
-    const detail::RopeTables rope = detail::rope_tables(v, k.rows(), k.cols());
-    detail::elu1_into(k, 1.0, out);
-    detail::rotate_rows(rope, TokenPositions{}, out);
-  }
-  bool separate_normaliser(const Variant& /*v*/) const override { return true; }
-  void normaliser_query_features(const Variant& /*v*/, ConstRef<double> q,
-                                 TokenPositions /*positions*/, Eigen::Index /*n_keys*/,
-                                 double /*scale*/, Eigen::Ref<MatD> out) const override {
-    detail::elu1_into(q, 1.0, out);
-  }
-  void normaliser_key_features(const Variant& /*v*/, ConstRef<double> /*q*/, ConstRef<double> k,
-                               double /*scale*/, Eigen::Ref<MatD> out) const override {
+
+ protected:
+  void base_keys(const Variant& /*v*/, ConstRef<double> /*q*/, ConstRef<double> k, double /*scale*/,
+                 Eigen::Ref<MatD> out) const override {
     detail::elu1_into(k, 1.0, out);
   }
-  RowForm row_form(double S, int n_kept, double magnitude) const override {
-    return normalised_row(S, n_kept, magnitude);
-  }
-  RowForm variant_row_form(const Variant& v, double S, int n_kept,
-                           double magnitude) const override {
-    return detail::eps_normalised_row(S, n_kept, magnitude, detail::released_eps(v));
-  }
-  bool has_offset() const override { return false; }
-  bool query_features_homogeneous(const Variant& /*v*/) const override { return false; }
 };
 
 }  // namespace

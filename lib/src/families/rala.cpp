@@ -37,7 +37,7 @@ void reweighted_keys(const Variant& v, ConstRef<double> q, ConstRef<double> k, d
   for (Eigen::Index j = 0; j < k.rows(); ++j) out.row(j) *= n * (logit(j) / total);
 }
 
-class Rala final : public KernelFamily {
+class Rala final : public detail::RopeNumeratorFamily {
  public:
   std::string_view name() const override { return "rala"; }
   std::string_view formula() const override {
@@ -45,48 +45,12 @@ class Rala final : public KernelFamily {
            "softmax_j(s "
            "mean phi(q).phi(k_j)), phi = ELU+1   (RALA, Fan et al. 2025, RALA.py)";
   }
-  MapRule map_rule() const override { return MapRule::None; }
-  std::vector<std::string_view> params(const Variant& /*v*/) const override {
-    return {"rope_cos", "rope_sin"};
-  }
-  bool rows_sum_to_one(const Variant& /*v*/) const override { return false; }
-  bool position_dependent() const override { return true; }
-  bool weights_can_be_negative() const override { return true; }
-  std::vector<MagnitudeLaw> magnitude_laws() const override {
-    return {MagnitudeLaw::LinearInvariant};
-  }
-  int feature_dim(const Variant& /*v*/, int d) const override { return d; }
-  void query_features(const Variant& v, ConstRef<double> q, TokenPositions positions,
-                      Eigen::Index n_keys, double /*scale*/, Eigen::Ref<MatD> out) const override {
-    const detail::RopeTables rope = detail::rope_tables(v, n_keys, q.cols());
-    detail::elu1_into(q, 1.0, out);
-    detail::rotate_rows(rope, positions, out);
-  }
-  void key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
-                    Eigen::Ref<MatD> out) const override {
-    const detail::RopeTables rope = detail::rope_tables(v, k.rows(), k.cols());
-    reweighted_keys(v, q, k, scale, out);
-    detail::rotate_rows(rope, TokenPositions{}, out);
-  }
-  bool separate_normaliser(const Variant& /*v*/) const override { return true; }
-  void normaliser_query_features(const Variant& /*v*/, ConstRef<double> q,
-                                 TokenPositions /*positions*/, Eigen::Index /*n_keys*/,
-                                 double /*scale*/, Eigen::Ref<MatD> out) const override {
-    detail::elu1_into(q, 1.0, out);
-  }
-  void normaliser_key_features(const Variant& v, ConstRef<double> q, ConstRef<double> k,
-                               double scale, Eigen::Ref<MatD> out) const override {
+
+ protected:
+  void base_keys(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
+                 Eigen::Ref<MatD> out) const override {
     reweighted_keys(v, q, k, scale, out);
   }
-  RowForm row_form(double S, int n_kept, double magnitude) const override {
-    return normalised_row(S, n_kept, magnitude);
-  }
-  RowForm variant_row_form(const Variant& v, double S, int n_kept,
-                           double magnitude) const override {
-    return detail::eps_normalised_row(S, n_kept, magnitude, detail::released_eps(v));
-  }
-  bool has_offset() const override { return false; }
-  bool query_features_homogeneous(const Variant& /*v*/) const override { return false; }
 };
 
 }  // namespace
