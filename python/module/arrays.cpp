@@ -2,6 +2,7 @@
 
 #include "attnscope/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -86,7 +87,20 @@ Heads<T>::Heads(pyb::handle obj, const char* name) : name_(name) {
   }
   data_ = array_.data();
   const Eigen::Index n = count() * tokens_ * dim_;
-  if (all_finite(data_, n)) return;
+  // The scan runs on every input array before any work: in parallel, without the GIL, in chunks
+  // of whole cache lines (the values themselves, not their order, decide; the first bad one is
+  // then found by the plain scan below).
+  bool finite = true;
+  {
+    pyb::gil_scoped_release release;
+    constexpr Eigen::Index kChunk = Eigen::Index{1} << 16;
+    const Eigen::Index chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (chunks > 1)
+    for (Eigen::Index c = 0; c < chunks; ++c) {
+      finite = all_finite(data_ + c * kChunk, std::min(kChunk, n - c * kChunk)) && finite;
+    }
+  }
+  if (finite) return;
   for (Eigen::Index i = 0; i < n; ++i) {
     if (std::isfinite(data_[i])) continue;
     // The first bad value, named as the dump reader names one: its coordinates along each axis.

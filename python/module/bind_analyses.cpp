@@ -55,11 +55,21 @@ pyb::array_t<double> per_head_rows(const Heads<float>& q,
   return out;
 }
 
-/// The head's q and k in float (the analyses' inputs).
+/// The head's q and k as the MatFs the analyses take, copied into buffers of the calling thread
+/// (kept between heads and calls: no allocation per head).
 struct FloatHead {
-  MatF q, k;
+  const MatF& q;
+  const MatF& k;
   FloatHead(const Heads<float>& qs, const Heads<float>& ks, Eigen::Index i)
-      : q(qs.head(i)), k(ks.head(i)) {}
+      : q(fill(0, qs, i)), k(fill(1, ks, i)) {}
+
+ private:
+  static const MatF& fill(int which, const Heads<float>& h, Eigen::Index i) {
+    thread_local MatF buffers[2];
+    MatF& b = buffers[which];
+    b = h.head(i);
+    return b;
+  }
 };
 
 pyb::dict confusion(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec, double eps,
