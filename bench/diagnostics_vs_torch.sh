@@ -28,6 +28,7 @@ OUT=$DATA/diagnostics
 mkdir -p "$DATA" "$OUT"
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
 export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE
+. bench/torch_blas.sh
 pin() { taskset -c "$CORES" "$@"; }
 run() {  # run NAME CMD...: pinned under /usr/bin/time -v; stdout to NAME.out, peak RSS (KiB) to NAME.rss
   local name=$1; shift

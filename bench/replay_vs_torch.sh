@@ -37,6 +37,7 @@ read -r -a models <<<"${MODELS:-$(echo data/models/vit7-{softmax,linear,inline,m
   data/models/vit14-{softmax,linear,inline,inline-localres,mala}-fmnist.h5)}"
 mkdir -p "$DATA"
 export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE PYTHONPATH=python
+. bench/torch_blas.sh
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores ($CORES used), $(free -g | awk '/Mem:/{print $2}') GiB;" \

@@ -24,6 +24,7 @@ OUT=$DATA/results
 mkdir -p "$DATA" "$OUT"
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
 export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE
+. bench/torch_blas.sh
 pin() { taskset -c "$CORES" "$@"; }
 # run NAME CMD...: runs pinned under /usr/bin/time -v; stdout to $OUT/NAME.out, RSS (KiB) to NAME.rss
 run() {
