@@ -10,6 +10,9 @@ import h5py
 import numpy as np
 import pytest
 
+from attnscope_dump import dump_model
+from conftest import image_loader, tiny_vit
+
 VARIANTS = ["softmax", "linear:relu", "inline", "mala"]
 
 
@@ -397,3 +400,35 @@ def test_sweep_equals_the_cli(attnscope_module, attnscope_bin, synth_dump, tmp_p
             assert (p["negatives"], p["zeros"]) == (int(w["negatives"]), int(w["zeros"]))
             compared += 1
     assert compared == len(VARIANTS) * 6 * 7
+
+
+@pytest.mark.parametrize("family", ["softmax", "inline", "mala"])
+def test_outputs_and_weights_equal_recompute(attnscope_module, attnscope_bin, tmp_path, family):
+    """outputs() and weights() in double on a dump's q, k, v give, against the model's own `out`
+    and `attn` that the dumper captured, exactly the errors `attnscope recompute` reports per head
+    (recompute.csv's out_max_abs_error and attn_max_abs_error, as it prints them): the module and
+    the command compute the same outputs and weights."""
+    at = attnscope_module
+    dump = tmp_path / "d.h5"
+    model = tiny_vit(family, seed=5, depth=2, dim=32, heads=2, image_size=28)
+    dump_model(model, image_loader(3, size=28), str(dump), dtype="float32", with_attn=True)
+    r = subprocess.run([attnscope_bin, "recompute", "--dump", str(dump), "--out",
+                        str(tmp_path / "r"), "--threads", "2"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"attnscope recompute: {r.stdout}{r.stderr}"
+    rows = read_rows(tmp_path / "r" / "recompute.csv")
+    assert len(rows) == 4
+    with h5py.File(dump, "r") as f:
+        scale = float(f.attrs["scale"])
+        for row in rows:
+            layer, head = int(row["layer"]), int(row["head"])
+            spec, convention = row["variant"].split("@")
+            g = f["layers"][str(layer)]
+            q, k, v, out, attn = (g[n][()].astype(np.float64) for n in ("q", "k", "v", "out", "attn"))
+            o = at.outputs(q, k, v, spec, scale=scale, convention=convention)
+            w = at.weights(q, k, spec, scale=scale, convention=convention)
+            out_err = np.abs(o[:, head] - out[:, head]).max()
+            attn_err = np.abs(w[:, head] - attn[:, head]).max()
+            assert out_err > 0 and attn_err > 0  # float32 tensors: the comparison is not vacuous
+            assert text(out_err, 9) == row["out_max_abs_error"], (row, out_err)
+            assert text(attn_err, 9) == row["attn_max_abs_error"], (row, attn_err)
