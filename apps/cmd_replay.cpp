@@ -24,7 +24,7 @@ namespace {
 
 struct ReplayFlags {
   CommonOptions common;
-  std::string models, image_set, images, layers, interventions = "none";
+  std::string models, image_set, images, layers, interventions = "none", attention = "double";
   RunControl control;
 };
 
@@ -42,7 +42,10 @@ po::options_description replay_options(ReplayFlags& f) {
       "layers", po::value(&f.layers)->value_name("LIST"),
       "blocks the interventions apply to, e.g. 0,3 (default: all)")(
       "intervention", po::value(&f.interventions)->value_name("LIST")->default_value(f.interventions),
-      "comma list: none, local:K, random:N, f1, f2, l2norm, family=SPEC");
+      "comma list: none, local:K, random:N, f1, f2, l2norm, family=SPEC")(
+      "attention", po::value(&f.attention)->value_name("double|float")->default_value(f.attention),
+      "precision of the softmax heads: double (the library's bits, default) or float (PyTorch's "
+      "precision, faster; masked heads and kernel families stay in double)");
   add_threads_option(d, f.common);
   add_device_option(d, f.common);
   add_seed_option(d, f.common);
@@ -144,6 +147,10 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   analyses::ReplayOptions opt;
   opt.seed = f.common.seed;
   opt.layers = analyses::parse_index_list(f.layers, "--layers");
+  if (f.attention != "double" && f.attention != "float") {
+    throw UsageError("--attention: expected double or float, got '" + f.attention + "'");
+  }
+  opt.float_attention = f.attention == "float";
   std::vector<std::vector<analyses::Intervention>> ivs;
   for (const VitModel& m : models) ivs.push_back(analyses::parse_interventions(f.interventions, m, f.common.seed));
   if (f.common.dump.empty() == f.image_set.empty()) throw UsageError("give either --dump or --image-set");
@@ -170,7 +177,8 @@ int run_replay_cmd(const std::vector<std::string>& args) {
   for (const auto& iv : ivs.front()) ivnames.push_back(iv.name);
   meta.inputs() = {{"models", model_files}, {"images", source}};
   meta.params() = {{"models", names}, {"interventions", ivnames}, {"images", in.ids.size()},
-                   {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads}};
+                   {"layers", opt.layers}, {"seed", f.common.seed}, {"threads", threads},
+                   {"attention", f.attention}};
   meta.params()["device"] = device.description;
   std::vector<std::string> inputs{source};
   inputs.insert(inputs.end(), model_paths.begin(), model_paths.end());

@@ -202,6 +202,33 @@ void BM_SoftmaxHeadOutputs(benchmark::State& state) {
 BENCHMARK(BM_SoftmaxHeadOutputs<true>)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SoftmaxHeadOutputs<false>)->Unit(benchmark::kMicrosecond);
 
+/// The same head in float (replay --attention float), against the double head above: outputs
+/// within 1e-5 of the largest |output| of the double ones (checked before timing).
+void BM_SoftmaxHeadOutputsFloat(benchmark::State& state) {
+  const std::vector<double> qkv = gaussian<double>(kTokens * 3 * 192, 9);
+  const Eigen::Index ld = 3 * 192;
+  std::vector<double> want(static_cast<std::size_t>(kTokens * kDim)), out(want.size());
+  softmax_head_outputs(qkv.data(), ld, kTokens, qkv.data() + 192, ld, qkv.data() + 384, ld, kTokens, kDim, kDim, 0.125,
+                       nullptr, want.data(), kDim);
+  if (!softmax_head_outputs_float(qkv.data(), ld, kTokens, qkv.data() + 192, ld, qkv.data() + 384, ld, kTokens, kDim,
+                                  kDim, 0.125, out.data(), kDim)) {
+    fail("softmax_head_outputs_float refused finite inputs");
+  }
+  double top = 0, worst = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    top = std::max(top, std::fabs(want[i]));
+    worst = std::max(worst, std::fabs(out[i] - want[i]));
+  }
+  if (worst > 1e-5 * top) fail("softmax_head_outputs_float is off the double head by more than 1e-5");
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(softmax_head_outputs_float(qkv.data(), ld, kTokens, qkv.data() + 192, ld,
+                                                        qkv.data() + 384, ld, kTokens, kDim, kDim, 0.125, out.data(),
+                                                        kDim));
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_SoftmaxHeadOutputsFloat)->Unit(benchmark::kMicrosecond);
+
 void BM_ExpFloatsDeit(benchmark::State& state) {
   const std::vector<float> x0 = gaussian<float>(kTokens * kTokens, 3);
   std::vector<float> x = x0;

@@ -17,10 +17,14 @@
 #
 # BEFORE=path/to/another/attnscope adds that binary's replay, run in the same rounds (its first
 # BEFORE_REPEATS of them), and the ratio of the two: a before/after comparison under one load.
+# ATTENTION=float runs attnscope's replay with --attention float (softmax heads in float, PyTorch's
+# precision); BEFORE_ARGS adds arguments to the BEFORE binary's replay, so that
+# BEFORE=$BUILD/apps/attnscope BEFORE_ARGS="--attention double" ATTENTION=float puts the two
+# precisions of one binary side by side.
 #
 # Usage: bench/replay_vs_torch.sh   (env: BUILD=build PYTHON=/usr/bin/python3 CORES=0,1
 #                                    DATA=$BUILD/bench-replay IMAGES=256 REPEATS=5 MODELS="..."
-#                                    BEFORE= BEFORE_REPEATS=$REPEATS)
+#                                    BEFORE= BEFORE_REPEATS=$REPEATS BEFORE_ARGS= ATTENTION=double)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -31,6 +35,8 @@ IMAGES=${IMAGES:-256}
 REPEATS=${REPEATS:-5}
 BEFORE=${BEFORE:-}
 BEFORE_REPEATS=${BEFORE_REPEATS:-$REPEATS}
+BEFORE_ARGS=${BEFORE_ARGS:-}
+ATTENTION=${ATTENTION:-double}
 A=$BUILD/apps/attnscope
 [ -x "$A" ] || { echo "replay_vs_torch.sh: no $A (build it first)" >&2; exit 1; }
 read -r -a models <<<"${MODELS:-$(echo data/models/vit7-{softmax,linear,inline,mala}-fmnist.h5 \
@@ -43,7 +49,8 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores ($CORES used), $(free -g | awk '/Mem:/{print $2}') GiB;" \
   "$("$PYTHON" -c 'import torch; c = [l.strip() for l in torch.__config__.show().splitlines() if "CPU capability" in l]; print("PyTorch", torch.__version__, *c)')"
 echo "attnscope: $A ($(git rev-parse --short HEAD 2>/dev/null || echo ?)$(git diff --quiet 2>/dev/null || echo ' + changes')), $IMAGES images, $REPEATS rounds"
-[ -z "$BEFORE" ] || echo "before: $BEFORE, $BEFORE_REPEATS rounds"
+echo "attnscope replay --attention $ATTENTION"
+[ -z "$BEFORE" ] || echo "before: $BEFORE $BEFORE_ARGS, $BEFORE_REPEATS rounds"
 echo "load average at start: $(load)"
 
 for m in "${models[@]}"; do
@@ -74,10 +81,10 @@ for m in "${models[@]}"; do
   rate() { "$PYTHON" -c "import json; j = json.load(open('$1/replay.json')); print(j['results']['rows'][0]['images'] / j['elapsed_s'])"; }
   for ((r = 0; r < REPEATS; ++r)); do
     if [ -n "$BEFORE" ] && [ "$r" -lt "$BEFORE_REPEATS" ]; then
-      taskset -c "$CORES" "$BEFORE" replay --model "$m" --dump "$dump" --out "$out-before" --threads 2 >/dev/null
+      taskset -c "$CORES" "$BEFORE" replay --model "$m" --dump "$dump" --out "$out-before" --threads 2 $BEFORE_ARGS >/dev/null
       before+=("$(rate "$out-before")")
     fi
-    taskset -c "$CORES" "$A" replay --model "$m" --dump "$dump" --out "$out" --threads 2 >/dev/null
+    taskset -c "$CORES" "$A" replay --model "$m" --dump "$dump" --out "$out" --threads 2 --attention "$ATTENTION" >/dev/null
     ours+=("$(rate "$out")")
     theirs+=("$(taskset -c "$CORES" "$PYTHON" - "$m" "$dump" <<'PY'
 import sys, time

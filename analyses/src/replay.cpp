@@ -455,8 +455,13 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
             ws.mask_rows = mask.topRows(rows);
             kept = &ws.mask_rows;
           }
-          softmax_head_outputs(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d, m.scale, kept,
-                               ws.heads.data() + h * d, dim);
+          const bool in_float = o.float_attention && kept == nullptr &&
+                                softmax_head_outputs_float(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d,
+                                                           m.scale, ws.heads.data() + h * d, dim);
+          if (!in_float) {
+            softmax_head_outputs(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d, m.scale, kept,
+                                 ws.heads.data() + h * d, dim);
+          }
           if (!block_finite(ws.heads.data() + h * d, rows, d, dim)) {
             throw NumericalError(v.name() + ": attention outputs overflow double (inputs too large in magnitude)");
           }

@@ -224,6 +224,46 @@ TEST(Replay, FastForwardEqualsThePlainOneAtDeitTokens) {
   }
 }
 
+// --attention float: the softmax heads without a mask in float. The logits stay within 1e-5 of
+// the plain (double) pass's, relative to the largest (the target replay's speed is measured
+// against: PyTorch's float logits); they are not the same bits (the control that the option acts);
+// masked heads and kernel families are still computed in double, bit for bit.
+TEST(Replay, FloatAttentionStaysWithin1e5OfThePlainLogits) {
+  const MatF images = rnd(3, 784, kSeed + 11, 1.0);
+  for (const auto& [spec, head_dim] : {std::pair<const char*, int>{"softmax", 16}, {"softmax", 64}}) {
+    const VitModel m = deit_tokens(spec, kSeed + 40, 3, head_dim);
+    const ReplayModel prepared(m);
+    for (const Intervention& iv : parse_interventions("none,f2,family=softmax", m, kSeed)) {
+      ReplayOptions in_float, plain;
+      in_float.float_attention = true;
+      plain.reference = true;
+      const MatF got = replay_logits(prepared, images, {0, 1, 2}, iv, in_float);
+      const MatF want = replay_logits(prepared, images, {0, 1, 2}, iv, plain);
+      const double top = want.cwiseAbs().maxCoeff();
+      const double worst = (got.cast<double>() - want.cast<double>()).cwiseAbs().maxCoeff();
+      EXPECT_LE(worst, 1e-5 * top) << spec << " d " << head_dim << " " << iv.name;
+      EXPECT_GT(worst, 0.0) << spec << " d " << head_dim << " " << iv.name << ": the option changed nothing";
+    }
+  }
+  // Masked softmax heads (local:3) and the kernel families: double, the plain pass's bits.
+  for (const char* spec : {"softmax", "inline", "mala", "linear:relu"}) {
+    const VitModel m = deit_tokens(spec, kSeed + 41);
+    const ReplayModel prepared(m);
+    const std::string ivs = std::string(spec) == "softmax" ? "local:3" : "none,local:3";
+    for (const Intervention& iv : parse_interventions(ivs, m, kSeed)) {
+      ReplayOptions in_float, plain;
+      in_float.float_attention = true;
+      plain.reference = true;
+      const MatF got = replay_logits(prepared, images, {0, 1, 2}, iv, in_float);
+      const MatF want = replay_logits(prepared, images, {0, 1, 2}, iv, plain);
+      for (Eigen::Index i = 0; i < got.rows(); ++i)
+        for (Eigen::Index c = 0; c < got.cols(); ++c)
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(got(i, c)), std::bit_cast<std::uint32_t>(want(i, c)))
+              << spec << " " << iv.name << " image " << i << " class " << c;
+    }
+  }
+}
+
 // With the attention's output projection at zero the attention cannot reach the logits: no
 // intervention may change them (the control); with it restored, every one does.
 TEST(Replay, InterventionsActOnlyThroughTheAttention) {

@@ -242,6 +242,77 @@ TEST(ReplayFastKernels, SoftmaxHeadWithMasksEqualsAttentionOutputsBitForBit) {
   check_head(50, 7, &sparse, 18, 9, 1.0);
 }
 
+/// softmax_head_outputs_float against the double head (softmax_head_outputs, the library's bits),
+/// q, k, v as the head's columns of wider rows: every output within the error float's rounding
+/// allows. With e = 2^-24, each logit s q.k moves by at most
+/// delta = s (sum_t |q_t||k_t|) (d + 3) e + |s q.k| e (q and k rounded, d fused steps, the scale);
+/// a weight then by at most w (e^(2 delta) - 1 + 5 e) (exp_float's ulp, the sum's and the
+/// division's roundings), and an output by max |v| (that + (n + 2) e) plus n 2^-126 max |v|
+/// (exponentials under float's smallest normal); the bound is taken over every row.
+void check_float_head(int n, int d, Eigen::Index rows, std::uint64_t seed, double sd) {
+  const int width = 3 * d + 5;
+  const MatD qkv = test::random_matrix(n, width, seed, 0.0, sd);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const Eigen::Index ldo = d + 3;
+  std::vector<double> want(static_cast<std::size_t>(rows * ldo), -7.0), got(want);
+  softmax_head_outputs(qkv.data() + 1, width, rows, qkv.data() + 1 + d, width, qkv.data() + 1 + 2 * d, width, n, d, d,
+                       scale, nullptr, want.data(), ldo);
+  ASSERT_TRUE(softmax_head_outputs_float(qkv.data() + 1, width, rows, qkv.data() + 1 + d, width,
+                                         qkv.data() + 1 + 2 * d, width, n, d, d, scale, got.data(), ldo))
+      << "n " << n << " d " << d;
+  const double e = std::ldexp(1.0, -24);
+  const MatD q = qkv.middleCols(1, d), k = qkv.middleCols(1 + d, d), v = qkv.middleCols(1 + 2 * d, d);
+  double delta = 0.0;
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const double abs_sum = q.row(i).cwiseAbs().dot(k.row(j).cwiseAbs());
+      delta = std::max(delta, scale * abs_sum * (d + 3) * e + std::fabs(scale * q.row(i).dot(k.row(j))) * e);
+    }
+  }
+  const double vmax = v.cwiseAbs().maxCoeff();
+  const double bound = vmax * (std::expm1(2 * delta) + (n + 7) * e) + n * std::ldexp(vmax, -126);
+  double worst = 0.0;
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    for (int j = 0; j < d; ++j) {
+      worst = std::max(worst, std::fabs(got[static_cast<std::size_t>(i * ldo + j)] - want[static_cast<std::size_t>(i * ldo + j)]));
+    }
+    for (Eigen::Index j = d; j < ldo; ++j) ASSERT_EQ(got[static_cast<std::size_t>(i * ldo + j)], -7.0);
+  }
+  EXPECT_LE(worst, bound) << "n " << n << " d " << d << " rows " << rows << " sd " << sd;
+}
+
+TEST(ReplayFastKernels, SoftmaxHeadInFloatIsWithinFloatsRoundingOfTheDoubleHead) {
+  std::uint64_t seed = 400;
+  for (int n : {1, 2, 50, 197})
+    for (int d : {1, 7, 64})
+      for (double sd : {0.5, 3.0, 10.0})
+        for (Eigen::Index rows : {Eigen::Index{n}, Eigen::Index{1}, Eigen::Index{(n + 1) / 2}}) {
+          check_float_head(n, d, rows, ++seed, sd);
+        }
+}
+
+// Values or logits beyond float's range: the float head refuses (returns false) and writes
+// nothing; replay then computes the head in double.
+TEST(ReplayFastKernels, SoftmaxHeadInFloatRefusesWhatFloatCannotHold) {
+  const int n = 20, d = 8, width = 3 * d;
+  for (const auto& [what, value] : {std::pair<const char*, double>{"a value beyond float", 1e39},
+                                    {"a logit beyond float", 3e19}}) {
+    MatD qkv = test::random_matrix(n, width, 31, 0.0, 1.0);
+    qkv.middleCols(0, 2 * d).array() *= 0.0;
+    qkv.middleCols(0, 2 * d).array() += value;  // q and k: every entry `value`
+    std::vector<double> out(static_cast<std::size_t>(n * d), -7.0);
+    EXPECT_FALSE(softmax_head_outputs_float(qkv.data(), width, n, qkv.data() + d, width, qkv.data() + 2 * d, width, n, d,
+                                            d, 1.0 / std::sqrt(8.0), out.data(), d))
+        << what;
+    for (double x : out) ASSERT_EQ(x, -7.0) << what;
+    // The control: the same head with q and k at 1 is computed.
+    qkv.middleCols(0, 2 * d).array() = 1.0;
+    EXPECT_TRUE(softmax_head_outputs_float(qkv.data(), width, n, qkv.data() + d, width, qkv.data() + 2 * d, width, n, d,
+                                           d, 1.0 / std::sqrt(8.0), out.data(), d))
+        << what;
+  }
+}
+
 /// kernel_head_outputs on q, k, v stored as the head's columns of wider rows, against
 /// attention_outputs<double> (the linear-time form), bit for bit; the same errors.
 void check_kernel_head(const std::string& spec, int n, int d, Eigen::Index rows, std::uint64_t seed, double sd) {

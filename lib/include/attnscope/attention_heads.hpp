@@ -23,6 +23,18 @@ void softmax_head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, 
                           double scale, const Mask* mask, double* out, Eigen::Index ldo,
                           std::vector<int>* degenerate = nullptr);
 
+/// The same outputs in float, PyTorch's precision (`replay --attention float`): q, k and v rounded
+/// to float, W = softmax rows of scale * q k^T with gemm_packed<float>, exp_float and each row's sum
+/// in double (in index order) rounded to float for the division, then W V with gemm_packed<float>,
+/// widened into `out`. No mask. Every step has a fixed order, so the bits do not depend on the CPU,
+/// but they are not softmax_head_outputs': tests/unit/test_replay_fast.cpp bounds the difference.
+/// Returns false, having written nothing, when a value of q, k or v rounds to an infinite float
+/// or a scaled logit is not finite in float: the caller then computes the head in double.
+[[nodiscard]] bool softmax_head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
+                                              Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n,
+                                              Eigen::Index d, Eigen::Index dv, double scale, double* out,
+                                              Eigen::Index ldo);
+
 /// The linear-time outputs of a kernel family (v.has_linear_form()), no mask, for the query rows
 /// [0, rows) (token positions 0..rows-1) against the n keys: row i equals row i of
 /// attention_outputs<double>(v, q, k, values, scale) bit for bit when rows = n, and for any rows

@@ -45,6 +45,11 @@ struct ReplayOptions {
   std::vector<int> layers;  ///< blocks the intervention applies to (empty: every block)
   std::uint64_t seed = 0;   ///< random masks: the same draw per (image, layer, head) as `mask`
   bool reference = false;   ///< the plain forward pass (the same logits, slower; for tests)
+  /// Softmax heads without a mask in float, PyTorch's precision (softmax_head_outputs_float,
+  /// attention_heads.hpp): faster, and no longer forward_reference's bits (tests bound the
+  /// difference of the logits); a head whose values leave float's range is computed in double.
+  /// Kernel families and masked heads stay in double. Ignored with `reference`.
+  bool float_attention = false;
 };
 
 /// A model's weights laid out for replay_logits once (transposed, and packed for the products):
