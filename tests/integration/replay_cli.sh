@@ -51,6 +51,35 @@ expect_ok "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/swap" --ima
 expect_ok "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/l0" --images 0-7 --intervention none,f1 --layers 0
 cmp -s "$WORK/l0/replay_logits.csv" "$WORK/swap/replay_logits.csv" && { echo "FAIL: same file"; exit 1; }
 
+# --attention float: the softmax model's logits within 1e-5 of the double run's (relative to the
+# largest), not the same bits; a masked intervention and a kernel family: the same bits; recorded.
+expect_ok "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/fl" --images 0-7 \
+  --intervention none,local:3 --attention float
+expect_ok "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/db" --images 0-7 \
+  --intervention none,local:3 --attention double
+"$PYTHON" - "$WORK/fl" "$WORK/db" <<'PY' || exit 1
+import csv, json, sys
+import numpy as np
+def logits(d):
+    out = {}
+    for r in csv.DictReader(open(f"{d}/replay_logits.csv")):
+        out.setdefault(r["intervention"], []).append([float(v) for v in r["logits"].split()])
+    return {k: np.array(v) for k, v in out.items()}
+f, d = logits(sys.argv[1]), logits(sys.argv[2])
+err = np.abs(f["none"] - d["none"]).max()
+assert 0 < err <= 1e-5 * np.abs(d["none"]).max(), f"float against double: {err}"
+assert np.array_equal(f["local:3"], d["local:3"]), "a masked head left double"
+assert json.load(open(f"{sys.argv[1]}/replay.json"))["parameters"]["attention"] == "float"
+PY
+expect_ok "$ATTNSCOPE" replay --model "$REPO/data/models/vit7-inline-fmnist.h5" \
+  --dump "$REPO/data/dumps/vit7-inline-fmnist.h5" --out "$WORK/fli" --images 0-3 --attention float
+expect_ok "$ATTNSCOPE" replay --model "$REPO/data/models/vit7-inline-fmnist.h5" \
+  --dump "$REPO/data/dumps/vit7-inline-fmnist.h5" --out "$WORK/dbi" --images 0-3
+cmp -s "$WORK/fli/replay_logits.csv" "$WORK/dbi/replay_logits.csv" ||
+  { echo "FAIL: --attention float changed a kernel family's logits"; exit 1; }
+expect_exit 2 "--attention: expected double or float, got 'half'" \
+  "$ATTNSCOPE" replay --model "$s" --dump "$sd" --out "$WORK/bad" --attention half
+
 # Several models on the same images: one table, a column per model, the same numbers as alone.
 l="$REPO/data/models/vit7-linear-fmnist.h5"
 expect_ok "$ATTNSCOPE" replay --model "$s,$l" --dump "$sd" --out "$WORK/two" --images 0-7 --intervention none,f1
