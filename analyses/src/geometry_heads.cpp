@@ -12,14 +12,6 @@ namespace attnscope::analyses {
 
 namespace {
 
-void check_head(const MatF& q, const MatF& k, const LayerGeometry& geo) {
-  if (q.rows() != geo.query_rows() || k.rows() != geo.key_rows() || q.cols() != k.cols()) {
-    throw UsageError("a head of " + std::to_string(q.rows()) + " queries and " +
-                     std::to_string(k.rows()) + " keys is not of the layer's geometry (" +
-                     geo.describe() + ")");
-  }
-}
-
 /// Whether key j of unit w lies in the k x k window of query i of the unit (both on the grid).
 bool near(const LayerGeometry& geo, int w, int i, int j, int window) {
   const auto [qr, qc] = geo.query_cell(w, i);
@@ -31,6 +23,15 @@ bool near(const LayerGeometry& geo, int w, int i, int j, int window) {
 }
 
 }  // namespace
+
+void check_unit_head(const std::string& analysis, const MatF& q, const MatF& k,
+                     const LayerGeometry& geo) {
+  if (q.rows() != geo.query_rows() || k.rows() != geo.key_rows() || q.cols() != k.cols()) {
+    throw UsageError((analysis.empty() ? "" : analysis + ": ") + "a head of " +
+                     std::to_string(q.rows()) + " queries and " + std::to_string(k.rows()) +
+                     " keys is not of the layer's geometry (" + geo.describe() + ")");
+  }
+}
 
 std::vector<char> layers_by_units(const DumpSchema& schema, const std::vector<int>& layers) {
   std::vector<char> out(static_cast<std::size_t>(schema.attrs.num_layers), 0);
@@ -46,7 +47,7 @@ std::vector<char> layers_by_units(const DumpSchema& schema, const std::vector<in
 
 UnitRows unit_rows(const Variant& v, const MatF& q, const MatF& k, double scale,
                    const LayerGeometry& geo, int unit) {
-  check_head(q, k, geo);
+  check_unit_head("", q, k, geo);
   const int nq = geo.unit_queries(), nk = geo.unit_keys();
   const MatD qd = q.middleRows(static_cast<Eigen::Index>(unit) * nq, nq).cast<double>();
   const MatD kd = k.middleRows(static_cast<Eigen::Index>(unit) * nk, nk).cast<double>();

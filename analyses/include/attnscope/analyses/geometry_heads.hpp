@@ -24,6 +24,7 @@
 #include "attnscope/variant.hpp"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace attnscope::analyses {
@@ -31,6 +32,11 @@ namespace attnscope::analyses {
 /// Per dump layer: whether its heads go unit by unit here (windows, reduced keys, or a grid other
 /// than the root's) rather than through the square analyses; true only for layers in `layers`.
 std::vector<char> layers_by_units(const DumpSchema& schema, const std::vector<int>& layers);
+
+/// UsageError naming `analysis` when a head (q: query_rows() x d, k: key_rows() x d) is not of
+/// the layer's geometry.
+void check_unit_head(const std::string& analysis, const MatF& q, const MatF& k,
+                     const LayerGeometry& geo);
 
 /// One unit's rows: its explicit weights in double (degenerate rows zero) and which are degenerate.
 struct UnitRows {
