@@ -1,0 +1,387 @@
+// Entropy, distance and rank of heads whose layer is not one square attention (geometry.hpp):
+// Swin's windows with a shift and its mask, windows of one token, PVT's keys from a reduced grid
+// (with and without a prefix token, down to one key). Each unit-by-unit path is compared, for
+// every family, with plain loops written here from the definitions (entropy.hpp, distance.hpp,
+// rank.hpp) over the plain-loop reference weights (lib/src/reference) with each window's mask;
+// on a square layer the unit path equals the square analyses. Negative controls show the
+// comparisons can fail: the mask left out, the reduced keys placed at their block's corner.
+#include "attnscope/analyses/distance.hpp"
+#include "attnscope/analyses/entropy.hpp"
+#include "attnscope/analyses/rank.hpp"
+#include "attnscope/error.hpp"
+#include "random_inputs.hpp"
+#include "reference.hpp"
+#include "tolerances.hpp"
+#include "variant_specs.hpp"
+
+#include <Eigen/SVD>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace attnscope::analyses {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+LayerGeometry base(const TokenGrid& grid, const TokenGrid& keys, int d) {
+  LayerGeometry geo;
+  geo.num_heads = 1;
+  geo.head_dim = d;
+  geo.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  geo.grid = grid;
+  geo.key_grid = keys;
+  return geo;
+}
+
+/// Swin's windows of wh x ww on an h x w grid rolled by -shift: a token's position is its cell
+/// before the roll; with a shift, the pairs of one region of the rolled grid are allowed.
+LayerGeometry swin(int h, int w, int wh, int ww, int shift, int d) {
+  LayerGeometry geo = base(TokenGrid{0, h, w}, TokenGrid{0, h, w}, d);
+  geo.windows = (h / wh) * (w / ww);
+  geo.window_height = wh;
+  geo.window_width = ww;
+  geo.shift = shift;
+  const auto region = [shift](int x, int n, int win) {
+    return x < n - win ? 0 : (x < n - shift ? 1 : 2);
+  };
+  std::vector<int> label;
+  for (int wr = 0; wr < h / wh; ++wr) {
+    for (int wc = 0; wc < w / ww; ++wc) {
+      for (int t = 0; t < wh * ww; ++t) {
+        const int r = wr * wh + t / ww, c = wc * ww + t % ww;  // on the rolled grid
+        geo.positions.push_back((r + shift) % h);
+        geo.positions.push_back((c + shift) % w);
+        label.push_back(3 * region(r, h, wh) + region(c, w, ww));
+      }
+    }
+  }
+  if (shift > 0) {
+    const int n = wh * ww;
+    for (int u = 0; u < geo.windows; ++u) {
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < n; ++j) {
+          geo.window_mask.push_back(label[static_cast<std::size_t>(u * n + i)] ==
+                                            label[static_cast<std::size_t>(u * n + j)]
+                                        ? 1
+                                        : 0);
+        }
+      }
+    }
+  }
+  return geo;
+}
+
+struct Case {
+  std::string name;
+  LayerGeometry geo;
+  TokenGrid root;  ///< the dump's grid (distance's patch is the root's)
+};
+
+std::vector<Case> cases(int d) {
+  return {
+      {"windows 2x3 on 4x6, shift 1", swin(4, 6, 2, 3, 1, d), TokenGrid{0, 8, 12}},
+      {"windows 3x3 on 6x6, no shift", swin(6, 6, 3, 3, 0, d), TokenGrid{1, 6, 6}},
+      {"windows 1x1 on 2x3", swin(2, 3, 1, 1, 0, d), TokenGrid{0, 2, 3}},
+      {"keys 3x2+1 of 7x5+1", base(TokenGrid{1, 7, 5}, TokenGrid{1, 3, 2}, d), TokenGrid{1, 7, 5}},
+      {"keys 1x1 of 2x2", base(TokenGrid{0, 2, 2}, TokenGrid{0, 1, 1}, d), TokenGrid{0, 4, 4}},
+      {"keys 4x4 of 9x9", base(TokenGrid{0, 9, 9}, TokenGrid{0, 4, 4}, d), TokenGrid{0, 9, 9}},
+  };
+}
+
+/// One unit's reference weights (the plain loops of lib/src/reference, the unit's mask applied).
+MatD unit_weights(const Variant& v, const MatF& q, const MatF& k, const LayerGeometry& geo, int u,
+                  std::vector<int>& degenerate, bool with_mask = true) {
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  const MatD qd = q.middleRows(static_cast<Eigen::Index>(u) * nq, nq).cast<double>();
+  const MatD kd = k.middleRows(static_cast<Eigen::Index>(u) * nk, nk).cast<double>();
+  const Mask mask = geo.unit_mask(u);
+  degenerate.clear();
+  return reference::weights(v, qd, kd, geo.scale, with_mask && geo.masked(u) ? &mask : nullptr,
+                            &degenerate);
+}
+
+bool listed(const std::vector<int>& rows, int i) {
+  return std::find(rows.begin(), rows.end(), i) != rows.end();
+}
+
+/// -sum p log p of every row (|w| renormalised where a weight is negative) and its share of log
+/// of the keys the row is allowed.
+void entropy_reference(const Variant& v, const MatF& q, const MatF& k, const LayerGeometry& geo,
+                       std::vector<double>& h, std::vector<double>& share, bool with_mask = true) {
+  h.clear();
+  share.clear();
+  for (int u = 0; u < geo.units(); ++u) {
+    std::vector<int> dead;
+    const MatD w = unit_weights(v, q, k, geo, u, dead, with_mask);
+    const Mask mask = geo.unit_mask(u);
+    for (Eigen::Index i = 0; i < w.rows(); ++i) {
+      if (listed(dead, static_cast<int>(i))) {
+        h.push_back(kNaN);
+        share.push_back(kNaN);
+        continue;
+      }
+      double abs_sum = 0.0;
+      bool negative = false;
+      for (Eigen::Index j = 0; j < w.cols(); ++j) {
+        abs_sum += std::fabs(w(i, j));
+        negative = negative || w(i, j) < 0.0;
+      }
+      double e = 0.0;
+      for (Eigen::Index j = 0; j < w.cols(); ++j) {
+        const double p = negative ? std::fabs(w(i, j)) / abs_sum : w(i, j);
+        if (p > 0.0) e -= p * std::log(p);
+      }
+      const auto seen = static_cast<double>(with_mask ? mask.row(i).count() : w.cols());
+      h.push_back(e);
+      share.push_back(seen > 1 ? e / std::log(seen) : 0.0);
+    }
+  }
+}
+
+/// Pixel distances from the patch centres: the stage's patch is the root's scaled to the stage's
+/// grid; a reduced key sits at the centre of the block of query cells it pools, a window's key at
+/// its own cell.
+void distance_reference(const Variant& v, const MatF& q, const MatF& k, const LayerGeometry& geo,
+                        const TokenGrid& root, double ph, double pw, bool key_corner,
+                        std::vector<double>& dist, std::vector<double>& mass) {
+  const double sh = ph * root.height / geo.grid.height, sw = pw * root.width / geo.grid.width;
+  const double bh = static_cast<double>(geo.grid.height) / geo.key_grid.height;
+  const double bw = static_cast<double>(geo.grid.width) / geo.key_grid.width;
+  dist.clear();
+  mass.clear();
+  for (int u = 0; u < geo.units(); ++u) {
+    std::vector<int> dead;
+    const MatD w = unit_weights(v, q, k, geo, u, dead);
+    for (int i = 0; i < geo.unit_queries(); ++i) {
+      int qr = 0, qc = 0;
+      if (geo.windows > 0) {
+        qr = geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + i) * 2)];
+        qc = geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + i) * 2 + 1)];
+      } else if (i < geo.grid.prefix || listed(dead, i)) {
+        dist.push_back(kNaN);
+        mass.push_back(kNaN);
+        continue;
+      } else {
+        qr = (i - geo.grid.prefix) / geo.grid.width;
+        qc = (i - geo.grid.prefix) % geo.grid.width;
+      }
+      if (listed(dead, i)) {
+        dist.push_back(kNaN);
+        mass.push_back(kNaN);
+        continue;
+      }
+      const double qy = (qr + 0.5) * sh, qx = (qc + 0.5) * sw;
+      double s = 0.0, m = 0.0;
+      for (int j = 0; j < geo.unit_keys(); ++j) {
+        double ky = 0.0, kx = 0.0;
+        if (geo.windows > 0) {
+          ky = (geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + j) * 2)] + 0.5) * sh;
+          kx = (geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + j) * 2 + 1)] + 0.5) * sw;
+        } else if (j < geo.key_grid.prefix) {
+          continue;
+        } else {
+          const int kr = (j - geo.key_grid.prefix) / geo.key_grid.width;
+          const int kc = (j - geo.key_grid.prefix) % geo.key_grid.width;
+          const double at = key_corner ? 0.0 : 0.5;  // the negative control: the block's corner
+          ky = (kr * bh + at * bh) * sh;
+          kx = (kc * bw + at * bw) * sw;
+        }
+        s += w(i, j) * std::hypot(qy - ky, qx - kx);
+        m += w(i, j);
+      }
+      dist.push_back(s);
+      mass.push_back(m);
+    }
+  }
+}
+
+std::vector<double> jacobi(const MatD& m) {
+  const Eigen::JacobiSVD<MatD> svd(m);
+  return {svd.singularValues().data(), svd.singularValues().data() + svd.singularValues().size()};
+}
+
+std::string what(const std::string& spec, const Case& c, int d) {
+  return spec + ", " + c.name + " (" + c.geo.describe() + "), d=" + std::to_string(d) + ", seed 51";
+}
+
+/// q, k of the case's geometry, drawn for the variant.
+std::pair<MatF, MatF> head(const Variant& v, const LayerGeometry& geo, int d) {
+  const double mean = test::input_mean(v);
+  return {test::random_matrix(geo.query_rows(), d, 51, mean).cast<float>(),
+          test::random_matrix(geo.key_rows(), d, 52, mean).cast<float>()};
+}
+
+void expect_rows(const std::vector<double>& got, const std::vector<double>& want, double tol,
+                 const std::string& label) {
+  ASSERT_EQ(got.size(), want.size()) << label;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << label << " row " << i;
+    if (!std::isnan(got[i])) {
+      EXPECT_NEAR(got[i], want[i], tol) << label << " row " << i;
+    }
+  }
+}
+
+/// Softmax units go through the float path (its proven bound); the others are double throughout.
+double tolerance(const Variant& v) { return v.has_linear_form() ? 1e-9 : test::kFloatTol; }
+
+TEST(GeometryDiagnostics, EntropyOfEachUnitEqualsThePlainLoops) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, 4);
+    for (int d : {1, 7}) {
+      for (const Case& c : cases(d)) {
+        const auto [q, k] = head(v, c.geo, d);
+        const std::string label = what(spec, c, d);
+        const EntropyRows got = attention_entropy_units(v, q, k, c.geo.scale, c.geo, {});
+        std::vector<double> h, share;
+        entropy_reference(v, q, k, c.geo, h, share);
+        expect_rows(got.entropy, h, tolerance(v), label + " entropy");
+        expect_rows(got.normalised, share, tolerance(v), label + " normalised");
+        int dead = 0;
+        for (double x : h) dead += std::isnan(x) ? 1 : 0;
+        EXPECT_EQ(got.degenerate, dead) << label;
+      }
+    }
+  }
+}
+
+TEST(GeometryDiagnostics, EntropyOfAShiftedWindowDependsOnItsMask) {
+  // Negative control: the same heads without the mask (every pair of a window allowed) give
+  // other entropies on the masked windows, so the comparison above sees the mask.
+  const Variant v = parse_variant("softmax");
+  const Case c = cases(7).front();
+  const auto [q, k] = head(v, c.geo, 7);
+  const EntropyRows got = attention_entropy_units(v, q, k, c.geo.scale, c.geo, {});
+  std::vector<double> h, share;
+  entropy_reference(v, q, k, c.geo, h, share, false);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < h.size(); ++i) worst = std::max(worst, std::fabs(h[i] - got.entropy[i]));
+  EXPECT_GT(worst, 0.1) << "the mask changes nothing: " << c.geo.describe();
+  // Windows of one token: entropy 0, share 0 (log 1 = 0).
+  const Case one = cases(7)[2];
+  const auto [q1, k1] = head(v, one.geo, 7);
+  for (double x : attention_entropy_units(v, q1, k1, one.geo.scale, one.geo, {}).normalised) {
+    EXPECT_EQ(x, 0.0);
+  }
+}
+
+TEST(GeometryDiagnostics, DistanceOfEachUnitEqualsThePlainLoops) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, 4);
+    for (int d : {1, 7}) {
+      for (const Case& c : cases(d)) {
+        const auto [q, k] = head(v, c.geo, d);
+        const std::string label = what(spec, c, d);
+        const PatchGeometry root(c.root, 3.0, 2.0);  // non-square patches
+        const DistanceRows got = attention_distance_units(v, q, k, c.geo.scale, c.geo, root, {});
+        std::vector<double> dist, mass;
+        distance_reference(v, q, k, c.geo, c.root, 3.0, 2.0, false, dist, mass);
+        const double scale_px = 1.0 + root.max_distance();
+        expect_rows(got.distance, dist, 1e-9 * scale_px, label + " distance");
+        expect_rows(got.grid_mass, mass, 1e-9, label + " grid mass");
+      }
+    }
+  }
+}
+
+TEST(GeometryDiagnostics, ReducedKeysSitAtTheCentreOfTheirBlock) {
+  // 9x9 queries, 4x4 keys: key (0, 0) at query row and column (0 + 1/2) 9/4 - 1/2 = 0.625.
+  const LayerGeometry geo = cases(1)[5].geo;
+  const auto [r, c] = key_position(geo, 0, 0);
+  EXPECT_DOUBLE_EQ(r, 0.625);
+  EXPECT_DOUBLE_EQ(c, 0.625);
+  EXPECT_DOUBLE_EQ(key_position(geo, 0, 15).first, 3.5 * 2.25 - 0.5);
+  // Negative control: keys at their block's corner give other distances.
+  const Variant v = parse_variant("softmax");
+  const auto [q, k] = head(v, geo, 7);
+  const PatchGeometry root(geo.grid, 1.0, 1.0);
+  const DistanceRows got = attention_distance_units(v, q, k, geo.scale, geo, root, {});
+  std::vector<double> dist, mass;
+  distance_reference(v, q, k, geo, geo.grid, 1.0, 1.0, true, dist, mass);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < dist.size(); ++i) worst = std::max(worst, std::fabs(dist[i] - got.distance[i]));
+  EXPECT_GT(worst, 0.1);
+  // A stage of half the root's grid has patches twice the root's.
+  const auto [ph, pw] = layer_patch(PatchGeometry(TokenGrid{0, 18, 18}, 4.0, 2.0), geo);
+  EXPECT_DOUBLE_EQ(ph, 8.0);
+  EXPECT_DOUBLE_EQ(pw, 4.0);
+}
+
+TEST(GeometryDiagnostics, RankOfEachUnitEqualsJacobiOfThePlainLoops) {
+  const RankOptions opt;
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, 4);
+    for (int d : {1, 7}) {
+      for (const Case& c : cases(d)) {
+        const auto [q, k] = head(v, c.geo, d);
+        const MatF values = test::random_matrix(c.geo.key_rows(), 3, 53).cast<float>();
+        const std::string label = what(spec, c, d);
+        const std::vector<HeadRank> got =
+            head_rank_units(v, q, k, values, c.geo.scale, c.geo, opt);
+        ASSERT_EQ(static_cast<int>(got.size()), c.geo.units()) << label;
+        for (int u = 0; u < c.geo.units(); ++u) {
+          std::vector<int> dead;
+          const MatD w = unit_weights(v, q, k, c.geo, u, dead);
+          const Spectrum want = spectrum_of(jacobi(w), w.rows(), w.cols(), opt);
+          const std::string at = label + " unit " + std::to_string(u);
+          EXPECT_EQ(got[static_cast<std::size_t>(u)].w.rank, want.rank) << at;
+          EXPECT_NEAR(got[static_cast<std::size_t>(u)].w.erank, want.erank, 1e-9) << at;
+          EXPECT_EQ(got[static_cast<std::size_t>(u)].degenerate, static_cast<int>(dead.size())) << at;
+          const MatD kd = k.middleRows(static_cast<Eigen::Index>(u) * c.geo.unit_keys(),
+                                       c.geo.unit_keys()).cast<double>();
+          const Spectrum kw = spectrum_of(jacobi(kd), kd.rows(), kd.cols(), opt);
+          EXPECT_EQ(got[static_cast<std::size_t>(u)].k.rank, kw.rank) << at;
+          EXPECT_NEAR(got[static_cast<std::size_t>(u)].k.ratio, kw.ratio, 1e-9) << at;
+          // A masked window has no one key-value state; an unmasked kernel unit has one.
+          EXPECT_EQ(got[static_cast<std::size_t>(u)].has_kv,
+                    v.has_linear_form() && !c.geo.masked(u)) << at;
+        }
+      }
+    }
+  }
+}
+
+TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
+  const TokenGrid g{1, 5, 7};
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, 4);
+    const LayerGeometry geo = base(g, g, 7);
+    const auto [q, k] = head(v, geo, 7);
+    const MatF values = test::random_matrix(g.tokens(), 3, 53).cast<float>();
+    const std::string label = spec + " square 5x7+1";
+    const EntropyRows a = attention_entropy_units(v, q, k, geo.scale, geo, {});
+    const EntropyRows b = attention_entropy(v, q, k, geo.scale, {});
+    expect_rows(a.entropy, b.entropy, 0.0, label);
+    expect_rows(a.normalised, b.normalised, 0.0, label);
+    const PatchGeometry root(g, 3.0, 2.0);
+    const DistanceRows da = attention_distance_units(v, q, k, geo.scale, geo, root, {});
+    const DistanceRows db = attention_distance_reference(v, q, k, geo.scale, root, {});
+    expect_rows(da.distance, db.distance, 1e-9 * root.max_distance(), label);
+    EXPECT_NEAR(uniform_distance_units(geo, root, false), uniform_distance(root, false), 1e-12) << label;
+    EXPECT_NEAR(uniform_distance_units(geo, root, true), uniform_distance(root, true), 1e-12) << label;
+    const std::vector<HeadRank> ra = head_rank_units(v, q, k, values, geo.scale, geo, {});
+    const HeadRank rb = head_rank(v, q, k, values, nullptr, geo.scale, {});
+    ASSERT_EQ(ra.size(), 1U) << label;
+    EXPECT_EQ(ra[0].w.rank, rb.w.rank) << label;
+    EXPECT_EQ(ra[0].w.erank, rb.w.erank) << label;
+    EXPECT_EQ(ra[0].has_kv, rb.has_kv) << label;
+  }
+}
+
+TEST(GeometryDiagnostics, AHeadOfAnotherShapeIsRefused) {
+  const LayerGeometry geo = cases(7).front().geo;
+  const MatF q = MatF::Zero(geo.query_rows() - 1, 7), k = MatF::Zero(geo.key_rows(), 7);
+  const Variant v = parse_variant("softmax");
+  EXPECT_THROW((void)attention_entropy_units(v, q, k, 1.0, geo, {}), UsageError);
+  EXPECT_THROW((void)attention_distance_units(v, q, k, 1.0, geo, PatchGeometry(geo.grid, 1, 1), {}),
+               UsageError);
+  EXPECT_THROW((void)head_rank_units(v, q, k, k, 1.0, geo, {}), UsageError);
+}
+
+}  // namespace
+}  // namespace attnscope::analyses
