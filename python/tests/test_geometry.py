@@ -1,7 +1,7 @@
 """Per-layer geometry (docs/dump-format.md, "Per-layer geometry"): PVT's keys from a spatially
 reduced grid on an odd grid, Swin's windows with a shift and its mask, stages of their own heads
-and dims, and per-layer families, read by recompute, confusion, locality, maps, entropy, distance and
-rank (their values checked here against the model's own weights); the other analyses refuse such
+and dims, and per-layer families, read by recompute, confusion, locality, maps, entropy, distance,
+rank and census (their values checked here against the model's own weights); the other analyses refuse such
 layers by name. The dumps come from geometry_dumps.py (h5py and the
 formulas, apart from the C++)."""
 import json
@@ -159,8 +159,8 @@ def test_hybrid_stages_use_each_layers_own_family(attnscope_bin, dumps, tmp_path
 
 
 def test_other_analyses_refuse_other_geometry_by_name(attnscope_bin, dumps, tmp_path):
-    r = _run(attnscope_bin, "census", "--dump", dumps["pvt"], "--out", tmp_path,
-             "--variant", "inline", ok=False)
+    r = _run(attnscope_bin, "spikiness", "--dump", dumps["pvt"], "--out", tmp_path,
+             "--variant", "softmax", ok=False)
     assert r.returncode == 1
     line = r.stderr.strip()
     assert "\n" not in line and dumps["pvt"] in line and "/layers/0 (model layer 0)" in line
@@ -296,3 +296,33 @@ def test_rank_runs_per_window_and_over_reduced_keys(attnscope_bin, dumps, name, 
                 assert images[(layer, head)] == 2 and k_full[(layer, head)] == 2 * units
     meta = json.load(open(tmp_path / "rank.json"))
     assert "units" in meta["parameters"] and "layer_geometry" in meta["parameters"]
+
+
+@pytest.mark.parametrize("name", ["pvt", "swin"])
+def test_census_counts_each_windows_allowed_pairs(attnscope_bin, dumps, name, tmp_path):
+    """The InLine census per window and over reduced keys: only the pairs a window's mask allows
+    are weights (a forbidden pair is no zero weight); the negative weights of unmasked units
+    against InLine's weights from the formulas (python/attnscope_dump/attention.py)."""
+    from attnscope_dump.attention import attention_outputs
+    _run(attnscope_bin, "census", "--dump", dumps[name], "--out", tmp_path, "--variant",
+         "inline:identity@code")
+    csv = read_csv(str(tmp_path / "census.csv"))
+    weights, negative, zero = (_per_head(csv, c) for c in ("weights", "negative", "zero"))
+    with h5py.File(dumps[name]) as f:
+        assert set(weights) == {(l, h) for l in range(int(f.attrs["num_layers"]))
+                                for h in range(int(f[f"layers/{l}"].attrs["num_heads"]))}
+        for layer in range(int(f.attrs["num_layers"])):
+            g = f[f"layers/{layer}"]
+            q, k = (torch.from_numpy(g[n][()].astype(np.float64)) for n in ("q", "k"))
+            eye = torch.eye(k.shape[-2], dtype=torch.float64).expand(*k.shape[:-2], -1, -1)
+            w = attention_outputs("inline", q, k, eye, float(g.attrs["scale"]), "identity").numpy()
+            allowed = _allowed(f, layer, w.shape)
+            for head in range(w.shape[1]):
+                assert weights[(layer, head)] == allowed[:, head].sum(), (layer, head)
+                assert zero[(layer, head)] == 0
+                if "window_mask" not in g:
+                    assert negative[(layer, head)] == (w[:, head] < 0).sum(), (layer, head)
+    if name == "swin":  # the shifted layer: fewer weights than its windows' pairs
+        assert weights[(1, 0)] < weights[(0, 0)] == 2 * 4 * 49 * 49
+    meta = json.load(open(tmp_path / "census.json"))
+    assert "layer_geometry" in meta["parameters"] and "units" in meta["parameters"]

@@ -1,10 +1,11 @@
-// Entropy, distance and rank of heads whose layer is not one square attention (geometry.hpp):
+// Entropy, distance, rank and the weight census of heads whose layer is not one square attention (geometry.hpp):
 // Swin's windows with a shift and its mask, windows of one token, PVT's keys from a reduced grid
 // (with and without a prefix token, down to one key). Each unit-by-unit path is compared, for
 // every family, with plain loops written here from the definitions (entropy.hpp, distance.hpp,
 // rank.hpp) over the plain-loop reference weights (lib/src/reference) with each window's mask;
 // on a square layer the unit path equals the square analyses. Negative controls show the
 // comparisons can fail: the mask left out, the reduced keys placed at their block's corner.
+#include "attnscope/analyses/census.hpp"
 #include "attnscope/analyses/distance.hpp"
 #include "attnscope/analyses/entropy.hpp"
 #include "attnscope/analyses/rank.hpp"
@@ -346,6 +347,64 @@ TEST(GeometryDiagnostics, RankOfEachUnitEqualsJacobiOfThePlainLoops) {
   }
 }
 
+TEST(GeometryDiagnostics, CensusOfEachUnitEqualsThePlainLoops) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, 4);
+    for (int d : {1, 7}) {
+      for (const Case& c : cases(d)) {
+        const auto [q, k] = head(v, c.geo, d);
+        const std::string label = what(spec, c, d);
+        const CensusCell got = census_units(v, q, k, c.geo.scale, c.geo, 1e-9);
+        // Negative weights counted between the clearly negative ones and those within rounding
+        // of 0 (cosFormer's re-weighting is cos(pi/2) ~ 6e-17 where a query and a reduced key
+        // are M positions apart: its sign is rounding's).
+        long long rows = 0, weights = 0, negative = 0, near_negative = 0, zero = 0, off = 0,
+                  dead = 0;
+        long long zero_with_forbidden = 0;
+        double least = std::numeric_limits<double>::infinity();
+        for (int u = 0; u < c.geo.units(); ++u) {
+          std::vector<int> degenerate;
+          const MatD w = unit_weights(v, q, k, c.geo, u, degenerate);
+          const Mask mask = c.geo.unit_mask(u);
+          for (Eigen::Index i = 0; i < w.rows(); ++i) {
+            if (listed(degenerate, static_cast<int>(i))) {
+              ++dead;
+              continue;
+            }
+            ++rows;
+            double sum = 0.0;
+            for (Eigen::Index j = 0; j < w.cols(); ++j) {
+              zero_with_forbidden += w(i, j) == 0.0 ? 1 : 0;
+              if (!mask(i, j)) continue;
+              ++weights;
+              negative += w(i, j) < -1e-12 ? 1 : 0;
+              near_negative += w(i, j) < 1e-12 ? 1 : 0;
+              zero += w(i, j) == 0.0 ? 1 : 0;
+              least = std::min(least, w(i, j));
+              sum += w(i, j);
+            }
+            off += std::abs(sum - 1.0) > 1e-9 ? 1 : 0;
+          }
+        }
+        EXPECT_EQ(got.rows, rows) << label;
+        EXPECT_EQ(got.weights, weights) << label;
+        EXPECT_GE(got.negative, negative) << label;
+        EXPECT_LE(got.negative, near_negative) << label;
+        EXPECT_EQ(got.zero, zero) << label;
+        EXPECT_EQ(got.degenerate_rows, dead) << label;
+        EXPECT_EQ(got.rows_not_summing_to_one, off) << label;
+        if (rows > 0) {
+          EXPECT_NEAR(got.most_negative, least, 1e-12 * std::max(1.0, std::fabs(least))) << label;
+        }
+        // Negative control: a forbidden pair counted as a zero weight.
+        if (c.geo.shift > 0 && v.name().rfind("softmax", 0) == 0) {
+          EXPECT_GT(zero_with_forbidden, got.zero) << label;
+        }
+      }
+    }
+  }
+}
+
 TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
   const TokenGrid g{1, 5, 7};
   for (const std::string& spec : test::all_variant_specs()) {
@@ -370,6 +429,14 @@ TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
     EXPECT_EQ(ra[0].w.rank, rb.w.rank) << label;
     EXPECT_EQ(ra[0].w.erank, rb.w.erank) << label;
     EXPECT_EQ(ra[0].has_kv, rb.has_kv) << label;
+    Diagnostics diag;
+    const MatD w = attention_weights<double>(v, q.cast<double>(), k.cast<double>(), geo.scale,
+                                             nullptr, &diag);
+    const CensusCell ca = census_units(v, q, k, geo.scale, geo, 1e-9);
+    const CensusCell cb = census_of(w, diag.degenerate_rows, 1e-9);
+    EXPECT_EQ(ca.negative, cb.negative) << label;
+    EXPECT_EQ(ca.weights, cb.weights) << label;
+    EXPECT_EQ(ca.most_negative, cb.most_negative) << label;
   }
 }
 
