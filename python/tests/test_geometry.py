@@ -1,7 +1,7 @@
 """Per-layer geometry (docs/dump-format.md, "Per-layer geometry"): PVT's keys from a spatially
 reduced grid on an odd grid, Swin's windows with a shift and its mask, stages of their own heads
 and dims, and per-layer families, read by recompute, confusion, locality, maps, entropy, distance,
-rank and census (their values checked here against the model's own weights); the other analyses refuse such
+rank, census and mask (their values checked here against the model's own weights); the other analyses refuse such
 layers by name. The dumps come from geometry_dumps.py (h5py and the
 formulas, apart from the C++)."""
 import json
@@ -326,3 +326,53 @@ def test_census_counts_each_windows_allowed_pairs(attnscope_bin, dumps, name, tm
         assert weights[(1, 0)] < weights[(0, 0)] == 2 * 4 * 49 * 49
     meta = json.load(open(tmp_path / "census.json"))
     assert "layer_geometry" in meta["parameters"] and "units" in meta["parameters"]
+
+
+def _softmax(logits, allowed):
+    x = np.where(allowed, logits, -np.inf)
+    x = np.exp(x - x.max(-1, keepdims=True))
+    return x / x.sum(-1, keepdims=True)
+
+
+def test_mask_removes_local_keys_per_window(attnscope_bin, dumps, tmp_path):
+    """local:3 on Swin's windows: the keys of the query's 3x3 cells of its window removed on top
+    of the shifted windows' mask; the change over every window's rows, from the formulas."""
+    _run(attnscope_bin, "mask", "--dump", dumps["swin"], "--out", tmp_path, "--mask", "local:3")
+    csv = read_csv(str(tmp_path / "mask_per_head.csv"))
+    change = _per_head(csv, "change_mean")
+    empty = _per_head(csv, "empty_rows")
+    with h5py.File(dumps["swin"]) as f:
+        for layer in range(3):
+            g = f[f"layers/{layer}"]
+            q, k, v = (g[n][()].astype(np.float64) for n in ("q", "k", "v"))
+            pos = g["token_positions"][()]
+            base = g["window_mask"][()].astype(bool) if "window_mask" in g else \
+                np.ones(pos.shape[:1] + (pos.shape[1],) * 2, bool)
+            near = (np.abs(pos[:, :, None, :] - pos[:, None, :, :]) <= 1).all(-1)
+            logits = float(g.attrs["scale"]) * q @ np.swapaxes(k, -1, -2)
+            o = _softmax(logits, base) @ v
+            kept = base & ~near
+            rows = kept.any(-1)  # a row left with no key is left out of both norms
+            om = _softmax(logits, np.where(rows[..., None], kept, True)) @ v
+            for head in range(q.shape[1]):
+                d2 = (((om - o) ** 2).sum(-1) * rows)[:, head].reshape(2, -1).sum(-1)
+                b2 = ((o ** 2).sum(-1) * rows)[:, head].reshape(2, -1).sum(-1)
+                assert change[(layer, head)] == pytest.approx(np.sqrt(d2 / b2).mean(), rel=1e-5)
+                assert empty[(layer, head)] == 2 * (~rows).sum(), (layer, head)
+    assert empty[(1, 0)] > 0 and empty[(0, 0)] == 0  # 3x3 regions of the shifted windows
+    meta = json.load(open(tmp_path / "mask.json"))
+    assert "units" in meta["parameters"] and "layer_geometry" in meta["parameters"]
+
+
+def test_mask_maps_queries_onto_reduced_keys(attnscope_bin, dumps, tmp_path):
+    """local:1 with reduced keys removes, for each query, the one key whose cell its own cell
+    maps onto (row * 4 // 9); the removed mass is that key's weight."""
+    _run(attnscope_bin, "mask", "--dump", dumps["pvt"], "--out", tmp_path, "--mask", "local:1",
+         "--layers", "0")
+    csv = read_csv(str(tmp_path / "mask_per_head.csv"))
+    with h5py.File(dumps["pvt"]) as f:
+        w = _model_weights(f, 0)[:, 0]  # [images, 81, 16]
+    cell = (np.arange(9) * 4 // 9)
+    key = (cell[:, None] * 4 + cell[None, :]).reshape(-1)
+    removed = np.take_along_axis(w, np.broadcast_to(key[None, :, None], (2, 81, 1)), -1)
+    assert float(csv["removed_mass_mean"][0]) == pytest.approx(removed.mean(), rel=1e-6)

@@ -1,4 +1,4 @@
-// Entropy, distance, rank and the weight census of heads whose layer is not one square attention (geometry.hpp):
+// Entropy, distance, rank, the weight census and masking of heads whose layer is not one square attention (geometry.hpp):
 // Swin's windows with a shift and its mask, windows of one token, PVT's keys from a reduced grid
 // (with and without a prefix token, down to one key). Each unit-by-unit path is compared, for
 // every family, with plain loops written here from the definitions (entropy.hpp, distance.hpp,
@@ -8,8 +8,11 @@
 #include "attnscope/analyses/census.hpp"
 #include "attnscope/analyses/distance.hpp"
 #include "attnscope/analyses/entropy.hpp"
+#include "attnscope/analyses/geometry_heads.hpp"
+#include "attnscope/analyses/masking.hpp"
 #include "attnscope/analyses/rank.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/seed.hpp"
 #include "random_inputs.hpp"
 #include "reference.hpp"
 #include "tolerances.hpp"
@@ -405,6 +408,130 @@ TEST(GeometryDiagnostics, CensusOfEachUnitEqualsThePlainLoops) {
   }
 }
 
+/// Query i's and key j's cells of unit u, the query's mapped onto the key grid, by hand.
+std::pair<std::pair<int, int>, std::pair<int, int>> cells_of(const LayerGeometry& geo, int u, int i,
+                                                             int j) {
+  if (geo.windows > 0) {
+    const auto at = [&](int t) {
+      const auto p = static_cast<std::size_t>((u * geo.window_tokens() + t) * 2);
+      return std::make_pair(geo.positions[p], geo.positions[p + 1]);
+    };
+    return {at(i), at(j)};
+  }
+  std::pair<int, int> q{-1, -1}, k{-1, -1};
+  if (i >= geo.grid.prefix) {
+    const int r = (i - geo.grid.prefix) / geo.grid.width, c = (i - geo.grid.prefix) % geo.grid.width;
+    q = {r * geo.key_grid.height / geo.grid.height, c * geo.key_grid.width / geo.grid.width};
+  }
+  if (j >= geo.key_grid.prefix) {
+    k = {(j - geo.key_grid.prefix) / geo.key_grid.width, (j - geo.key_grid.prefix) % geo.key_grid.width};
+  }
+  return {q, k};
+}
+
+TEST(GeometryDiagnostics, RemovalMasksOfEachUnit) {
+  for (const Case& c : cases(3)) {
+    for (int u = 0; u < c.geo.units(); ++u) {
+      const Mask base = c.geo.unit_mask(u);
+      for (int k : {1, 3}) {
+        const Mask local = unit_removal_mask(c.geo, u, true, k, 0);
+        for (int i = 0; i < c.geo.unit_queries(); ++i) {
+          for (int j = 0; j < c.geo.unit_keys(); ++j) {
+            const auto [qc, kc] = cells_of(c.geo, u, i, j);
+            const bool near = qc.first >= 0 && kc.first >= 0 &&
+                              std::abs(qc.first - kc.first) <= k / 2 &&
+                              std::abs(qc.second - kc.second) <= k / 2;
+            EXPECT_EQ(local(i, j), base(i, j) && !near) << c.name << " local:" << k << " unit "
+                                                         << u << " " << i << "," << j;
+          }
+        }
+      }
+      const Mask a = unit_removal_mask(c.geo, u, false, 2, 7);
+      const Mask again = unit_removal_mask(c.geo, u, false, 2, 7);
+      EXPECT_TRUE((a == again).all()) << c.name;
+      for (int i = 0; i < c.geo.unit_queries(); ++i) {
+        int pool = 0, removed = 0;
+        for (int j = 0; j < c.geo.unit_keys(); ++j) {
+          const auto [qc, kc] = cells_of(c.geo, u, i, j);
+          const bool near = std::abs(qc.first - kc.first) <= 1 && std::abs(qc.second - kc.second) <= 1;
+          const bool candidate = qc.first >= 0 && kc.first >= 0 && base(i, j) && !near;
+          pool += candidate ? 1 : 0;
+          if (base(i, j) && !a(i, j)) {
+            ++removed;
+            EXPECT_TRUE(candidate) << c.name << " random: unit " << u << " " << i << "," << j;
+          }
+        }
+        EXPECT_EQ(removed, std::min(pool, 2)) << c.name << " random: unit " << u << " query " << i;
+      }
+    }
+  }
+}
+
+TEST(GeometryDiagnostics, MaskOfEachUnitEqualsThePlainLoops) {
+  for (const std::string& spec : test::all_variant_specs()) {
+    const Variant v = parse_variant(spec, Convention::Paper, 4);
+    for (const Case& c : cases(7)) {
+      const auto [q, k] = head(v, c.geo, 7);
+      const MatF values = test::random_matrix(c.geo.key_rows(), 3, 53).cast<float>();
+      for (const MaskSpec& m : parse_mask_specs("local:3,random:2")) {
+        const std::string label = what(spec, c, 7) + " " + m.name();
+        const MaskCell got = mask_units(v, q, k, values, c.geo.scale, c.geo, m, 99);
+        double diff2 = 0.0, base2 = 0.0;
+        long long empty = 0, dead = 0;
+        std::vector<double> removed;
+        const int nq = c.geo.unit_queries(), nk = c.geo.unit_keys();
+        for (int u = 0; u < c.geo.units(); ++u) {
+          const MatD qd = q.middleRows(static_cast<Eigen::Index>(u) * nq, nq).cast<double>();
+          const MatD kd = k.middleRows(static_cast<Eigen::Index>(u) * nk, nk).cast<double>();
+          const MatD vd = values.middleRows(static_cast<Eigen::Index>(u) * nk, nk).cast<double>();
+          const Mask base = c.geo.unit_mask(u);
+          const Mask mask = unit_removal_mask(c.geo, u, m.kind == MaskSpec::Kind::Local, m.size,
+                                              mix_seed(99, static_cast<std::uint64_t>(u)));
+          std::vector<int> plain, after;
+          const MatD w = reference::weights(v, qd, kd, c.geo.scale, &base, &plain);
+          const MatD o = reference::outputs(v, qd, kd, vd, c.geo.scale, &base, &plain);
+          const MatD om = reference::outputs(v, qd, kd, vd, c.geo.scale, &mask, &after);
+          for (int i = 0; i < nq; ++i) {
+            if (listed(plain, i)) {
+              ++dead;
+              continue;
+            }
+            if (listed(after, i)) {
+              ++empty;
+              continue;
+            }
+            for (Eigen::Index t = 0; t < vd.cols(); ++t) {
+              diff2 += (om(i, t) - o(i, t)) * (om(i, t) - o(i, t));
+              base2 += o(i, t) * o(i, t);
+            }
+            double r = 0.0;
+            bool any = false;
+            for (int j = 0; j < nk; ++j) {
+              if (base(i, j) && !mask(i, j)) {
+                any = true;
+                r += w(i, j);
+              }
+            }
+            if (any) removed.push_back(r);
+          }
+        }
+        EXPECT_EQ(got.degenerate_rows, dead) << label;
+        EXPECT_EQ(got.empty_rows, empty) << label;
+        ASSERT_EQ(got.removed_mass.count, static_cast<std::int64_t>(removed.size())) << label;
+        double mean = 0.0;
+        for (double r : removed) mean += r / static_cast<double>(removed.size());
+        if (!removed.empty()) {
+          EXPECT_NEAR(got.removed_mass.mean, mean, 1e-9) << label;
+        }
+        if (base2 > 0.0) {
+          ASSERT_EQ(got.change.count, 1) << label;
+          EXPECT_NEAR(got.change.mean, std::sqrt(diff2 / base2), 1e-9) << label;
+        }
+      }
+    }
+  }
+}
+
 TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
   const TokenGrid g{1, 5, 7};
   for (const std::string& spec : test::all_variant_specs()) {
@@ -437,6 +564,15 @@ TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
     EXPECT_EQ(ca.negative, cb.negative) << label;
     EXPECT_EQ(ca.weights, cb.weights) << label;
     EXPECT_EQ(ca.most_negative, cb.most_negative) << label;
+    for (const MaskSpec& m : parse_mask_specs("local:3,random:4")) {
+      const MaskCell ma = mask_units(v, q, k, values, geo.scale, geo, m, 5);
+      const Mask mask = build_mask(m, g, mix_seed(5, std::uint64_t{0}));
+      const MaskCell mb = mask_head(v, q.cast<double>(), k.cast<double>(), values.cast<double>(),
+                                    geo.scale, mask);
+      EXPECT_NEAR(ma.change.mean, mb.change.mean, 1e-12) << label << " " << m.name();
+      EXPECT_NEAR(ma.removed_mass.mean, mb.removed_mass.mean, 1e-12) << label << " " << m.name();
+      EXPECT_EQ(ma.removed_mass.count, mb.removed_mass.count) << label << " " << m.name();
+    }
   }
 }
 
@@ -448,6 +584,7 @@ TEST(GeometryDiagnostics, AHeadOfAnotherShapeIsRefused) {
   EXPECT_THROW((void)attention_distance_units(v, q, k, 1.0, geo, PatchGeometry(geo.grid, 1, 1), {}),
                UsageError);
   EXPECT_THROW((void)head_rank_units(v, q, k, k, 1.0, geo, {}), UsageError);
+  EXPECT_THROW((void)mask_units(v, q, k, k, 1.0, geo, MaskSpec{}, 0), UsageError);
 }
 
 }  // namespace
