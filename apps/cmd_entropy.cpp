@@ -46,7 +46,8 @@ void print_summary(const analyses::QueryStatsResult& r, int tokens, double log_n
             << " keys, every query; log N = " << std::setprecision(5) << log_n
             << "; windows and reduced keys: log of the keys each query sees; -sum w log(w"
             << (eps > 0 ? " + eps" : "") << "))\n"
-            << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
+            << std::left << std::setw(28) << "variant"
+            << "per layer, mean over heads\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     std::cout << std::setw(28)
               << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
@@ -93,9 +94,10 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
       diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"log_eps", f.opt.log_eps},
                         {"queries", "every token, prefix tokens included"},
-                        {"keys", "every token the query sees: all of the layer's keys; in a "
-                                 "window, the window's tokens its mask allows; under spatial "
-                                 "reduction, the reduced grid's"},
+                        {"keys",
+                         "every token the query sees: all of the layer's keys; in a "
+                         "window, the window's tokens its mask allows; under spatial "
+                         "reduction, the reduced grid's"},
                         {"normalised", "each row's entropy over log of the keys it sees"},
                         {"negative_weights", kNegativeRows},
                         {"bins", f.bins}});

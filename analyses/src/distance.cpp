@@ -298,8 +298,8 @@ DistanceRows attention_distance_units(const Variant& v, const MatF& q, const Mat
         s.abs_mass += std::abs(x);
         s.negative = s.negative || x < 0.0;
       }
-      const auto at = static_cast<std::size_t>(u) * static_cast<std::size_t>(nq) +
-                      static_cast<std::size_t>(i);
+      const auto at =
+          static_cast<std::size_t>(u) * static_cast<std::size_t>(nq) + static_cast<std::size_t>(i);
       out.negative_rows += s.negative ? 1 : 0;
       out.grid_mass[at] = s.mass;
       if (!opt.renormalise) {
@@ -356,11 +356,10 @@ HeadMeasureFn distance_measure(const PatchGeometry& geometry, const DistanceOpti
                                double scale, bool reference) {
   return [geometry, opt, scale, reference](const Variant& v, const HeadView& h) {
     const double s = head_scale(h, scale);
-    DistanceRows rows =
-        h.geometry != nullptr && distance_by_units(geometry, *h.geometry)
-            ? attention_distance_units(v, h.q, h.k, s, *h.geometry, geometry, opt)
-        : reference ? attention_distance_reference(v, h.q, h.k, s, geometry, opt)
-                    : attention_distance(v, h.q, h.k, s, geometry, opt);
+    DistanceRows rows = h.geometry != nullptr && distance_by_units(geometry, *h.geometry)
+                            ? attention_distance_units(v, h.q, h.k, s, *h.geometry, geometry, opt)
+                        : reference ? attention_distance_reference(v, h.q, h.k, s, geometry, opt)
+                                    : attention_distance(v, h.q, h.k, s, geometry, opt);
     HeadQueryValues out;
     out.values = {std::move(rows.distance), std::move(rows.grid_mass)};
     out.counters = {rows.degenerate, rows.negative_rows, rows.without_grid_mass};

@@ -66,7 +66,8 @@ EntropyRows float_entropy(const detail::FloatSoftmaxRows& ws) {
 }
 
 /// H_i / log n_i per row, n_i the keys row i sees (its kept keys under `mask`, else `keys`).
-std::vector<double> normalised_rows(const std::vector<double>& h, const Mask* mask, Eigen::Index keys) {
+std::vector<double> normalised_rows(const std::vector<double>& h, const Mask* mask,
+                                    Eigen::Index keys) {
   std::vector<double> out(h.size());
   for (std::size_t i = 0; i < h.size(); ++i) {
     const Eigen::Index n = mask != nullptr ? mask->row(static_cast<Eigen::Index>(i)).count() : keys;

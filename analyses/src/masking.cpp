@@ -117,8 +117,8 @@ void add_change(double diff2, double base2, MaskCell& c) {
 
 }  // namespace
 
-MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
-                         const Diagnostics& masked, const Mask& mask) {
+MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked,
+                         const Diagnostics& plain, const Diagnostics& masked, const Mask& mask) {
   MaskCell c;
   double diff2 = 0.0, base2 = 0.0;
   add_rows(w, o, o_masked, plain, masked, mask, nullptr, c, diff2, base2);
@@ -181,8 +181,10 @@ MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec
 }
 
 void MaskCollector::add_head(const HeadView& h) {
-  const auto l = static_cast<std::size_t>(std::find(layers_.begin(), layers_.end(), h.layer) - layers_.begin());
-  const auto hh = static_cast<std::size_t>(std::find(heads_.begin(), heads_.end(), h.head) - heads_.begin());
+  const auto l = static_cast<std::size_t>(std::find(layers_.begin(), layers_.end(), h.layer) -
+                                          layers_.begin());
+  const auto hh =
+      static_cast<std::size_t>(std::find(heads_.begin(), heads_.end(), h.head) - heads_.begin());
   const auto other_grid = [this](const TokenGrid& g) {
     return g.prefix != grid_.prefix || g.height != grid_.height || g.width != grid_.width;
   };
@@ -196,7 +198,8 @@ void MaskCollector::add_head(const HeadView& h) {
           return mask_units(variant, h.q, h.k, h.v, h.geometry->scale, *h.geometry, masks_[m],
                             mask_seed(seed_, h.image, h.layer, h.head));
         });
-        const std::size_t slot = ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
+        const std::size_t slot =
+            ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
         const std::lock_guard lock(mutex_);
         cells_[slot].merge(part);
       }

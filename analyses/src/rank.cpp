@@ -151,9 +151,15 @@ HeadMeasureFn rank_measure(const RankOptions& opt, double scale, bool reference)
     for (const HeadRank& r : units) {
       const auto kv = [&](double x) { return r.has_kv ? x : kNaN; };
       const auto fk = [&](double x) { return r.has_features ? x : kNaN; };
-      const double row[] = {static_cast<double>(r.w.rank), r.w.erank, kv(r.kv.rank),
-                            kv(r.kv.erank), r.k.ratio, r.k1.ratio, fk(r.fk.ratio),
-                            fk(r.fk1.ratio), r.out_residual};
+      const double row[] = {static_cast<double>(r.w.rank),
+                            r.w.erank,
+                            kv(r.kv.rank),
+                            kv(r.kv.erank),
+                            r.k.ratio,
+                            r.k1.ratio,
+                            fk(r.fk.ratio),
+                            fk(r.fk1.ratio),
+                            r.out_residual};
       for (std::size_t q = 0; q < 9; ++q) out.values[q].push_back(row[q]);
       const std::int64_t counts[] = {r.degenerate, r.k.full_column_rank ? 1 : 0,
                                      r.k1.full_column_rank ? 1 : 0,

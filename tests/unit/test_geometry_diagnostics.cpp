@@ -1,10 +1,11 @@
-// Entropy, distance, rank, the weight census and masking of heads whose layer is not one square attention (geometry.hpp):
-// Swin's windows with a shift and its mask, windows of one token, PVT's keys from a reduced grid
-// (with and without a prefix token, down to one key). Each unit-by-unit path is compared, for
-// every family, with plain loops written here from the definitions (entropy.hpp, distance.hpp,
-// rank.hpp) over the plain-loop reference weights (lib/src/reference) with each window's mask;
-// on a square layer the unit path equals the square analyses. Negative controls show the
-// comparisons can fail: the mask left out, the reduced keys placed at their block's corner.
+// Entropy, distance, rank, the weight census and masking of heads whose layer is not one square
+// attention (geometry.hpp): Swin's windows with a shift and its mask, windows of one token, PVT's
+// keys from a reduced grid (with and without a prefix token, down to one key). Each unit-by-unit
+// path is compared, for every family, with plain loops written here from the definitions
+// (entropy.hpp, distance.hpp, rank.hpp) over the plain-loop reference weights (lib/src/reference)
+// with each window's mask; on a square layer the unit path equals the square analyses. Negative
+// controls show the comparisons can fail: the mask left out, the reduced keys placed at their
+// block's corner.
 #include "attnscope/analyses/census.hpp"
 #include "attnscope/analyses/distance.hpp"
 #include "attnscope/analyses/entropy.hpp"
@@ -18,8 +19,8 @@
 #include "tolerances.hpp"
 #include "variant_specs.hpp"
 
-#include <Eigen/SVD>
 #include <gtest/gtest.h>
+#include <Eigen/SVD>
 
 #include <algorithm>
 #include <cmath>
@@ -184,8 +185,11 @@ void distance_reference(const Variant& v, const MatF& q, const MatF& k, const La
       for (int j = 0; j < geo.unit_keys(); ++j) {
         double ky = 0.0, kx = 0.0;
         if (geo.windows > 0) {
-          ky = (geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + j) * 2)] + 0.5) * sh;
-          kx = (geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + j) * 2 + 1)] + 0.5) * sw;
+          ky = (geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + j) * 2)] + 0.5) *
+               sh;
+          kx = (geo.positions[static_cast<std::size_t>((u * geo.window_tokens() + j) * 2 + 1)] +
+                0.5) *
+               sw;
         } else if (j < geo.key_grid.prefix) {
           continue;
         } else {
@@ -264,7 +268,8 @@ TEST(GeometryDiagnostics, EntropyOfAShiftedWindowDependsOnItsMask) {
   std::vector<double> h, share;
   entropy_reference(v, q, k, c.geo, h, share, false);
   double worst = 0.0;
-  for (std::size_t i = 0; i < h.size(); ++i) worst = std::max(worst, std::fabs(h[i] - got.entropy[i]));
+  for (std::size_t i = 0; i < h.size(); ++i)
+    worst = std::max(worst, std::fabs(h[i] - got.entropy[i]));
   EXPECT_GT(worst, 0.1) << "the mask changes nothing: " << c.geo.describe();
   // Windows of one token: entropy 0, share 0 (log 1 = 0).
   const Case one = cases(7)[2];
@@ -308,7 +313,8 @@ TEST(GeometryDiagnostics, ReducedKeysSitAtTheCentreOfTheirBlock) {
   std::vector<double> dist, mass;
   distance_reference(v, q, k, geo, geo.grid, 1.0, 1.0, true, dist, mass);
   double worst = 0.0;
-  for (std::size_t i = 0; i < dist.size(); ++i) worst = std::max(worst, std::fabs(dist[i] - got.distance[i]));
+  for (std::size_t i = 0; i < dist.size(); ++i)
+    worst = std::max(worst, std::fabs(dist[i] - got.distance[i]));
   EXPECT_GT(worst, 0.1);
   // A stage of half the root's grid has patches twice the root's.
   const auto [ph, pw] = layer_patch(PatchGeometry(TokenGrid{0, 18, 18}, 4.0, 2.0), geo);
@@ -325,8 +331,7 @@ TEST(GeometryDiagnostics, RankOfEachUnitEqualsJacobiOfThePlainLoops) {
         const auto [q, k] = head(v, c.geo, d);
         const MatF values = test::random_matrix(c.geo.key_rows(), 3, 53).cast<float>();
         const std::string label = what(spec, c, d);
-        const std::vector<HeadRank> got =
-            head_rank_units(v, q, k, values, c.geo.scale, c.geo, opt);
+        const std::vector<HeadRank> got = head_rank_units(v, q, k, values, c.geo.scale, c.geo, opt);
         ASSERT_EQ(static_cast<int>(got.size()), c.geo.units()) << label;
         for (int u = 0; u < c.geo.units(); ++u) {
           std::vector<int> dead;
@@ -335,15 +340,18 @@ TEST(GeometryDiagnostics, RankOfEachUnitEqualsJacobiOfThePlainLoops) {
           const std::string at = label + " unit " + std::to_string(u);
           EXPECT_EQ(got[static_cast<std::size_t>(u)].w.rank, want.rank) << at;
           EXPECT_NEAR(got[static_cast<std::size_t>(u)].w.erank, want.erank, 1e-9) << at;
-          EXPECT_EQ(got[static_cast<std::size_t>(u)].degenerate, static_cast<int>(dead.size())) << at;
-          const MatD kd = k.middleRows(static_cast<Eigen::Index>(u) * c.geo.unit_keys(),
-                                       c.geo.unit_keys()).cast<double>();
+          EXPECT_EQ(got[static_cast<std::size_t>(u)].degenerate, static_cast<int>(dead.size()))
+              << at;
+          const MatD kd =
+              k.middleRows(static_cast<Eigen::Index>(u) * c.geo.unit_keys(), c.geo.unit_keys())
+                  .cast<double>();
           const Spectrum kw = spectrum_of(jacobi(kd), kd.rows(), kd.cols(), opt);
           EXPECT_EQ(got[static_cast<std::size_t>(u)].k.rank, kw.rank) << at;
           EXPECT_NEAR(got[static_cast<std::size_t>(u)].k.ratio, kw.ratio, 1e-9) << at;
           // A masked window has no one key-value state; an unmasked kernel unit has one.
           EXPECT_EQ(got[static_cast<std::size_t>(u)].has_kv,
-                    v.has_linear_form() && !c.geo.masked(u)) << at;
+                    v.has_linear_form() && !c.geo.masked(u))
+              << at;
         }
       }
     }
@@ -420,11 +428,13 @@ std::pair<std::pair<int, int>, std::pair<int, int>> cells_of(const LayerGeometry
   }
   std::pair<int, int> q{-1, -1}, k{-1, -1};
   if (i >= geo.grid.prefix) {
-    const int r = (i - geo.grid.prefix) / geo.grid.width, c = (i - geo.grid.prefix) % geo.grid.width;
+    const int r = (i - geo.grid.prefix) / geo.grid.width,
+              c = (i - geo.grid.prefix) % geo.grid.width;
     q = {r * geo.key_grid.height / geo.grid.height, c * geo.key_grid.width / geo.grid.width};
   }
   if (j >= geo.key_grid.prefix) {
-    k = {(j - geo.key_grid.prefix) / geo.key_grid.width, (j - geo.key_grid.prefix) % geo.key_grid.width};
+    k = {(j - geo.key_grid.prefix) / geo.key_grid.width,
+         (j - geo.key_grid.prefix) % geo.key_grid.width};
   }
   return {q, k};
 }
@@ -441,8 +451,8 @@ TEST(GeometryDiagnostics, RemovalMasksOfEachUnit) {
             const bool near = qc.first >= 0 && kc.first >= 0 &&
                               std::abs(qc.first - kc.first) <= k / 2 &&
                               std::abs(qc.second - kc.second) <= k / 2;
-            EXPECT_EQ(local(i, j), base(i, j) && !near) << c.name << " local:" << k << " unit "
-                                                         << u << " " << i << "," << j;
+            EXPECT_EQ(local(i, j), base(i, j) && !near)
+                << c.name << " local:" << k << " unit " << u << " " << i << "," << j;
           }
         }
       }
@@ -453,7 +463,8 @@ TEST(GeometryDiagnostics, RemovalMasksOfEachUnit) {
         int pool = 0, removed = 0;
         for (int j = 0; j < c.geo.unit_keys(); ++j) {
           const auto [qc, kc] = cells_of(c.geo, u, i, j);
-          const bool near = std::abs(qc.first - kc.first) <= 1 && std::abs(qc.second - kc.second) <= 1;
+          const bool near =
+              std::abs(qc.first - kc.first) <= 1 && std::abs(qc.second - kc.second) <= 1;
           const bool candidate = qc.first >= 0 && kc.first >= 0 && base(i, j) && !near;
           pool += candidate ? 1 : 0;
           if (base(i, j) && !a(i, j)) {
@@ -548,8 +559,10 @@ TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
     const DistanceRows da = attention_distance_units(v, q, k, geo.scale, geo, root, {});
     const DistanceRows db = attention_distance_reference(v, q, k, geo.scale, root, {});
     expect_rows(da.distance, db.distance, 1e-9 * root.max_distance(), label);
-    EXPECT_NEAR(uniform_distance_units(geo, root, false), uniform_distance(root, false), 1e-12) << label;
-    EXPECT_NEAR(uniform_distance_units(geo, root, true), uniform_distance(root, true), 1e-12) << label;
+    EXPECT_NEAR(uniform_distance_units(geo, root, false), uniform_distance(root, false), 1e-12)
+        << label;
+    EXPECT_NEAR(uniform_distance_units(geo, root, true), uniform_distance(root, true), 1e-12)
+        << label;
     const std::vector<HeadRank> ra = head_rank_units(v, q, k, values, geo.scale, geo, {});
     const HeadRank rb = head_rank(v, q, k, values, nullptr, geo.scale, {});
     ASSERT_EQ(ra.size(), 1U) << label;
@@ -557,8 +570,8 @@ TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
     EXPECT_EQ(ra[0].w.erank, rb.w.erank) << label;
     EXPECT_EQ(ra[0].has_kv, rb.has_kv) << label;
     Diagnostics diag;
-    const MatD w = attention_weights<double>(v, q.cast<double>(), k.cast<double>(), geo.scale,
-                                             nullptr, &diag);
+    const MatD w =
+        attention_weights<double>(v, q.cast<double>(), k.cast<double>(), geo.scale, nullptr, &diag);
     const CensusCell ca = census_units(v, q, k, geo.scale, geo, 1e-9);
     const CensusCell cb = census_of(w, diag.degenerate_rows, 1e-9);
     EXPECT_EQ(ca.negative, cb.negative) << label;
@@ -567,8 +580,8 @@ TEST(GeometryDiagnostics, ASquareLayerByUnitsIsTheSquareAnalysis) {
     for (const MaskSpec& m : parse_mask_specs("local:3,random:4")) {
       const MaskCell ma = mask_units(v, q, k, values, geo.scale, geo, m, 5);
       const Mask mask = build_mask(m, g, mix_seed(5, std::uint64_t{0}));
-      const MaskCell mb = mask_head(v, q.cast<double>(), k.cast<double>(), values.cast<double>(),
-                                    geo.scale, mask);
+      const MaskCell mb =
+          mask_head(v, q.cast<double>(), k.cast<double>(), values.cast<double>(), geo.scale, mask);
       EXPECT_NEAR(ma.change.mean, mb.change.mean, 1e-12) << label << " " << m.name();
       EXPECT_NEAR(ma.removed_mass.mean, mb.removed_mass.mean, 1e-12) << label << " " << m.name();
       EXPECT_EQ(ma.removed_mass.count, mb.removed_mass.count) << label << " " << m.name();

@@ -129,7 +129,8 @@ struct DistanceRows {
 
 /// The stage's patch of a layer: the dump's patch (`root`'s) scaled by the root grid's height and
 /// width over the layer's grid's, {height, width} in pixels.
-[[nodiscard]] std::pair<double, double> layer_patch(const PatchGeometry& root, const LayerGeometry& geo);
+[[nodiscard]] std::pair<double, double> layer_patch(const PatchGeometry& root,
+                                                    const LayerGeometry& geo);
 /// Key j of unit u of a layer at its position in the query grid's cells, {row, col} (distance.hpp:
 /// a window's key at its cell, a reduced key at the centre of the block it pools); {-1, -1} for a
 /// prefix key.

@@ -58,7 +58,8 @@ bool near_cell(const LayerGeometry& geo, int unit, int i, int j, int window);
 /// keys outside its 3 x 3 window (random: std::mt19937_64 from `seed`, a partial Fisher-Yates
 /// shuffle over the keys in unit order, as random_outside_mask draws). Prefix queries and keys
 /// are never touched.
-Mask unit_removal_mask(const LayerGeometry& geo, int unit, bool local, int size, std::uint64_t seed);
+Mask unit_removal_mask(const LayerGeometry& geo, int unit, bool local, int size,
+                       std::uint64_t seed);
 
 /// Confusion of a head of any geometry: each unit's pairs, brute force over its rows, summed.
 /// Excluded tokens are not taken (their masks are over the dump's root tokens).
