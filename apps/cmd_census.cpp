@@ -113,9 +113,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, 0);
-  sel.geometry_why =
-      "census counts each head's N x N weights over the dump's tokens; windows, keys from a "
-      "reduced grid and other stages' grids are not counted yet";
+  sel.any_geometry = true;  // each window's weights (its mask's pairs), or N x M reduced keys
   sel.need_v = false;  // the census looks at attention weights only
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   analyses::CensusCollector collector(variants, sel, schema.attrs.scale, f.sum_tol);
@@ -131,6 +129,12 @@ int run_census_cmd(const std::vector<std::string>& args) {
                    {"precision", "double"},
                    {"threads", threads}};
   meta.params()["device"] = device.description;
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+    meta.params()["units"] =
+        "windows: each window's weights, only the pairs its mask allows counted as weights; "
+        "reduced keys: the N x M weights; counted on the CPU";
+  }
   ImageRun run(f.control, "census", command_args(args), dir,
                run_fingerprint("census", f.common.dump, meta.params()), sel.images);
   run.compute([&] {
@@ -153,6 +157,7 @@ int run_census_cmd(const std::vector<std::string>& args) {
     long long rows = 0;
     for (const auto& c : cells) rows += c.rows;
     require_measured_rows(rows, "there are no weights to count");
+    drop_missing_heads(cells, schema);  // a layer with fewer heads than another
     report_model_layers(cells, schema);
     ResultSet set(dir, "census.json");
     ts = write_census_files(set, variants, cells);

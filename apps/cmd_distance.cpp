@@ -80,10 +80,9 @@ int run_distance_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
-  const analyses::Selection sel = with_own_variants(
-      make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
-      "distance measures each row over the dump's one token grid, keys at the queries' cells; "
-      "windows, keys from a reduced grid and other stages' grids are not measured yet");
+  analyses::Selection sel = with_own_variants(make_selection(f.sel, schema, f.common.seed),
+                                              f.common, schema, own_names, "");
+  sel.any_geometry = true;  // windows, reduced keys and stages in their own grid's pixels
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const analyses::PatchSize patch = analyses::patch_size_of(reader, f.patch_size);
   const analyses::PatchGeometry geometry(schema.attrs.grid, patch.height, patch.width);
@@ -103,6 +102,24 @@ int run_distance_cmd(const std::vector<std::string>& args) {
                         {"renormalise", f.opt.renormalise},
                         {"prefix_tokens", "dropped as queries and keys"},
                         {"bins", f.bins}});
+  // Layers of another geometry: their stage's patch, and what uniform rows give there.
+  nlohmann::json stage_patch = nlohmann::json::object(), baselines = nlohmann::json::object();
+  for (int l : sel.layers) {
+    const LayerGeometry g = schema.geometry(l);
+    if (!analyses::distance_by_units(geometry, g)) continue;
+    const std::string key = std::to_string(schema.model_layer(l));
+    const auto [ph, pw] = analyses::layer_patch(geometry, g);
+    stage_patch[key] = {{"height", ph}, {"width", pw}};
+    baselines[key] = analyses::uniform_distance_units(g, geometry, f.opt.renormalise);
+  }
+  if (!stage_patch.empty()) {
+    meta.params()["layer_geometry"] = layer_geometry_json(schema, sel.layers);
+    meta.params()["stage_patch_size"] = stage_patch;
+    meta.params()["positions"] =
+        "each token at its patch's centre in its stage's grid; windows: the cells of the window, "
+        "the shifted-window mask's pairs weigh 0; reduced keys: the centre of the block of query "
+        "cells each pools, row (kr + 1/2) H / Hk - 1/2, column (kc + 1/2) W / Wk - 1/2";
+  }
   ImageRun run(f.control, "distance", command_args(args), dir, run_fingerprint("distance", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
@@ -116,6 +133,7 @@ int run_distance_cmd(const std::vector<std::string>& args) {
     ResultSet set(dir, "distance.json");
     write_distance_files(set, r);
     meta.results() = distance_results(r, geometry, f.opt.renormalise, sel.own_variants);
+    if (!baselines.empty()) meta.results()["uniform_baseline_per_layer"] = baselines;
     meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);
   };

@@ -43,13 +43,15 @@ po::options_description entropy_options(EntropyFlags& f) {
 
 void print_summary(const analyses::QueryStatsResult& r, int tokens, double log_n, double eps) {
   std::cout << "attention entropy as a share of log N (" << r.images << " images; N = " << tokens
-            << " keys, every query; log N = " << std::setprecision(5) << log_n << "; -sum w log(w"
+            << " keys, every query; log N = " << std::setprecision(5) << log_n
+            << "; windows and reduced keys: log of the keys each query sees; -sum w log(w"
             << (eps > 0 ? " + eps" : "") << "))\n"
-            << std::left << std::setw(28) << "variant" << "per layer, mean over heads\n";
+            << std::left << std::setw(28) << "variant"
+            << "per layer, mean over heads\n";
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     std::cout << std::setw(28)
               << analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v]);
-    for (const auto& [layer, mean] : layer_means(r.cells[v], 0, log_n > 0 ? 1.0 / log_n : 0.0)) {
+    for (const auto& [layer, mean] : layer_means(r.cells[v], 2)) {
       std::cout << " " << std::fixed << std::setprecision(3) << mean;
     }
     std::cout << std::defaultfloat << "\n";
@@ -77,10 +79,9 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
-  const analyses::Selection sel = with_own_variants(
-      make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
-      "entropy takes each row over the dump's one set of key tokens (log N of the root's tokens); "
-      "windows, keys from a reduced grid and other stages' grids are not measured yet");
+  analyses::Selection sel = with_own_variants(make_selection(f.sel, schema, f.common.seed),
+                                              f.common, schema, own_names, "");
+  sel.any_geometry = true;  // windows and reduced keys: each row over the keys it sees
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int tokens = schema.attrs.num_tokens;
   const double log_n = analyses::max_entropy(tokens);
@@ -93,9 +94,16 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
       diagnostic_params(variants, sel, schema, f.reference, threads, f.common, device, own_names);
   meta.params().update({{"log_eps", f.opt.log_eps},
                         {"queries", "every token, prefix tokens included"},
-                        {"keys", "every token"},
+                        {"keys",
+                         "every token the query sees: all of the layer's keys; in a "
+                         "window, the window's tokens its mask allows; under spatial "
+                         "reduction, the reduced grid's"},
+                        {"normalised", "each row's entropy over log of the keys it sees"},
                         {"negative_weights", kNegativeRows},
                         {"bins", f.bins}});
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+  }
   ImageRun run(f.control, "entropy", command_args(args), dir, run_fingerprint("entropy", f.common.dump, meta.params()),
                sel.images);
   ImageTimer timer;
@@ -107,7 +115,7 @@ int run_entropy_cmd(const std::vector<std::string>& args) {
     for (auto& cells : r.cells) drop_missing_heads(cells, schema);
     for (auto& cells : r.cells) report_model_layers(cells, schema);
     ResultSet set(dir, "entropy.json");
-    write_entropy_files(set, r, log_n);
+    write_entropy_files(set, r);
     meta.results() = entropy_results(r, log_n);
     meta.results()["ms_per_image"] = timer.summary();
     meta.publish(set);

@@ -173,9 +173,7 @@ int run_mask_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   analyses::Selection sel = make_selection(f.sel, schema, f.common.seed);
-  sel.geometry_why =
-      "mask removes windows and random keys of the dump's one token grid from every query; "
-      "windows, keys from a reduced grid and other stages' grids are not masked yet";
+  sel.any_geometry = true;  // windows and reduced keys masked unit by unit (masking.hpp)
   sel.own_variants = layers_own_variants(f.common, schema, sel.layers);  // a hybrid dump's
   const std::map<int, std::string> own_names =
       own_variant_names(schema, sel.own_variants, sel.layers);
@@ -197,6 +195,14 @@ int run_mask_cmd(const std::vector<std::string>& args) {
                    {"precision", "double"},
                    {"threads", threads}};
   meta.params()["device"] = device.description;
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+    meta.params()["units"] =
+        "windows: local:k removes the window's keys in the query's k x k cells, random:n draws "
+        "among the keys the window's mask allows outside the query's 3 x 3 cells; reduced keys: "
+        "the query's cell mapped onto the key grid (row * key height / height, rounded down); the "
+        "change over every window's rows together; on the CPU";
+  }
   ImageRun run(f.control, "mask", command_args(args), dir,
                run_fingerprint("mask", f.common.dump, meta.params()), sel.images);
   run.compute([&] {

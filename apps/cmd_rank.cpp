@@ -69,10 +69,9 @@ int run_rank_cmd(const std::vector<std::string>& args) {
   DumpReader reader(f.common.dump);
   const DumpSchema& schema = reader.schema();
   std::map<int, std::string> own_names;  // each layer's own variant's, on a hybrid dump
-  const analyses::Selection sel = with_own_variants(
-      make_selection(f.sel, schema, f.common.seed), f.common, schema, own_names,
-      "rank is that of the head's one N x N matrix over the dump's tokens; a layer of windows is "
-      "block-diagonal (one matrix per window) and reduced keys give N x M: not measured yet");
+  analyses::Selection sel = with_own_variants(make_selection(f.sel, schema, f.common.seed),
+                                              f.common, schema, own_names, "");
+  sel.any_geometry = true;  // one matrix per window, N x M under spatial reduction
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   const int tokens = schema.attrs.num_tokens;
   const analyses::QueryStatsLayout layout = analyses::rank_layout(tokens);
@@ -90,6 +89,13 @@ int run_rank_cmd(const std::vector<std::string>& args) {
                         {"rank_rule", f.opt.rank_tol > 0 ? "singular values above rank_tol x the largest"
                                                          : "singular values above the largest x max(m, n) x 2^-52 (numpy)"},
                         {"out_layers", out_layers}});
+  if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
+    meta.params()["layer_geometry"] = geo;
+    meta.params()["units"] =
+        "windows: one value per window and image (each window's N_w x N_w matrix, its mask "
+        "applied; a masked window has no key-value state), full-rank counts per window; reduced "
+        "keys: the N x M matrix; out_residual: the layer's whole output";
+  }
   ImageRun run(f.control, "rank", command_args(args), dir, run_fingerprint("rank", f.common.dump, meta.params()), sel.images);
   ImageTimer timer;
   analyses::QueryStatsTotals totals(variants, sel, layout);

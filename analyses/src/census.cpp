@@ -2,6 +2,7 @@
 #include "attnscope/analyses/census.hpp"
 
 #include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
@@ -37,7 +38,8 @@ CensusColumns census_columns(const std::vector<CensusCell>& cells) {
   return c;
 }
 
-CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double sum_tolerance) {
+CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double sum_tolerance,
+                     const Mask* mask) {
   CensusCell c;
   std::size_t next_degenerate = 0;  // `degenerate` is sorted
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
@@ -48,16 +50,41 @@ CensusCell census_of(const MatD& w, const std::vector<int>& degenerate, double s
     }
     const auto row = w.row(i).array();
     ++c.rows;
-    c.weights += row.size();
-    c.negative += (row < 0.0).count();
-    c.zero += (row == 0.0).count();
-    c.most_negative = std::min(c.most_negative, row.minCoeff());
+    if (mask != nullptr) {  // the kept pairs only: a forbidden pair is no weight
+      for (Eigen::Index j = 0; j < row.size(); ++j) {
+        if (!(*mask)(i, j)) continue;
+        ++c.weights;
+        c.negative += row(j) < 0.0 ? 1 : 0;
+        c.zero += row(j) == 0.0 ? 1 : 0;
+        c.most_negative = std::min(c.most_negative, row(j));
+      }
+    } else {
+      c.weights += row.size();
+      c.negative += (row < 0.0).count();
+      c.zero += (row == 0.0).count();
+      c.most_negative = std::min(c.most_negative, row.minCoeff());
+    }
     // NaN cannot reach here (dumps are checked for NaN/Inf), but would count as a failure.
     const double error = std::abs(row.sum() - 1.0);
     if (!(error <= sum_tolerance)) ++c.rows_not_summing_to_one;
     c.max_row_sum_error = std::max(c.max_row_sum_error, error);
   }
   return c;
+}
+
+CensusCell census_units(const Variant& v, const MatF& q, const MatF& k, double scale,
+                        const LayerGeometry& geo, double sum_tolerance) {
+  CensusCell total;
+  for (int u = 0; u < geo.units(); ++u) {
+    const UnitRows rows = unit_rows(v, q, k, scale, geo, u);
+    std::vector<int> degenerate;
+    for (std::size_t i = 0; i < rows.degenerate.size(); ++i) {
+      if (rows.degenerate[i] != 0) degenerate.push_back(static_cast<int>(i));
+    }
+    const Mask mask = geo.unit_mask(u);
+    total.merge(census_of(rows.w, degenerate, sum_tolerance, geo.masked(u) ? &mask : nullptr));
+  }
+  return total;
 }
 
 std::vector<Variant> default_census_variants(const DumpAttributes& attrs) {
@@ -117,14 +144,27 @@ std::size_t CensusCollector::slot(std::size_t variant, int layer, int head) cons
 }
 
 void CensusCollector::add_head(const HeadView& head) {
+  if (head.geometry != nullptr && !head.geometry->square()) {
+    for (std::size_t v = 0; v < variants_.size(); ++v) {
+      const Variant variant = head_variant(variants_[v], head);
+      const CensusCell part = in_head(head.image, head.layer, head.head, [&] {
+        return census_units(variant, head.q, head.k, head.geometry->scale, *head.geometry,
+                            tolerance_);
+      });
+      const std::lock_guard lock(mutex_);
+      cells_[slot(v, head.layer, head.head)].merge(part);
+    }
+    return;
+  }
   const MatD q = head.q.cast<double>(), k = head.k.cast<double>();
+  const double scale = head_scale(head, scale_);
   for (std::size_t v = 0; v < variants_.size(); ++v) {
     Diagnostics diag;
     const Variant variant = head_variant(variants_[v], head);
     const MatD w = in_head(head.image, head.layer, head.head, [&] {
       return device_ == Device::Cuda
-                 ? attention_weights_cuda(variant, q, k, scale_, nullptr, &diag)
-                 : attention_weights<double>(variant, q, k, scale_, nullptr, &diag);
+                 ? attention_weights_cuda(variant, q, k, scale, nullptr, &diag)
+                 : attention_weights<double>(variant, q, k, scale, nullptr, &diag);
     });
     const CensusCell part = census_of(w, diag.degenerate_rows, tolerance_);
     const std::lock_guard lock(mutex_);

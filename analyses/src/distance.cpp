@@ -3,6 +3,8 @@
 // against a table of pixel distances indexed by |dr| and |dc|.
 #include "attnscope/analyses/distance.hpp"
 
+#include "attnscope/analyses/geometry_heads.hpp"
+
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
@@ -225,6 +227,122 @@ DistanceRows attention_distance(const Variant& v, const MatF& q, const MatF& k, 
   return out;
 }
 
+std::pair<double, double> layer_patch(const PatchGeometry& root, const LayerGeometry& geo) {
+  const TokenGrid& g = root.grid();
+  return {root.patch_height() * g.height / geo.grid.height,
+          root.patch_width() * g.width / geo.grid.width};
+}
+
+std::pair<double, double> key_position(const LayerGeometry& geo, int u, int j) {
+  const auto [kr, kc] = geo.key_cell(u, j);
+  if (kr < 0) return {-1.0, -1.0};
+  if (!geo.reduced()) return {kr, kc};
+  const double sy = static_cast<double>(geo.grid.height) / geo.key_grid.height;
+  const double sx = static_cast<double>(geo.grid.width) / geo.key_grid.width;
+  return {(kr + 0.5) * sy - 0.5, (kc + 0.5) * sx - 0.5};
+}
+
+bool distance_by_units(const PatchGeometry& root, const LayerGeometry& geo) {
+  const TokenGrid& g = root.grid();
+  return !geo.square() || geo.grid.prefix != g.prefix || geo.grid.height != g.height ||
+         geo.grid.width != g.width;
+}
+
+namespace {
+
+/// A layer's pixel distances from every grid query of a unit to each of its keys (NaN for prefix
+/// tokens), unit_queries() x unit_keys().
+MatD unit_distances(const LayerGeometry& geo, int u, double ph, double pw) {
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  MatD d = MatD::Constant(nq, nk, kNaN);
+  for (int i = 0; i < nq; ++i) {
+    const auto [qr, qc] = geo.query_cell(u, i);
+    if (qr < 0) continue;
+    for (int j = 0; j < nk; ++j) {
+      const auto [kr, kc] = key_position(geo, u, j);
+      if (kr < 0.0) continue;
+      const double y = (qr - kr) * ph, x = (qc - kc) * pw;
+      d(i, j) = std::sqrt(y * y + x * x);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+DistanceRows attention_distance_units(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                      const LayerGeometry& geo, const PatchGeometry& root,
+                                      const DistanceOptions& opt) {
+  check_unit_head("distance", q, k, geo);
+  const auto [ph, pw] = layer_patch(root, geo);
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  DistanceRows out;
+  out.distance.assign(static_cast<std::size_t>(geo.query_rows()), kNaN);
+  out.grid_mass = out.distance;
+  MatD dist;  // the same for every unit of a layer without windows
+  for (int u = 0; u < geo.units(); ++u) {
+    if (u == 0 || geo.windows > 0) dist = unit_distances(geo, u, ph, pw);
+    const UnitRows rows = unit_rows(v, q, k, scale, geo, u);
+    for (int i = 0; i < nq; ++i) {
+      if (geo.query_cell(u, i).first < 0) continue;  // prefix queries are dropped
+      if (rows.degenerate[static_cast<std::size_t>(i)] != 0) {
+        ++out.degenerate;
+        continue;
+      }
+      RowSums s;
+      for (int j = 0; j < nk; ++j) {
+        if (std::isnan(dist(i, j))) continue;  // prefix keys are dropped
+        const double x = rows.w(i, j);
+        s.distance += x * dist(i, j);
+        s.mass += x;
+        s.abs_mass += std::abs(x);
+        s.negative = s.negative || x < 0.0;
+      }
+      const auto at =
+          static_cast<std::size_t>(u) * static_cast<std::size_t>(nq) + static_cast<std::size_t>(i);
+      out.negative_rows += s.negative ? 1 : 0;
+      out.grid_mass[at] = s.mass;
+      if (!opt.renormalise) {
+        out.distance[at] = s.distance;
+      } else if (s.mass > kTinyDenominator * s.abs_mass) {
+        out.distance[at] = s.distance / s.mass;
+      } else {
+        ++out.without_grid_mass;
+      }
+    }
+  }
+  return out;
+}
+
+double uniform_distance_units(const LayerGeometry& geo, const PatchGeometry& root,
+                              bool renormalise) {
+  const auto [ph, pw] = layer_patch(root, geo);
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  double total = 0.0;
+  long long queries = 0;
+  for (int u = 0; u < geo.units(); ++u) {
+    const MatD dist = unit_distances(geo, u, ph, pw);
+    const Mask mask = geo.unit_mask(u);
+    for (int i = 0; i < nq; ++i) {
+      if (geo.query_cell(u, i).first < 0) continue;
+      double s = 0.0;
+      int allowed = 0, grid = 0;
+      for (int j = 0; j < nk; ++j) {
+        if (!mask(i, j)) continue;
+        ++allowed;
+        if (std::isnan(dist(i, j))) continue;
+        ++grid;
+        s += dist(i, j);
+      }
+      const int n = renormalise ? grid : allowed;
+      if (n == 0) continue;
+      total += s / n;
+      ++queries;
+    }
+  }
+  return queries == 0 ? 0.0 : total / static_cast<double>(queries);
+}
+
 QueryStatsLayout distance_layout(const PatchGeometry& geometry, int bins) {
   if (bins < 1) throw UsageError("--bins must be at least 1, found " + std::to_string(bins));
   QueryStatsLayout layout;
@@ -237,8 +355,11 @@ QueryStatsLayout distance_layout(const PatchGeometry& geometry, int bins) {
 HeadMeasureFn distance_measure(const PatchGeometry& geometry, const DistanceOptions& opt,
                                double scale, bool reference) {
   return [geometry, opt, scale, reference](const Variant& v, const HeadView& h) {
-    DistanceRows rows = reference ? attention_distance_reference(v, h.q, h.k, scale, geometry, opt)
-                                  : attention_distance(v, h.q, h.k, scale, geometry, opt);
+    const double s = head_scale(h, scale);
+    DistanceRows rows = h.geometry != nullptr && distance_by_units(geometry, *h.geometry)
+                            ? attention_distance_units(v, h.q, h.k, s, *h.geometry, geometry, opt)
+                        : reference ? attention_distance_reference(v, h.q, h.k, s, geometry, opt)
+                                    : attention_distance(v, h.q, h.k, s, geometry, opt);
     HeadQueryValues out;
     out.values = {std::move(rows.distance), std::move(rows.grid_mass)};
     out.counters = {rows.degenerate, rows.negative_rows, rows.without_grid_mass};

@@ -373,7 +373,8 @@ void require_root_geometry(const DumpSchema& s, const std::vector<int>& layers,
         "/layers/" + std::to_string(l) + " (model layer " + std::to_string(s.model_layer(l)) + ")",
         "the root attributes' geometry (" + s.geometry(-1).describe() +
             "): " + (why.empty() ? "this analysis reads layers of that shape only" : why) +
-            " (recompute, confusion, locality and maps take every geometry; " +
+            " (recompute, confusion, locality, maps, entropy, distance, rank, census and mask "
+            "take every geometry; " +
             (root_layers.empty() ? std::string("no layer of this dump has the root's shape")
                                  : "layers of the root's shape: --layers " + root_layers) +
             ")",

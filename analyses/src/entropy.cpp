@@ -3,6 +3,8 @@
 // with portable::log.
 #include "attnscope/analyses/entropy.hpp"
 
+#include "attnscope/analyses/geometry_heads.hpp"
+
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/lane_sum.hpp"
@@ -63,6 +65,18 @@ EntropyRows float_entropy(const detail::FloatSoftmaxRows& ws) {
   return out;
 }
 
+/// H_i / log n_i per row, n_i the keys row i sees (its kept keys under `mask`, else `keys`).
+std::vector<double> normalised_rows(const std::vector<double>& h, const Mask* mask,
+                                    Eigen::Index keys) {
+  std::vector<double> out(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    const Eigen::Index n = mask != nullptr ? mask->row(static_cast<Eigen::Index>(i)).count() : keys;
+    const double log_n = max_entropy(static_cast<int>(n));
+    out[i] = std::isnan(h[i]) ? h[i] : (log_n > 0.0 ? h[i] / log_n : 0.0);
+  }
+  return out;
+}
+
 }  // namespace
 
 double max_entropy(int tokens) {
@@ -70,15 +84,19 @@ double max_entropy(int tokens) {
 }
 
 EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k, double scale,
-                              const EntropyOptions& opt) {
+                              const EntropyOptions& opt, const Mask* mask) {
   check_options(opt);
-  if (opt.log_eps == 0.0 && !v.has_linear_form() && v.supports()) {
+  if (mask == nullptr && opt.log_eps == 0.0 && !v.has_linear_form() && v.supports()) {
     detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
-    if (detail::float_softmax_rows(q, k, scale, 0, true, ws)) return float_entropy(ws);
+    if (detail::float_softmax_rows(q, k, scale, 0, true, ws)) {
+      EntropyRows out = float_entropy(ws);
+      out.normalised = normalised_rows(out.entropy, nullptr, k.rows());
+      return out;
+    }
   }
   Diagnostics diag;
   const MatD qd = q.cast<double>(), kd = k.cast<double>();
-  const MatD w = attention_weights<double>(v, qd, kd, scale, nullptr, &diag);
+  const MatD w = attention_weights<double>(v, qd, kd, scale, mask, &diag);
   const auto n = static_cast<std::size_t>(w.rows());
   EntropyRows out;
   out.entropy.assign(n, std::numeric_limits<double>::quiet_NaN());
@@ -96,13 +114,36 @@ EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k, do
         row_entropy(w.row(i).data(), w.cols(), opt.log_eps, negative, out.negative_mass[ui]);
     out.negative_rows += negative ? 1 : 0;
   }
+  out.normalised = normalised_rows(out.entropy, mask, k.rows());
+  return out;
+}
+
+EntropyRows attention_entropy_units(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                    const LayerGeometry& geo, const EntropyOptions& opt) {
+  check_unit_head("entropy", q, k, geo);
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  EntropyRows out;
+  const auto append = [](std::vector<double>& to, const std::vector<double>& from) {
+    to.insert(to.end(), from.begin(), from.end());
+  };
+  for (int u = 0; u < geo.units(); ++u) {
+    const MatF qu = q.middleRows(static_cast<Eigen::Index>(u) * nq, nq);
+    const MatF ku = k.middleRows(static_cast<Eigen::Index>(u) * nk, nk);
+    const Mask mask = geo.unit_mask(u);
+    const EntropyRows r = attention_entropy(v, qu, ku, scale, opt, geo.masked(u) ? &mask : nullptr);
+    append(out.entropy, r.entropy);
+    append(out.negative_mass, r.negative_mass);
+    append(out.normalised, r.normalised);
+    out.degenerate += r.degenerate;
+    out.negative_rows += r.negative_rows;
+  }
   return out;
 }
 
 QueryStatsLayout entropy_layout(int tokens, int bins) {
   if (bins < 1) throw UsageError("--bins must be at least 1, found " + std::to_string(bins));
   QueryStatsLayout layout;
-  layout.quantities = {"entropy", "negative_mass"};
+  layout.quantities = {"entropy", "negative_mass", "normalised"};
   layout.counters = {"degenerate_rows", "negative_weight_rows"};
   layout.bins = HistogramBins{0.0, max_entropy(tokens), bins};
   return layout;
@@ -111,10 +152,14 @@ QueryStatsLayout entropy_layout(int tokens, int bins) {
 HeadMeasureFn entropy_measure(const EntropyOptions& opt, double scale, bool reference) {
   check_options(opt);
   return [opt, scale, reference](const Variant& v, const HeadView& h) {
-    EntropyRows rows = reference ? attention_entropy_reference(v, h.q, h.k, scale, opt)
-                                 : attention_entropy(v, h.q, h.k, scale, opt);
+    const double s = head_scale(h, scale);
+    EntropyRows rows = h.geometry != nullptr && !h.geometry->square()
+                           ? attention_entropy_units(v, h.q, h.k, s, *h.geometry, opt)
+                       : reference ? attention_entropy_reference(v, h.q, h.k, s, opt)
+                                   : attention_entropy(v, h.q, h.k, s, opt);
     HeadQueryValues out;
-    out.values = {std::move(rows.entropy), std::move(rows.negative_mass)};
+    out.values = {std::move(rows.entropy), std::move(rows.negative_mass),
+                  std::move(rows.normalised)};
     out.counters = {rows.degenerate, rows.negative_rows};
     return out;
   };

@@ -3,25 +3,17 @@
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/seed.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <random>
 
 namespace attnscope::analyses {
 
-namespace {
-
-void check_head(const MatF& q, const MatF& k, const LayerGeometry& geo) {
-  if (q.rows() != geo.query_rows() || k.rows() != geo.key_rows() || q.cols() != k.cols()) {
-    throw UsageError("a head of " + std::to_string(q.rows()) + " queries and " +
-                     std::to_string(k.rows()) + " keys is not of the layer's geometry (" +
-                     geo.describe() + ")");
-  }
-}
-
-/// Whether key j of unit w lies in the k x k window of query i of the unit (both on the grid).
-bool near(const LayerGeometry& geo, int w, int i, int j, int window) {
+bool near_cell(const LayerGeometry& geo, int w, int i, int j, int window) {
   const auto [qr, qc] = geo.query_cell(w, i);
   const auto [kr, kc] = geo.key_cell(w, j);
   if (qr < 0 || kr < 0) return false;
@@ -30,7 +22,44 @@ bool near(const LayerGeometry& geo, int w, int i, int j, int window) {
   return std::abs(kr - mr) <= window / 2 && std::abs(kc - mc) <= window / 2;
 }
 
-}  // namespace
+Mask unit_removal_mask(const LayerGeometry& geo, int unit, bool local, int size,
+                       std::uint64_t seed) {
+  Mask m = geo.unit_mask(unit);
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  std::mt19937_64 gen(seed);
+  std::vector<int> pool;
+  for (int i = 0; i < nq; ++i) {
+    if (geo.query_cell(unit, i).first < 0) continue;  // prefix queries keep every key
+    if (local) {
+      for (int j = 0; j < nk; ++j) {
+        if (near_cell(geo, unit, i, j, size)) m(i, j) = false;
+      }
+      continue;
+    }
+    pool.clear();
+    for (int j = 0; j < nk; ++j) {
+      if (m(i, j) && geo.key_cell(unit, j).first >= 0 && !near_cell(geo, unit, i, j, 3)) {
+        pool.push_back(j);
+      }
+    }
+    const std::size_t take = std::min(pool.size(), static_cast<std::size_t>(std::max(size, 0)));
+    for (std::size_t t = 0; t < take; ++t) {
+      const std::size_t pick = t + detail::uniform_below(gen, pool.size() - t);
+      std::swap(pool[t], pool[pick]);
+      m(i, pool[t]) = false;
+    }
+  }
+  return m;
+}
+
+void check_unit_head(const std::string& analysis, const MatF& q, const MatF& k,
+                     const LayerGeometry& geo) {
+  if (q.rows() != geo.query_rows() || k.rows() != geo.key_rows() || q.cols() != k.cols()) {
+    throw UsageError((analysis.empty() ? "" : analysis + ": ") + "a head of " +
+                     std::to_string(q.rows()) + " queries and " + std::to_string(k.rows()) +
+                     " keys is not of the layer's geometry (" + geo.describe() + ")");
+  }
+}
 
 std::vector<char> layers_by_units(const DumpSchema& schema, const std::vector<int>& layers) {
   std::vector<char> out(static_cast<std::size_t>(schema.attrs.num_layers), 0);
@@ -46,7 +75,7 @@ std::vector<char> layers_by_units(const DumpSchema& schema, const std::vector<in
 
 UnitRows unit_rows(const Variant& v, const MatF& q, const MatF& k, double scale,
                    const LayerGeometry& geo, int unit) {
-  check_head(q, k, geo);
+  check_unit_head("", q, k, geo);
   const int nq = geo.unit_queries(), nk = geo.unit_keys();
   const MatD qd = q.middleRows(static_cast<Eigen::Index>(unit) * nq, nq).cast<double>();
   const MatD kd = k.middleRows(static_cast<Eigen::Index>(unit) * nk, nk).cast<double>();
@@ -106,7 +135,7 @@ std::vector<double> local_mass_units(const Variant& v, const MatF& q, const MatF
       }
       double s = 0.0;
       for (int j = 0; j < nk; ++j) {
-        if (near(geo, u, i, j, window)) s += rows.w(i, j);
+        if (near_cell(geo, u, i, j, window)) s += rows.w(i, j);
       }
       mass[static_cast<std::size_t>(u) * nq + i] = s;
     }
@@ -127,7 +156,7 @@ double uniform_baseline_units(const LayerGeometry& geo, int window) {
       for (int j = 0; j < nk; ++j) {
         if (!mask(i, j)) continue;
         ++allowed;
-        local += near(geo, u, i, j, window) ? 1 : 0;
+        local += near_cell(geo, u, i, j, window) ? 1 : 0;
       }
       if (allowed == 0) continue;
       s += static_cast<double>(local) / allowed;

@@ -2,6 +2,7 @@
 #include "attnscope/analyses/masking.hpp"
 
 #include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/seed.hpp"
@@ -77,30 +78,76 @@ MaskCell mask_head(const Variant& v, const MatD& q, const MatD& k, const MatD& v
   return mask_statistics(w, o, o_masked, plain, masked, mask);
 }
 
-MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
-                         const Diagnostics& masked, const Mask& mask) {
+namespace {
+
+/// One block of rows into a cell's counts and removed masses and the change's two sums: the rows
+/// `w` (under `base`, null: every key), their outputs without and with `mask`, both runs'
+/// degenerate rows. A row is a masked query when the mask removes a key `base` keeps.
+void add_rows(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
+              const Diagnostics& masked, const Mask& mask, const Mask* base, MaskCell& c,
+              double& diff2, double& base2) {
   const Eigen::Index rows = w.rows(), keys = w.cols();
   std::vector<char> skip(static_cast<std::size_t>(rows), 0);
-  MaskCell c;
   for (int i : plain.degenerate_rows) skip[static_cast<std::size_t>(i)] = 1, ++c.degenerate_rows;
   for (int i : masked.degenerate_rows) {
     if (!skip[static_cast<std::size_t>(i)]) skip[static_cast<std::size_t>(i)] = 1, ++c.empty_rows;
   }
-  double diff2 = 0.0, base2 = 0.0;
   for (Eigen::Index i = 0; i < rows; ++i) {
     if (skip[static_cast<std::size_t>(i)]) continue;
     diff2 += (o_masked.row(i) - o.row(i)).squaredNorm();
     base2 += o.row(i).squaredNorm();
-    if (mask.row(i).all()) continue;  // a prefix query: nothing removed, not a masked query
+    bool any = false;
     double removed = 0.0;
-    for (Eigen::Index j = 0; j < keys; ++j) removed += mask(i, j) ? 0.0 : w(i, j);
-    c.removed_mass.add(removed);
+    for (Eigen::Index j = 0; j < keys; ++j) {
+      if (mask(i, j) || (base != nullptr && !(*base)(i, j))) continue;
+      any = true;
+      removed += w(i, j);
+    }
+    if (any) c.removed_mass.add(removed);  // else a prefix query: not a masked query
   }
+}
+
+void add_change(double diff2, double base2, MaskCell& c) {
   if (base2 > 0.0) {
     c.change.add(std::sqrt(diff2 / base2));
   } else {
     ++c.unmeasured_heads;
   }
+}
+
+}  // namespace
+
+MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked,
+                         const Diagnostics& plain, const Diagnostics& masked, const Mask& mask) {
+  MaskCell c;
+  double diff2 = 0.0, base2 = 0.0;
+  add_rows(w, o, o_masked, plain, masked, mask, nullptr, c, diff2, base2);
+  add_change(diff2, base2, c);
+  return c;
+}
+
+MaskCell mask_units(const Variant& v, const MatF& q, const MatF& k, const MatF& values,
+                    double scale, const LayerGeometry& geo, const MaskSpec& spec,
+                    std::uint64_t seed) {
+  check_unit_head("mask", q, k, geo);
+  const int nq = geo.unit_queries(), nk = geo.unit_keys();
+  MaskCell c;
+  double diff2 = 0.0, base2 = 0.0;
+  for (int u = 0; u < geo.units(); ++u) {
+    const MatD qd = q.middleRows(static_cast<Eigen::Index>(u) * nq, nq).cast<double>();
+    const MatD kd = k.middleRows(static_cast<Eigen::Index>(u) * nk, nk).cast<double>();
+    const MatD vd = values.middleRows(static_cast<Eigen::Index>(u) * nk, nk).cast<double>();
+    const Mask base = geo.unit_mask(u);
+    const Mask* own = geo.masked(u) ? &base : nullptr;
+    const Mask mask = unit_removal_mask(geo, u, spec.kind == MaskSpec::Kind::Local, spec.size,
+                                        mix_seed(seed, static_cast<std::uint64_t>(u)));
+    Diagnostics plain, masked;
+    const MatD w = attention_weights<double>(v, qd, kd, scale, own, &plain);
+    const MatD o = w * vd;
+    const MatD o_masked = attention_outputs<double>(v, qd, kd, vd, scale, &mask, &masked);
+    add_rows(w, o, o_masked, plain, masked, mask, own, c, diff2, base2);
+  }
+  add_change(diff2, base2, c);
   return c;
 }
 
@@ -134,21 +181,45 @@ MaskCollector::MaskCollector(std::vector<Variant> variants, std::vector<MaskSpec
 }
 
 void MaskCollector::add_head(const HeadView& h) {
+  const auto l = static_cast<std::size_t>(std::find(layers_.begin(), layers_.end(), h.layer) -
+                                          layers_.begin());
+  const auto hh =
+      static_cast<std::size_t>(std::find(heads_.begin(), heads_.end(), h.head) - heads_.begin());
+  const auto other_grid = [this](const TokenGrid& g) {
+    return g.prefix != grid_.prefix || g.height != grid_.height || g.width != grid_.width;
+  };
+  // Windows, reduced keys or a stage's own grid: unit by unit, on the CPU.
+  if (h.geometry != nullptr && (!h.geometry->square() || other_grid(h.geometry->grid))) {
+    for (std::size_t m = 0; m < masks_.size(); ++m) {
+      for (std::size_t v = 0; v < variants_.size(); ++v) {
+        const Variant variant =
+            head_variant(own_.empty() ? variants_[v] : own_[static_cast<std::size_t>(h.layer)], h);
+        const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
+          return mask_units(variant, h.q, h.k, h.v, h.geometry->scale, *h.geometry, masks_[m],
+                            mask_seed(seed_, h.image, h.layer, h.head));
+        });
+        const std::size_t slot =
+            ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
+        const std::lock_guard lock(mutex_);
+        cells_[slot].merge(part);
+      }
+    }
+    return;
+  }
   const MatD q = h.q.cast<double>(), k = h.k.cast<double>(), values = h.v.cast<double>();
   if (q.rows() != grid_.tokens()) {
     throw UsageError("mask: the grid has " + std::to_string(grid_.tokens()) + " tokens but the head has " +
                      std::to_string(q.rows()));
   }
-  const auto l = static_cast<std::size_t>(std::find(layers_.begin(), layers_.end(), h.layer) - layers_.begin());
-  const auto hh = static_cast<std::size_t>(std::find(heads_.begin(), heads_.end(), h.head) - heads_.begin());
+  const double scale = head_scale(h, scale_);
   for (std::size_t m = 0; m < masks_.size(); ++m) {
     const Mask mask = build_mask(masks_[m], grid_, mask_seed(seed_, h.image, h.layer, h.head));
     for (std::size_t v = 0; v < variants_.size(); ++v) {
       const Variant variant =
           head_variant(own_.empty() ? variants_[v] : own_[static_cast<std::size_t>(h.layer)], h);
       const MaskCell part = in_head(h.image, h.layer, h.head, [&] {
-        return device_ == Device::Cuda ? mask_head_cuda(variant, q, k, values, scale_, mask)
-                                       : mask_head(variant, q, k, values, scale_, mask);
+        return device_ == Device::Cuda ? mask_head_cuda(variant, q, k, values, scale, mask)
+                                       : mask_head(variant, q, k, values, scale, mask);
       });
       const std::size_t slot = ((v * masks_.size() + m) * layers_.size() + l) * heads_.size() + hh;
       const std::lock_guard lock(mutex_);

@@ -40,6 +40,11 @@ EntropyRows attention_entropy_reference(const Variant& v, const MatF& q, const M
     out.negative_mass[static_cast<std::size_t>(i)] = negative;
     if (any_negative) ++out.negative_rows;
   }
+  const double log_n = max_entropy(n);
+  out.normalised = out.entropy;
+  for (double& h : out.normalised) {
+    if (!std::isnan(h)) h = log_n > 0.0 ? h / log_n : 0.0;
+  }
   return out;
 }
 

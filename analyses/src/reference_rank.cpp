@@ -74,6 +74,7 @@ HeadRank head_rank_reference(const Variant& v, const MatF& q, const MatF& k, con
     }
     r.kv = spectrum_of(jacobi_values(state), state.rows(), state.cols(), opt);
     r.has_kv = true;
+    r.has_features = true;
   }
   r.out_residual = out != nullptr ? residual(*out) : std::numeric_limits<double>::quiet_NaN();
   return r;

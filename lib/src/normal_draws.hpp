@@ -2,6 +2,7 @@
 #pragma once
 
 #include "attnscope/portable_math.hpp"
+#include "attnscope/seed.hpp"  // detail::uniform_below
 
 #include <cmath>
 #include <cstdint>
@@ -37,15 +38,5 @@ class NormalDraws {
   double spare_ = 0.0;
   bool has_spare_ = false;
 };
-
-/// Uniform integer in [0, bound) by rejection (no modulo bias, portable unlike
-/// std::uniform_int_distribution). Precondition: bound > 0.
-inline std::uint64_t uniform_below(std::mt19937_64& gen, std::uint64_t bound) {
-  const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() -
-                              std::numeric_limits<std::uint64_t>::max() % bound;
-  std::uint64_t x = gen();
-  while (x >= limit) x = gen();
-  return x % bound;
-}
 
 }  // namespace attnscope::detail

@@ -302,7 +302,7 @@ std::string LiveQueryStats::publish(nlohmann::json record) {
   nlohmann::json results;
   if (analysis_ == "entropy") {
     const double log_n = analyses::max_entropy(tokens);
-    run::write_entropy_files(set, r, log_n);
+    run::write_entropy_files(set, r);
     results = run::entropy_results(r, log_n);
   } else if (analysis_ == "distance") {
     const analyses::PatchGeometry geometry(setup_.grid, patch_, patch_);

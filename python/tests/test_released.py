@@ -343,15 +343,29 @@ def test_rollout_runs_each_layers_own_family_through_a_hybrid(hybrid_dump, tmp_p
 def test_analyses_that_do_not_take_a_layers_geometry_say_why(tmp_path, attnscope_bin):
     """InLine-PVT 'IS': stage 1 (InLine, the root's shape) is read by every analysis with
     --layers; stage 2 (softmax over keys from a reduced grid) is refused by the analyses that
-    do not take it, with their reason and the layers they can read."""
+    do not take it, with their reason and the layers they can read; distance, entropy, rank,
+    census and mask measure it (test_geometry.py checks their values)."""
     path = tmp_path / "ipvt.h5"
     torch.manual_seed(0)
     dump_model(FLattenPVT(attn_type="IS", sr_ratios=(1, 2)).eval(), image_loader(2, size=32),
                str(path), dtype="float32")
-    reasons = {"distance": "not measured yet", "entropy": "not measured yet",
-               "rank": "reduced keys give N x M", "sinks": "the measure is not defined there",
-               "census": "not counted yet", "spikiness": "not measured yet",
-               "mask": "not masked yet"}
+    for command in ("distance", "entropy", "rank"):
+        r = _run(attnscope_bin, command, "--dump", path, "--out", tmp_path / f"{command}-all",
+                 "--threads", 1)
+        assert r.returncode == 0, (command, r.stdout, r.stderr)
+        rows = _rows(tmp_path / f"{command}-all", *HYBRID_ROWS[command])
+        assert (2, 0) in {(int(k[-2]), int(k[-1])) for k in rows}, (command, rows)
+    r = _run(attnscope_bin, "census", "--dump", path, "--out", tmp_path / "census-all",
+             "--threads", 1)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rows = _rows(tmp_path / "census-all", "census.csv", ("weights",))
+    assert (2, 0) in {(int(k[-2]), int(k[-1])) for k in rows}, rows
+    r = _run(attnscope_bin, "mask", "--dump", path, "--out", tmp_path / "mask-all",
+             "--threads", 1)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rows = _rows(tmp_path / "mask-all", *HYBRID_ROWS["mask"])
+    assert 2 in {int(k[-2]) for k in rows}, rows
+    reasons = {"sinks": "the measure is not defined there", "spikiness": "not measured yet"}
     for command, why in reasons.items():
         r = _run(attnscope_bin, command, "--dump", path, "--out", tmp_path / command,
                  "--threads", 1)

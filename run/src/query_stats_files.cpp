@@ -65,7 +65,7 @@ void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r, const 
   f.close();
 }
 
-void write_entropy_files(ResultSet& set, const analyses::QueryStatsResult& r, double log_n) {
+void write_entropy_files(ResultSet& set, const analyses::QueryStatsResult& r) {
   ResultFile f(set, "entropy.csv");
   f.stream() << "variant,layer,head,mean_entropy,mean_normalised,image_std,query_std,min,max,"
                 "queries,images,degenerate_rows,negative_weight_rows,mean_negative_mass\n"
@@ -75,11 +75,11 @@ void write_entropy_files(ResultSet& set, const analyses::QueryStatsResult& r, do
       const analyses::RunningStats& q = c.queries[0];
       const bool any = q.count > 0;
       const double mean = c.images[0].mean;
-      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << "," << c.layer << "," << c.head << "," << mean << ","
-                 << (log_n > 0.0 ? mean / log_n : 0.0) << "," << c.images[0].stddev() << ","
-                 << q.stddev() << "," << (any ? q.min : 0.0) << "," << (any ? q.max : 0.0) << ","
-                 << q.count << "," << c.images[0].count << "," << c.counters[0] << ","
-                 << c.counters[1] << "," << c.queries[1].mean << "\n";
+      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
+                 << c.layer << "," << c.head << "," << mean << "," << c.images[2].mean << ","
+                 << c.images[0].stddev() << "," << q.stddev() << "," << (any ? q.min : 0.0) << ","
+                 << (any ? q.max : 0.0) << "," << q.count << "," << c.images[0].count << ","
+                 << c.counters[0] << "," << c.counters[1] << "," << c.queries[1].mean << "\n";
     }
   }
   f.close();
@@ -90,10 +90,10 @@ nlohmann::json entropy_results(const analyses::QueryStatsResult& r, double log_n
   nlohmann::json variants = nlohmann::json::array();
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     nlohmann::json layers = nlohmann::json::array();
+    const std::map<int, double> normalised = layer_means(r.cells[v], 2);
     for (const auto& [layer, mean] : layer_means(r.cells[v], 0)) {
-      layers.push_back({{"layer", layer},
-                        {"mean_entropy", mean},
-                        {"mean_normalised", log_n > 0 ? mean / log_n : 0.0}});
+      layers.push_back(
+          {{"layer", layer}, {"mean_entropy", mean}, {"mean_normalised", normalised.at(layer)}});
     }
     variants.push_back({{"variant", analyses::all_layers_variant_name(r.layer_variant_names, r.variants[v])},
                         {"per_layer", layers},
@@ -160,8 +160,10 @@ void write_rank_files(ResultSet& set, const analyses::QueryStatsResult& r) {
              << std::setprecision(10);
   for (std::size_t v = 0; v < r.variants.size(); ++v) {
     for (const auto& c : r.cells[v]) {
-      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << "," << c.layer << "," << c.head << ","
-                 << c.queries[0].count;
+      // images: those with a matrix (a layer of windows has one per window: the stats are over
+      // every (image, window), the full-rank counts count windows)
+      f.stream() << analyses::row_variant_name(r.layer_variant_names, r.variants[v], c.layer) << ","
+                 << c.layer << "," << c.head << "," << c.images[0].count;
       stat(f.stream(), c.queries[0], true);   // rank
       stat(f.stream(), c.queries[1], false);  // erank
       stat(f.stream(), c.queries[2], true);   // kv rank

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
+#include <random>
 
 namespace attnscope {
 
@@ -20,5 +22,19 @@ namespace attnscope {
   for (const std::uint64_t i : indices) seed = mix_seed(seed, i);
   return seed;
 }
+
+namespace detail {
+
+/// Uniform integer in [0, bound) by rejection (no modulo bias, portable unlike
+/// std::uniform_int_distribution). Precondition: bound > 0.
+inline std::uint64_t uniform_below(std::mt19937_64& gen, std::uint64_t bound) {
+  const std::uint64_t limit =
+      std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % bound;
+  std::uint64_t x = gen();
+  while (x >= limit) x = gen();
+  return x % bound;
+}
+
+}  // namespace detail
 
 }  // namespace attnscope

@@ -5,11 +5,17 @@
 // Weights are computed in double from the dump's (float) Q and K with the variant's formula and
 // convention. Rows the library reports as degenerate (a zero normaliser) are left out of every
 // count and counted on their own.
+//
+// Layers of another geometry (geometry.hpp) are counted unit by unit: each window's N_w x N_w
+// weights (the shifted-window mask applied: only the pairs the mask allows are weights, so a
+// forbidden pair is neither counted nor a zero) or the N x M weights against the reduced keys;
+// `weights` is then the number of allowed pairs, not rows x N.
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/device.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/geometry.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -49,9 +55,15 @@ struct CensusColumns {
 };
 [[nodiscard]] CensusColumns census_columns(const std::vector<CensusCell>& cells);
 
-/// The census of one head's weight matrix w (rows = queries). `degenerate` lists rows to skip.
+/// The census of one head's weight matrix w (rows = queries). `degenerate` lists rows to skip
+/// (sorted). With a mask (w's shape, true = kept) only the kept entries are weights.
 [[nodiscard]] CensusCell census_of(const MatD& w, const std::vector<int>& degenerate,
-                                   double sum_tolerance);
+                                   double sum_tolerance, const Mask* mask = nullptr);
+/// The census of a head of any layer geometry, unit by unit (each window with its mask, or the
+/// queries against the reduced keys), the units' counts merged. The weights in double through
+/// the registry (geometry_heads.hpp's unit_rows), on the CPU.
+[[nodiscard]] CensusCell census_units(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                      const LayerGeometry& geo, double sum_tolerance);
 
 /// The families counted by default: inline and mala; where the dump's own model is of one of
 /// them, its own variant (map and convention); otherwise the family's default map under the dump's
@@ -68,6 +80,7 @@ class CensusCollector {
   /// Cuda: each head's weights are computed on the GPU (cuda_paths.hpp), in double like the
   /// CPU's; a weight within rounding of 0 or a row sum within rounding of the tolerance can then
   /// be counted differently.
+  /// Heads of a layer that is not one square attention are counted on the CPU (census_units).
   void set_device(Device device) { device_ = device; }
   /// Cells ordered by variant, then layer, then head.
   [[nodiscard]] std::vector<CensusCell> cells() const;

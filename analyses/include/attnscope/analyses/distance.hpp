@@ -13,10 +13,26 @@
 // can be negative (InLine, MALA), d_i is computed with the signed weights as given: it is then a
 // signed sum, not a mean over a distribution, and can fall below 0 or beyond the largest
 // distance. Rows with a negative weight among their grid keys are counted.
+//
+// Layers of another geometry (geometry.hpp) are measured in their own stage's grid, each token at
+// the centre of its patch:
+//  - the stage's patch is the dump's patch scaled to the stage's grid: patch_height * root grid
+//    height / the layer's grid height (and the same for the width), so that every stage spans
+//    the same image;
+//  - Swin's windows: query and key are cells of the stage's grid (their positions as the dump
+//    records them, before the cyclic shift), d_i the sum over the keys of the query's window,
+//    pairs the shifted-window mask forbids weigh 0;
+//  - PVT's spatial reduction: key j of the Hk x Wk key grid stands for the block of the H x W
+//    query grid that it pools, at that block's centre in the query grid's coordinates: row
+//    (kr + 1/2) H / Hk - 1/2, column (kc + 1/2) W / Wk - 1/2 (query cell r at row r). The
+//    reduced grid is stretched over the query grid: with PVT's floor (9 rows reduced by 2 to 4)
+//    a key's centre lies a fraction of a cell from its convolution window's;
+//  - a stage of its own grid without reduction: the square measure on that grid.
 #pragma once
 
 #include "attnscope/analyses/query_stats.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/geometry.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -111,10 +127,35 @@ struct DistanceRows {
                                                         const PatchGeometry& geometry,
                                                         const DistanceOptions& opt);
 
+/// The stage's patch of a layer: the dump's patch (`root`'s) scaled by the root grid's height and
+/// width over the layer's grid's, {height, width} in pixels.
+[[nodiscard]] std::pair<double, double> layer_patch(const PatchGeometry& root,
+                                                    const LayerGeometry& geo);
+/// Key j of unit u of a layer at its position in the query grid's cells, {row, col} (distance.hpp:
+/// a window's key at its cell, a reduced key at the centre of the block it pools); {-1, -1} for a
+/// prefix key.
+[[nodiscard]] std::pair<double, double> key_position(const LayerGeometry& geo, int u, int j);
+/// Whether a layer is measured unit by unit (windows, reduced keys, or a grid other than `root`'s).
+[[nodiscard]] bool distance_by_units(const PatchGeometry& root, const LayerGeometry& geo);
+/// A head of any layer geometry: each unit's rows (the registry's weights in double, the unit's
+/// mask applied), each grid query's distances to the unit's grid keys in the stage's pixels
+/// (layer_patch, key_position). Rows in q's order; UsageError when the head is not of the
+/// geometry's shape.
+[[nodiscard]] DistanceRows attention_distance_units(const Variant& v, const MatF& q, const MatF& k,
+                                                    double scale, const LayerGeometry& geo,
+                                                    const PatchGeometry& root,
+                                                    const DistanceOptions& opt);
+/// What rows uniform over each query's allowed keys give on a layer of any geometry, averaged over
+/// the grid queries (with renormalise: uniform over the allowed grid keys): the layer's baseline.
+[[nodiscard]] double uniform_distance_units(const LayerGeometry& geo, const PatchGeometry& root,
+                                            bool renormalise);
+
 /// Quantities "distance", "grid_mass"; counters "degenerate_rows", "negative_weight_rows",
 /// "rows_without_grid_mass"; `bins` bins over [0, max_distance].
 [[nodiscard]] QueryStatsLayout distance_layout(const PatchGeometry& geometry, int bins);
-/// The per-head measure of query_stats_images (fast path, or the reference); `scale`: the dump's.
+/// The per-head measure of query_stats_images (fast path, or the reference); `scale`: the dump's
+/// (a head's layer geometry has its own). Layers that distance_by_units names go through
+/// attention_distance_units, with or without `reference`.
 [[nodiscard]] HeadMeasureFn distance_measure(const PatchGeometry& geometry,
                                              const DistanceOptions& opt, double scale,
                                              bool reference);

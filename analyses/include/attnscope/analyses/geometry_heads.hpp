@@ -23,7 +23,9 @@
 #include "attnscope/geometry.hpp"
 #include "attnscope/variant.hpp"
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace attnscope::analyses {
@@ -31,6 +33,11 @@ namespace attnscope::analyses {
 /// Per dump layer: whether its heads go unit by unit here (windows, reduced keys, or a grid other
 /// than the root's) rather than through the square analyses; true only for layers in `layers`.
 std::vector<char> layers_by_units(const DumpSchema& schema, const std::vector<int>& layers);
+
+/// UsageError naming `analysis` when a head (q: query_rows() x d, k: key_rows() x d) is not of
+/// the layer's geometry.
+void check_unit_head(const std::string& analysis, const MatF& q, const MatF& k,
+                     const LayerGeometry& geo);
 
 /// One unit's rows: its explicit weights in double (degenerate rows zero) and which are degenerate.
 struct UnitRows {
@@ -40,6 +47,19 @@ struct UnitRows {
 /// Unit `unit` of a head (q: query_rows() x d, k: key_rows() x d of the layer's geometry).
 UnitRows unit_rows(const Variant& v, const MatF& q, const MatF& k, double scale,
                    const LayerGeometry& geo, int unit);
+
+/// Whether key j of unit u lies in the k x k window of query i's cell (locality's rule above;
+/// false for a prefix query or key).
+bool near_cell(const LayerGeometry& geo, int unit, int i, int j, int window);
+
+/// Unit `unit`'s mask (attention.hpp's, true = kept) under one of masking.hpp's removals: its own
+/// mask (unit_mask), and for every grid query the keys near_cell(..., k) removed (`local`), or
+/// `size` keys (as many as there are) drawn uniformly without replacement among its allowed grid
+/// keys outside its 3 x 3 window (random: std::mt19937_64 from `seed`, a partial Fisher-Yates
+/// shuffle over the keys in unit order, as random_outside_mask draws). Prefix queries and keys
+/// are never touched.
+Mask unit_removal_mask(const LayerGeometry& geo, int unit, bool local, int size,
+                       std::uint64_t seed);
 
 /// Confusion of a head of any geometry: each unit's pairs, brute force over its rows, summed.
 /// Excluded tokens are not taken (their masks are over the dump's root tokens).

@@ -11,12 +11,20 @@
 //                 InLine and MALA weights can be negative)
 //
 // Prefix queries (CLS) keep every key; prefix keys are never removed.
+//
+// Layers of another geometry (geometry.hpp) are masked unit by unit (mask_units): in a window,
+// "local:k" removes the window's keys whose cells lie in the query's k x k cells and "random:n"
+// draws n of the keys the window's own mask allows outside the query's 3 x 3 cells; with reduced
+// keys, the query's cell is mapped onto the key grid as locality maps it. The unmasked run is the
+// layer's own attention (a shifted window's mask applied), the masked run that mask less the
+// removed keys; the change is over every window's rows of the head together.
 #pragma once
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/analyses/locality.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/device.hpp"
+#include "attnscope/geometry.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -74,6 +82,14 @@ struct MaskCell {
 [[nodiscard]] MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
                                        const Diagnostics& masked, const Mask& mask);
 
+/// One head of any layer geometry (q: query_rows() x d, k and values: key_rows() rows), one
+/// variant, one mask: each unit's rows without and with unit_removal_mask (geometry_heads.hpp;
+/// random draws from mix_seed(seed, unit)), in double through the registry; the change over every
+/// unit's rows together (one value). UsageError when the head is not of the geometry's shape.
+[[nodiscard]] MaskCell mask_units(const Variant& v, const MatF& q, const MatF& k,
+                                  const MatF& values, double scale, const LayerGeometry& geo,
+                                  const MaskSpec& spec, std::uint64_t seed);
+
 /// Collects cells over a dump, one per (variant, mask, layer, head), in that order.
 class MaskCollector {
  public:
@@ -89,7 +105,8 @@ class MaskCollector {
   /// add the images in the selection's order, and the result is the same to the last bit however
   /// the images were split between processes.
   void add(const std::vector<MaskCell>& part);
-  /// Cuda: each head's weights and outputs are computed on the GPU (cuda_paths.hpp).
+  /// Cuda: each head's weights and outputs are computed on the GPU (cuda_paths.hpp); heads of a
+  /// layer that is not one square attention go through mask_units on the CPU.
   void set_device(Device device) { device_ = device; }
 
  private:

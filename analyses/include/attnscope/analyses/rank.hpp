@@ -13,9 +13,20 @@
 //     all you need", with the Frobenius norm in place of their composite l1,inf norm).
 // Numerical rank: the singular values above tol = sigma_max * max(m, n) * 2^-52 (numpy's
 // matrix_rank), or above rank_tol * sigma_max when rank_tol > 0.
+//
+// Layers of another geometry (geometry.hpp) give one value per unit and image:
+//  - Swin's windows: each window's N_w x N_w matrix (the shifted-window mask applied, forbidden
+//    pairs 0), its K, [K, 1], features and state over the window's tokens; a masked window has no
+//    one key-value state (each query sums other keys), so its kv quantities are left out (NaN);
+//    the full-rank counters count windows;
+//  - PVT's spatial reduction: the N x M matrix of the queries against the reduced keys, K and the
+//    features M x d;
+//  - the collapse residual is that of the layer's whole output (every window's rows): one value.
 #pragma once
 
 #include "attnscope/analyses/query_stats.hpp"
+#include "attnscope/attention.hpp"
+#include "attnscope/geometry.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/variant.hpp"
 
@@ -43,14 +54,24 @@ struct Spectrum {
 struct HeadRank {
   Spectrum w, kv, k, k1, fk, fk1;
   bool has_kv = false;
+  bool has_features = false;  ///< fk, fk1 computed (the kernel families; also under a mask)
   double out_residual = 0.0;
   int degenerate = 0;
 };
 
 /// Fast path: weights from the registry (one GEMM), singular values by Eigen's BDCSVD
-/// (divide and conquer, O(N^3)), features from the registry. `out` may be null.
+/// (divide and conquer, O(N^3)), features from the registry. `out` may be null. With a mask
+/// (attention.hpp's, q.rows() x k.rows(), true = kept): the masked weights, and no key-value state.
 [[nodiscard]] HeadRank head_rank(const Variant& v, const MatF& q, const MatF& k, const MatF& values,
-                                 const MatF* out, double scale, const RankOptions& opt);
+                                 const MatF* out, double scale, const RankOptions& opt,
+                                 const Mask* mask = nullptr);
+/// A head of any layer geometry: head_rank of each unit (a window with its mask, or the queries
+/// against the reduced keys), in unit order; each unit's out_residual NaN (collapse_residual of
+/// the whole output is the caller's). UsageError when the head is not of the geometry's shape.
+[[nodiscard]] std::vector<HeadRank> head_rank_units(const Variant& v, const MatF& q, const MatF& k,
+                                                    const MatF& values, double scale,
+                                                    const LayerGeometry& geo,
+                                                    const RankOptions& opt);
 /// Reference: ExactRows' rows, Eigen's JacobiSVD (one-sided Jacobi: another algorithm), features
 /// of ExactRows, the residual by plain loops.
 [[nodiscard]] HeadRank head_rank_reference(const Variant& v, const MatF& q, const MatF& k,
@@ -65,7 +86,10 @@ struct HeadRank {
 /// "fk_full_rank", "fk1_full_rank"; the histogram of the rank over [0, N + 1] in
 /// min(N + 1, 256) bins.
 [[nodiscard]] QueryStatsLayout rank_layout(int tokens);
-/// The per-head measure (V and, where present, out read): one value per quantity.
+/// The per-head measure (V and, where present, out read): one value per quantity; on a layer that
+/// is not one square attention (LayerGeometry::square), one per unit (head_rank_units, with or
+/// without `reference`) and the output's residual once. `scale`: the dump's (a head's layer
+/// geometry has its own).
 [[nodiscard]] HeadMeasureFn rank_measure(const RankOptions& opt, double scale, bool reference);
 
 }  // namespace attnscope::analyses

@@ -28,9 +28,11 @@ std::map<int, double> layer_means(const std::vector<analyses::QueryStatsCell>& c
 void write_histogram(ResultSet& set, const analyses::QueryStatsResult& r, const std::string& file,
                      const std::string& count_column);
 
-/// entropy.csv and entropy_histogram.csv; `log_n` the largest entropy (log of the keys).
-void write_entropy_files(ResultSet& set, const analyses::QueryStatsResult& r, double log_n);
-/// The run record's results of entropy: "images", "log_n" and per variant its per-layer means.
+/// entropy.csv and entropy_histogram.csv; mean_normalised is the mean of each row's H_i / log n_i
+/// (n_i the keys the row sees: entropy.hpp).
+void write_entropy_files(ResultSet& set, const analyses::QueryStatsResult& r);
+/// The run record's results of entropy: "images", "log_n" (the dump's N; the histogram's range)
+/// and per variant its per-layer means.
 nlohmann::json entropy_results(const analyses::QueryStatsResult& r, double log_n);
 
 /// distance.csv and distance_histogram.csv.
