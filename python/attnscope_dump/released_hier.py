@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .released import InLineDeiTSite, _heads, _LocalSite, _merged
+from .released import InLineDeiTSite, _heads, _LocalSite, _merged, depthwise_conv, inline_kernels
 
 
 def reduced_grid(gh: int, gw: int, sr: int) -> tuple[int, int]:
@@ -133,12 +133,15 @@ class FLattenPVTSite(_ReducedKeys, _LocalSite):
             k, v = o.chunk(2, dim=-1)
             store.update(k=_heads(self._prepared(k + m.positional_encoding), h), v=_heads(v, h))
 
+        # with sr_ratio > 1 the dwc filters v stretched back by interpolation, not v itself: its
+        # kernel is then no map from the layer's keys, and is not recorded
+        conv = depthwise_conv(m.dwc, h, True) if int(getattr(m, "sr_ratio", 1)) <= 1 else None
         hooks = [m.q.register_forward_hook(on_q), m.kv.register_forward_hook(on_kv),
                  m.dwc.register_forward_hook(lambda _m, _i, o: store.update(
                      dwc=_dwc_local(o, store["tokens"], h)))]
         if want_out:
             hooks.append(m.proj.register_forward_pre_hook(
-                lambda _m, inp: self._finish(store, inp[0], store["dwc"])))
+                lambda _m, inp: self._finish_conv(store, inp[0], store["dwc"], conv)))
         return hooks
 
 
@@ -188,8 +191,10 @@ class _WindowSite(_LocalSite):
         bw, h, n, d = t.shape
         return t.reshape(bw // nw, nw, h, n, d).transpose(1, 2)
 
-    def _finish_windows(self, store, before_proj, local):
+    def _finish_windows(self, store, before_proj, local, conv=None):
         h = self.info.num_heads
+        if conv is not None:
+            store["local_conv"] = conv
         out = _heads(before_proj, h) - local
         store.update(out=self._windows(out), local=self._windows(local),
                      q=self._windows(store.pop("q_flat")), k=self._windows(store.pop("k_flat")),
@@ -223,6 +228,8 @@ class InLineSwinSite(_WindowSite):
         c = h * d
         img = _merged(v).transpose(1, 2).reshape(1, bw * c, ws, ws)
         res = F.conv2d(img, kernels.reshape(bw * c, 1, 3, 3), padding=1, groups=bw * c)
+        nw = (self.layout[0] // ws) * (self.layout[1] // ws)
+        store["local_conv"] = inline_kernels(kernels, bw // nw, h, nw)
         return _heads(res.reshape(bw, c, n).transpose(1, 2), h)
 
 
@@ -244,11 +251,12 @@ class FLattenSwinSite(_WindowSite):
                          k_flat=_heads(self._prepared(k + m.positional_encoding), h),
                          v_flat=_heads(v, h), tokens=o.shape[1])
 
+        conv = depthwise_conv(m.dwc, h, True)
         hooks = [m.qkv.register_forward_hook(on_qkv),
                  m.dwc.register_forward_hook(lambda _m, _i, o: store.update(
                      dwc=_dwc_local(o, store["tokens"], h))),
                  m.proj.register_forward_pre_hook(
-                     lambda _m, inp: self._finish_windows(store, inp[0], store["dwc"]))]
+                     lambda _m, inp: self._finish_windows(store, inp[0], store["dwc"], conv))]
         return hooks
 
 

@@ -1,0 +1,120 @@
+"""The local term's depthwise kernel in the dump (/layers/L/local_kernel, local_bias; dump-format.md
+"The local term's kernel"): for every released structure whose local term is a depthwise
+convolution of v's grid, the stored kernel (per image where the module makes it from the image,
+per window with Swin's windows), padding and bias, convolved in float64 with the stored v, give
+the stored `local`; a kernel turned the other way round (a true convolution) does not. Where the
+conv's input is not v itself (FLatten PVT with spatial reduction), no kernel is stored."""
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from attnscope_dump import dump_model
+from conftest import image_loader
+from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, MllaModel, RopeStageModel,
+                               SwinModel)
+
+CASES = {
+    "inline_deit": (lambda: InLineDeiT(), 28, True),
+    "inline_pvt": (lambda: FLattenPVT(attn_type="IS"), 32, True),
+    "flatten_pvt": (lambda: FLattenPVT(attn_type="LS"), 32, False),
+    "polaformer_pvt": (lambda: FLattenPVT(attn_type="PS"), 32, False),
+    "agent_deit": (lambda: AgentDeiT(), 28, False),
+    "inline_flatten_swin": (lambda: SwinModel(attn_type="IL", num_heads=(2, 2)), 32, None),
+    "mlla": (lambda: MllaModel(), 16, False),
+    "rala": (lambda: RopeStageModel("rala"), 16, False),
+    "mala": (lambda: RopeStageModel("mala"), 16, False),
+}
+
+
+def _dump(make, size, path):
+    torch.manual_seed(7)
+    model = make().eval()  # default initialisation: random, not symmetric kernels and biases
+    dump_model(model, image_loader(4, size=size, batch=2), str(path), dtype="float32")
+
+
+def _geometry(f, layer):
+    a = {**f.attrs, **f[f"layers/{layer}"].attrs}
+    return {k: int(a.get(k, 0)) for k in ("grid_height", "grid_width", "prefix_tokens", "windows",
+                                          "window_height", "window_width")}
+
+
+def _conv(grid, kernel, ph, pw):
+    """Cross-correlation with zero padding, as Conv2d: grid [..., gh, gw], kernel [..., kh, kw]."""
+    gh, gw = grid.shape[-2:]
+    kh, kw = kernel.shape[-2:]
+    padded = np.zeros(grid.shape[:-2] + (gh + 2 * ph, gw + 2 * pw))
+    padded[..., ph:ph + gh, pw:pw + gw] = grid
+    out = np.zeros(grid.shape)
+    for a in range(kh):
+        for b in range(kw):
+            out += kernel[..., a, b, None, None] * padded[..., a:a + gh, b:b + gw]
+    return out
+
+
+def _local_from_kernel(f, layer, flip=False):
+    """`local` of the layer from its stored v, kernel, padding and bias, in float64."""
+    g = f[f"layers/{layer}"]
+    geo = _geometry(f, layer)
+    v = g["v"][()].astype(np.float64)
+    ds = g["local_kernel"]
+    k = ds[()].astype(np.float64)
+    if flip:
+        k = k[..., ::-1, ::-1]
+    ph, pw = int(ds.attrs["padding_height"]), int(ds.attrs["padding_width"])
+    bias = g["local_bias"][()].astype(np.float64) if "local_bias" in g else None
+    if geo["windows"]:
+        wh, ww = geo["window_height"], geo["window_width"]
+        i, h, nw, t, d = v.shape
+        grid = v.reshape(i, h, nw, wh, ww, d).transpose(0, 1, 2, 5, 3, 4)  # [I, H, W, d, wh, ww]
+        kern = k if k.ndim == 6 else np.broadcast_to(k[None, :, None], (i, h, nw) + k.shape[1:])
+        out = _conv(grid, kern, ph, pw)
+        if bias is not None:
+            out += bias[None, :, None, :, None, None]
+        return out.transpose(0, 1, 2, 4, 5, 3).reshape(v.shape)
+    gh, gw, prefix = geo["grid_height"], geo["grid_width"], geo["prefix_tokens"]
+    i, h, n, d = v.shape
+    grid = v[:, :, prefix:].reshape(i, h, gh, gw, d).transpose(0, 1, 4, 2, 3)  # [I, H, d, gh, gw]
+    kern = k if k.ndim == 5 else np.broadcast_to(k[None], (i,) + k.shape)
+    out = _conv(grid, kern, ph, pw)
+    if bias is not None:
+        out += bias[None, :, :, None, None]
+    full = np.zeros_like(v)
+    full[:, :, prefix:] = out.transpose(0, 1, 3, 4, 2).reshape(i, h, gh * gw, d)
+    return full
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_stored_kernel_gives_the_stored_local_term(tmp_path, name):
+    make, size, per_image = CASES[name]
+    path = tmp_path / "d.h5"
+    _dump(make, size, path)
+    with h5py.File(path) as f:
+        layers = [int(L) for L in f["layers"] if "local" in f[f"layers/{L}"]]
+        assert layers, "the stand-in has a local term"
+        for layer in layers:
+            g = f[f"layers/{layer}"]
+            assert "local_kernel" in g, f"layer {layer}: no kernel"
+            k = g["local_kernel"]
+            assert k.dtype == np.float32
+            images = g["v"].shape[0]
+            if per_image is not None:
+                assert (k.shape[0] == images and k.ndim >= 5) == per_image, (layer, k.shape)
+            local = g["local"][()].astype(np.float64)
+            scale = np.abs(local).max()
+            assert scale > 0
+            err = np.abs(_local_from_kernel(f, layer) - local).max() / scale
+            assert err < 1e-5, f"{name} layer {layer}: worst {err:.3g}"
+            # negative control: the kernel turned round (a true convolution) is not the module's
+            wrong = np.abs(_local_from_kernel(f, layer, flip=True) - local).max() / scale
+            assert wrong > 1e-2, f"{name} layer {layer}: a flipped kernel also matches ({wrong})"
+
+
+def test_no_kernel_where_the_conv_does_not_filter_v_itself(tmp_path):
+    """FLatten PVT with sr_ratio 2 filters v stretched back by interpolation: `local` is stored,
+    its kernel is not (no map from the layer's keys)."""
+    path = tmp_path / "d.h5"
+    _dump(lambda: FLattenPVT(attn_type="LS", sr_ratios=(2, 2)), 32, path)
+    with h5py.File(path) as f:
+        g = f["layers/0"]
+        assert "local" in g and "local_kernel" not in g and "local_bias" not in g
