@@ -155,7 +155,10 @@ void require_local_kernels(const DumpSchema& schema, const std::vector<int>& lay
   for (int layer : layers) {
     const LayerGeometry geo = schema.geometry(layer);
     const bool has = has_local_kernel(file, layer);
-    if (has && !geo.reduced()) continue;
+    if (has && !geo.reduced()) {
+      (void)read_local_kernel(file, layer, 0, geo);  // its shape and padding, before any run
+      continue;
+    }
     throw UsageError("--fold-local: " + schema.path + ": model layer " +
                      std::to_string(schema.model_layer(layer)) + " (" + geo.describe() + ") " +
                      (has ? "has keys from a reduced grid, which its local term's kernel does not map"

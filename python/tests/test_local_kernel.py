@@ -118,3 +118,110 @@ def test_no_kernel_where_the_conv_does_not_filter_v_itself(tmp_path):
     with h5py.File(path) as f:
         g = f["layers/0"]
         assert "local" in g and "local_kernel" not in g and "local_bias" not in g
+
+
+# ----------------------------------------------------------------------------- locality --fold-local
+def _run(attnscope_bin, *args):
+    import subprocess
+    return subprocess.run([attnscope_bin, *map(str, args), "--threads", "1"], capture_output=True,
+                          text=True, timeout=300)
+
+
+def _csv(path):
+    from attnscope_dump.figures import read_csv
+    return read_csv(str(path))
+
+
+def _taps_in_window(f, layer, head, window):
+    """Per image and grid query of a layer without windows, the head's mean kernel's taps whose
+    input cell is on the grid and in the query's window, summed; their mean over the queries."""
+    geo = _geometry(f, layer)
+    gh, gw = geo["grid_height"], geo["grid_width"]
+    ds = f[f"layers/{layer}/local_kernel"]
+    k = ds[()].astype(np.float64)
+    ph, pw = int(ds.attrs["padding_height"]), int(ds.attrs["padding_width"])
+    kernels = k[:, head] if k.ndim == 5 else np.broadcast_to(k[head], (f[f"layers/{layer}/v"].shape[0],) + k.shape[1:])
+    sums = []
+    for kern in kernels.mean(axis=1):  # the head's mean over its channels, per image
+        for r in range(gh):
+            for c in range(gw):
+                s = 0.0
+                for a in range(kern.shape[0]):
+                    for b in range(kern.shape[1]):
+                        sr, sc = r + a - ph, c + b - pw
+                        if 0 <= sr < gh and 0 <= sc < gw and abs(sr - r) <= window // 2 \
+                                and abs(sc - c) <= window // 2:
+                            s += kern[a, b]
+                sums.append(s)
+    return float(np.mean(sums))
+
+
+@pytest.mark.parametrize("name,window", [("inline_deit", 3), ("agent_deit", 1),
+                                         ("flatten_pvt", 3), ("mlla", 3)])
+def test_fold_local_adds_the_kernels_taps_in_the_window(tmp_path, attnscope_bin, name, window):
+    """locality_folded.csv's mean = locality.csv's mean + the mean of the head's mean kernel's
+    taps in each query's window (numpy from the stored kernel); --reference gives the same."""
+    make, size, _ = CASES[name]
+    path = tmp_path / "d.h5"
+    _dump(make, size, path)
+    with h5py.File(path) as f:
+        layers = [int(L) for L in f["layers"] if "local_kernel" in f[f"layers/{L}"]
+                  and not _geometry(f, int(L))["windows"]]
+    sel = ",".join(map(str, layers))
+    fast = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "fast",
+                "--fold-local", "--window", window, "--layers", sel)
+    assert fast.returncode == 0, fast.stdout + fast.stderr
+    ref = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "ref",
+               "--fold-local", "--window", window, "--layers", sel, "--reference")
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    plain, folded = _csv(tmp_path / "fast/locality.csv"), _csv(tmp_path / "fast/locality_folded.csv")
+    folded_ref = _csv(tmp_path / "ref/locality_folded.csv")
+    assert len(folded["layer"]) == len(plain["layer"]) > 0
+    moved = 0.0
+    with h5py.File(path) as f:
+        for row in range(len(plain["layer"])):
+            layer, head = int(folded["layer"][row]), int(folded["head"][row])
+            assert (int(plain["layer"][row]), int(plain["head"][row])) == (layer, head)
+            assert folded["queries"][row] == plain["queries"][row]
+            assert folded_ref["queries"][row] == folded["queries"][row]
+            want = float(plain["mean"][row]) + _taps_in_window(f, layer, head, window)
+            got = float(folded["mean"][row])
+            assert abs(got - want) < 1e-6 * max(1.0, abs(want)), (name, layer, head, got, want)
+            assert abs(float(folded_ref["mean"][row]) - got) < 1e-6 * max(1.0, abs(got))
+            moved = max(moved, abs(got - float(plain["mean"][row])))
+    assert moved > 1e-3, "the kernel moved no mass: the fold did nothing"
+
+
+def test_fold_local_refuses_layers_without_a_kernel_in_one_line(tmp_path, attnscope_bin):
+    path = tmp_path / "d.h5"
+    _dump(lambda: FLattenPVT(attn_type="LS", sr_ratios=(2, 2)), 32, path)
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "o", "--fold-local")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model layer 0" in lines[0] and "local_kernel" in lines[0] \
+        and "layers with one: none" in lines[0], r.stderr
+    assert not (tmp_path / "o" / "locality.json").exists()
+    # an InLine-then-softmax hybrid: the softmax layer has no kernel, the error names the other
+    path = tmp_path / "h.h5"
+    _dump(lambda: InLineDeiT(depth=2, softmax_from=1), 28, path)
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "h", "--fold-local")
+    assert r.returncode != 0 and "model layer 1" in r.stderr and "--layers 0" in r.stderr, r.stderr
+    ok = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "h", "--fold-local",
+              "--layers", 0)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("fault,expected", [
+    (lambda ds: ds.attrs.__setitem__("padding_height", 0), "padding"),
+    (lambda ds: ds.attrs.__delitem__("padding_width"), "padding_width"),
+])
+def test_fold_local_names_a_damaged_kernel(tmp_path, attnscope_bin, fault, expected):
+    path = tmp_path / "d.h5"
+    _dump(CASES["inline_deit"][0], 28, path)
+    with h5py.File(path, "r+") as f:
+        fault(f["layers/0/local_kernel"])
+    r = _run(attnscope_bin, "locality", "--dump", path, "--out", tmp_path / "o", "--fold-local")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/layers/0/local_kernel" in lines[0] and expected in lines[0], r.stderr
+    assert not (tmp_path / "o" / "locality.csv").exists(), "refused before the run, not after"

@@ -57,7 +57,9 @@ struct FoldedLocality {
 };
 
 /// UsageError, naming the file, the model layer and the layers that have one, for the first of
-/// `layers` (dump layers) without /layers/L/local_kernel or with keys from a reduced grid.
+/// `layers` (dump layers) without /layers/L/local_kernel or with keys from a reduced grid; the
+/// first image's kernel of each is read, so that a damaged one (read_local_kernel's InputError)
+/// stops a run before it starts.
 void require_local_kernels(const DumpSchema& schema, const std::vector<int>& layers);
 
 /// Streams the selection (resolved) with every selected layer's kernel read up front (one
