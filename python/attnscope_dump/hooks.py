@@ -92,8 +92,13 @@ class TimmSite:
             hooks.append(tail.register_forward_pre_hook(
                 lambda _m, inp: store.update(out=_heads(inp[0], h))))
             if isinstance(local, nn.Module):
-                hooks.append(local.register_forward_hook(
-                    lambda _m, inp, o: store.update(local=_heads(o - inp[0], h))))
+                def on_local(mod, inp, o):
+                    store["local"] = _heads(o - inp[0], h)
+                    if callable(getattr(mod, "kernels", None)):  # LocalResidual: its kernels
+                        k = mod.kernels(inp[2])  # [B, C, 3, 3] from the attention input
+                        store["local_conv"] = {"kernel": k.reshape(k.shape[0], h, -1, 3, 3),
+                                               "bias": None, "padding": (1, 1), "per_image": True}
+                hooks.append(local.register_forward_hook(on_local))
         if hasattr(m, "fused_attn"):
             self._saved_fused = m.fused_attn
             m.fused_attn = False  # the fused kernel never forms the weights

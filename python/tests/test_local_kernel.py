@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnscope_dump import dump_model
-from conftest import image_loader
+from conftest import image_loader, tiny_vit
 from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, MllaModel, RopeStageModel,
                                SwinModel)
 
@@ -24,6 +24,8 @@ CASES = {
     "mlla": (lambda: MllaModel(), 16, False),
     "rala": (lambda: RopeStageModel("rala"), 16, False),
     "mala": (lambda: RopeStageModel("mala"), 16, False),
+    "project_localres": (lambda: tiny_vit("inline", seed=7, depth=2, dim=32, heads=2,
+                                          image_size=28, local_residual=True), 28, True),
 }
 
 
