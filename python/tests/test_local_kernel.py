@@ -227,3 +227,29 @@ def test_fold_local_names_a_damaged_kernel(tmp_path, attnscope_bin, fault, expec
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "/layers/0/local_kernel" in lines[0] and expected in lines[0], r.stderr
     assert not (tmp_path / "o" / "locality.csv").exists(), "refused before the run, not after"
+
+
+def test_fold_local_reads_each_files_kernels_and_merges_shards(tmp_path, attnscope_bin):
+    """Per-image kernels of a dump written as two files, and a run split into --shard 0/2 and 1/2
+    then merged, give locality_folded.csv byte for byte as one file and one run."""
+    for i in range(2):
+        torch.manual_seed(7)
+        dump_model(InLineDeiT().eval(), image_loader(4, size=28, batch=2),
+                   str(tmp_path / f"part{i}.h5"), dtype="float32", shard=i, num_shards=2)
+    _dump(CASES["inline_deit"][0], 28, tmp_path / "one.h5")
+    plain = _run(attnscope_bin, "locality", "--dump", tmp_path / "one.h5", "--out",
+                 tmp_path / "plain", "--fold-local")
+    files = _run(attnscope_bin, "locality", "--dump", tmp_path / "part0.h5", tmp_path / "part1.h5",
+                 "--out", tmp_path / "files", "--fold-local")
+    assert plain.returncode == 0 and files.returncode == 0, plain.stderr + files.stderr
+    for s in range(2):
+        r = _run(attnscope_bin, "locality", "--dump", tmp_path / "one.h5", "--out",
+                 tmp_path / f"s{s}", "--fold-local", "--shard", f"{s}/2")
+        assert r.returncode == 0, r.stderr
+    import subprocess
+    m = subprocess.run([attnscope_bin, "merge", tmp_path / "s0", tmp_path / "s1", "--out",
+                        tmp_path / "merged"], capture_output=True, text=True, timeout=300)
+    assert m.returncode == 0, m.stderr
+    want = (tmp_path / "plain" / "locality_folded.csv").read_bytes()
+    assert (tmp_path / "files" / "locality_folded.csv").read_bytes() == want
+    assert (tmp_path / "merged" / "locality_folded.csv").read_bytes() == want
