@@ -172,8 +172,14 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     nlohmann::json baselines = nlohmann::json::object();
     for (int l : sel.layers) {
       if (!by_units[static_cast<std::size_t>(l)]) continue;
-      r.layer_baselines[schema.model_layer(l)] =
-          analyses::uniform_baseline_units(schema.geometry(l), f.window);
+      const LayerGeometry g = schema.geometry(l);
+      double b = analyses::uniform_baseline_units(g, f.window);
+      if (g.second != nullptr) {  // CSwin's stripes: the two shapes' baselines, by their heads
+        const double first = g.second_heads_from, rest = g.num_heads - g.second_heads_from;
+        b = (b * first + analyses::uniform_baseline_units(*g.second, f.window) * rest) /
+            (first + rest);
+      }
+      r.layer_baselines[schema.model_layer(l)] = b;
       baselines[std::to_string(schema.model_layer(l))] = r.layer_baselines[schema.model_layer(l)];
     }
     for (auto& heads : r.per_head) drop_missing_heads(heads, schema);
