@@ -41,7 +41,7 @@ from torch import nn
 
 from .attention import parse_variant_spec
 from .released import LayerInfo, _heads, recognise, site_for
-from .released_hier import swin_blocks
+from .released_hier import cswin_blocks, cswin_site, swin_blocks
 
 
 class TimmSite:
@@ -443,6 +443,9 @@ def find_sites(model: nn.Module, families=None):
     swin = swin_blocks(model)
     if swin is not None:
         return "swin", [_window_site(b, i, families) for i, b in enumerate(swin)]
+    cswin = cswin_blocks(model)
+    if cswin is not None:
+        return "cswin", [cswin_site(b, i, families) for i, b in enumerate(cswin)]
     staged = rope_stages(model)
     if staged is not None:
         return "rope_stages", [_site_or_refusal(b.attn, i, families, hint)

@@ -923,7 +923,8 @@ class LePEAttention(nn.Module):
         r, hs, ws = self.resolution, self.H_sp, self.W_sp
         vs = _stripes(v, r, r, hs, ws)
         lepe = self.get_v(vs.transpose(1, 2).reshape(-1, self.dim, hs, ws)).flatten(2)
-        q, k, v = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k, vs))
+        q, k = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k))
+        v = _split_heads(vs, self.num_heads)  # v is cut into stripes once, as LePE's input
         w = torch.softmax(self.scale * q @ k.transpose(-2, -1), dim=-1)
         y = _join_heads(w @ v) + lepe.transpose(1, 2)
         return _unstripe(y, b, r, r, hs, ws)

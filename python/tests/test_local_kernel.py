@@ -11,8 +11,8 @@ import torch
 
 from attnscope_dump import dump_model
 from conftest import image_loader, tiny_vit
-from standins_released import (AgentDeiT, FLattenPVT, InLineDeiT, MllaModel, RopeStageModel,
-                               SwinModel)
+from standins_released import (AgentDeiT, CSwinModel, FLattenPVT, InLineDeiT, MllaModel,
+                               RopeStageModel, SwinModel)
 
 CASES = {
     "inline_deit": (lambda: InLineDeiT(), 28, True),
@@ -24,6 +24,8 @@ CASES = {
     "mlla": (lambda: MllaModel(), 16, False),
     "rala": (lambda: RopeStageModel("rala"), 16, False),
     "mala": (lambda: RopeStageModel("mala"), 16, False),
+    "inline_cswin": (lambda: CSwinModel(attn_type="IS"), 32, None),
+    "cswin_softmax_lepe": (lambda: CSwinModel(attn_type="SS"), 32, False),
     "project_localres": (lambda: tiny_vit("inline", seed=7, depth=2, dim=32, heads=2,
                                           image_size=28, local_residual=True), 28, True),
 }
@@ -65,15 +67,21 @@ def _local_from_kernel(f, layer, flip=False):
         k = k[..., ::-1, ::-1]
     ph, pw = int(ds.attrs["padding_height"]), int(ds.attrs["padding_width"])
     bias = g["local_bias"][()].astype(np.float64) if "local_bias" in g else None
-    if geo["windows"]:
-        wh, ww = geo["window_height"], geo["window_width"]
+    if geo["windows"]:  # per head: CSwin's second stripe shape has its own window grid
         i, h, nw, t, d = v.shape
-        grid = v.reshape(i, h, nw, wh, ww, d).transpose(0, 1, 2, 5, 3, 4)  # [I, H, W, d, wh, ww]
-        kern = k if k.ndim == 6 else np.broadcast_to(k[None, :, None], (i, h, nw) + k.shape[1:])
-        out = _conv(grid, kern, ph, pw)
-        if bias is not None:
-            out += bias[None, :, None, :, None, None]
-        return out.transpose(0, 1, 2, 4, 5, 3).reshape(v.shape)
+        attrs = {**f.attrs, **g.attrs}
+        split = int(attrs.get("second_heads_from", h))
+        out = np.zeros(v.shape)
+        for head in range(h):
+            wh, ww = (geo["window_height"], geo["window_width"]) if head < split else \
+                (int(attrs["second_window_height"]), int(attrs["second_window_width"]))
+            grid = v[:, head].reshape(i, nw, wh, ww, d).transpose(0, 1, 4, 2, 3)  # [I, W, d, wh, ww]
+            kern = k[:, head] if k.ndim == 6 else np.broadcast_to(k[head], (i, nw) + k.shape[1:])
+            o = _conv(grid, kern, ph, pw)
+            if bias is not None:
+                o += bias[head][None, None, :, None, None]
+            out[:, head] = o.transpose(0, 1, 3, 4, 2).reshape(i, nw, t, d)
+        return out
     gh, gw, prefix = geo["grid_height"], geo["grid_width"], geo["prefix_tokens"]
     i, h, n, d = v.shape
     grid = v[:, :, prefix:].reshape(i, h, gh, gw, d).transpose(0, 1, 4, 2, 3)  # [I, H, d, gh, gw]
