@@ -323,14 +323,16 @@ def cswin_blocks(model: nn.Module):
 
 
 class CSwinStripeSite(_LocalSite):
-    """A CSwin block (`qkv`, branches `attns`, `proj`) as one layer of two stripe shapes: the
-    first branch's heads attend within horizontal stripes (H_sp x the width), the second's within
-    vertical ones (the height x W_sp), each stripe one window; with one branch (the last stage)
-    one stripe, the whole map. Per branch: q, k, v are the branch's inputs cut into stripes; InLine's
-    branch computes W V in the inline code form per stripe plus its local residual (3x3 kernels
-    made by `residual` from each stripe's mean of v); CSwin's softmax branch softmax(scale q k^T) V
-    plus LePE (`get_v` of each stripe's v). proj's input, cut into each branch's stripes, minus the
-    local term is `out`."""
+    """A CSwin block (`qkv`, branches `attns`, `proj`) as one layer of two stripe shapes: each
+    branch's heads attend within its stripes of H_sp x W_sp (the released code: the first
+    branch's vertical, the height x split_size, the second's horizontal), each stripe one window;
+    with one branch (split_size = the resolution, as in InLine-CSwin's InLine stages) one stripe,
+    the whole map. Per branch: q, k, v are the branch's input (the block's stacked qkv, its
+    channels) cut into stripes; InLine's branch computes W V in the inline code form per stripe
+    plus its local residual (3x3 kernels made by `residual`, per image from the block input's
+    mean, or per stripe) plus LePE (`get_v` of the stripe's v); CSwin's softmax branch
+    softmax(scale q k^T) V plus LePE. proj's input, cut into each branch's stripes, minus the local
+    term is `out`."""
 
     def __init__(self, m, info, layout_hint=None):
         super().__init__(m, info, layout_hint)
@@ -372,7 +374,7 @@ class CSwinStripeSite(_LocalSite):
             if self.kind == "inline":
                 hooks.append(a.residual.register_forward_hook(
                     lambda _m, _i, o, i=i: store.update({f"kernels{i}": o})))
-            else:
+            if isinstance(getattr(a, "get_v", None), nn.Conv2d):
                 hooks.append(a.get_v.register_forward_hook(
                     lambda _m, _i, o, i=i: store.update({f"lepe{i}": o})))
         hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: self._finish_stripes(
@@ -389,20 +391,27 @@ class CSwinStripeSite(_LocalSite):
         store.setdefault("branches", {})[i] = [_heads(self._stripes(t, i), h) for t in qkv]
 
     def _local(self, store, i, v):
-        """The branch's local term per stripe, [B*S, h, T, d], and its kernel record."""
+        """The branch's local term per stripe, [B*S, h, T, d]: InLine's residual (its kernels per
+        image, or per stripe) and/or LePE (`get_v`); and the per-stripe kernels of the residual
+        ([B*S, h, d, 3, 3], None without one)."""
         a = self.m.attns[i]
         h = int(a.num_heads)
         bs, _, t, d = v.shape
         hs, ws = self.shapes()[i]
         c = h * d
+        local = torch.zeros_like(v)
+        kern = None
         if self.kind == "inline":
-            kernels = store[f"kernels{i}"]
+            kernels = store[f"kernels{i}"]  # [B or B*S, 9C, 1]
+            kernels = kernels.repeat_interleave(bs // kernels.shape[0], dim=0)
             img = _merged(v).transpose(1, 2).reshape(1, bs * c, hs, ws)
             res = F.conv2d(img, kernels.reshape(bs * c, 1, 3, 3), padding=1, groups=bs * c)
-            local = _heads(res.reshape(bs, c, t).transpose(1, 2), h)
-            return local, kernels.detach().to(torch.float32).reshape(bs, h, d, 3, 3)
-        lepe = store[f"lepe{i}"]  # [B*S, C, hs, ws]
-        return _heads(lepe.reshape(bs, c, t).transpose(1, 2), h), None
+            local = local + _heads(res.reshape(bs, c, t).transpose(1, 2), h)
+            kern = kernels.detach().to(torch.float32).reshape(bs, h, d, 3, 3)
+        if f"lepe{i}" in store:
+            lepe = store[f"lepe{i}"]  # [B*S, C, hs, ws]
+            local = local + _heads(lepe.reshape(bs, c, t).transpose(1, 2), h)
+        return local, kern
 
     def _finish_stripes(self, store, before_proj):
         gh, gw, _ = self.layout
@@ -417,7 +426,8 @@ class CSwinStripeSite(_LocalSite):
             for n, t in (("q", q), ("k", k), ("v", v), ("out", y - local), ("local", local)):
                 parts[n].append(t)
             kernels.append(kern)
-            convs.append(depthwise_conv(a.get_v, h, False) if self.kind == "softmax" else None)
+            convs.append(depthwise_conv(a.get_v, h, False) if hasattr(a, "get_v") else
+                         {"kernel": None, "bias": None, "padding": (1, 1)})
         b = before_proj.shape[0]
 
         def windows(ts):  # [B*S, h_i, T, d] per branch -> [B, H, S, T, d]
@@ -427,15 +437,20 @@ class CSwinStripeSite(_LocalSite):
 
         store.pop("branches")
         store.update({n: windows(ts) for n, ts in parts.items()})
-        if self.kind == "inline":
-            k = torch.cat(kernels, dim=1)  # [B*S, H, d, 3, 3]
+        if any(c is None or (c["kernel"] is not None and tuple(c["kernel"].shape[-2:]) != (3, 3)
+                             and self.kind == "inline") for c in convs):
+            return  # a LePE the analyses cannot fold (or add to the 3x3 residual): no kernel
+        static = [c["kernel"] for c in convs]  # LePE's, [h_i, d, 3, 3], or None
+        bias = None if any(c["bias"] is None for c in convs) else torch.cat([c["bias"] for c in convs])
+        if self.kind == "inline":  # the residual's per-image kernels, plus LePE's where present
+            parts = [kern if st is None else kern + st[None].to(kern.device)
+                     for kern, st in zip(kernels, static)]
+            k = torch.cat(parts, dim=1)  # [B*S, H, d, 3, 3]
             store["local_conv"] = {"kernel": k.reshape(b, -1, *k.shape[1:]).transpose(1, 2),
-                                   "bias": None, "padding": (1, 1), "per_image": True}
-        elif all(c is not None for c in convs):
-            store["local_conv"] = {
-                "kernel": torch.cat([c["kernel"] for c in convs]),
-                "bias": None if convs[0]["bias"] is None else torch.cat([c["bias"] for c in convs]),
-                "padding": convs[0]["padding"], "per_image": False}
+                                   "bias": bias, "padding": (1, 1), "per_image": True}
+        else:
+            store["local_conv"] = {"kernel": torch.cat(static), "bias": bias,
+                                   "padding": convs[0]["padding"], "per_image": False}
 
 
 def cswin_site(block: nn.Module, layer: int, families):

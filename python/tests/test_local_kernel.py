@@ -26,6 +26,7 @@ CASES = {
     "mala": (lambda: RopeStageModel("mala"), 16, False),
     "inline_cswin": (lambda: CSwinModel(attn_type="IS"), 32, None),
     "cswin_softmax_lepe": (lambda: CSwinModel(attn_type="SS"), 32, False),
+    "inline_cswin_whole_map": (lambda: CSwinModel(attn_type="II", split_size=(2, 4)), 32, True),
     "project_localres": (lambda: tiny_vit("inline", seed=7, depth=2, dim=32, heads=2,
                                           image_size=28, local_residual=True), 28, True),
 }
