@@ -345,14 +345,15 @@ STRUCTURES: tuple[Structure, ...] = (
               _inline_pvt_reduced, "inline", "identity",
               refusal="the released forward reshapes the reduced keys and values to the "
                       "queries' token count, so it cannot run with sr_ratio > 1"),
-    Structure("InLine Swin with a kernel function, InLine CSwin",
+    Structure("InLine Swin with a kernel function, InLine CSwin branch alone",
               "`residual` as in InLine DeiT with a `phi` kernel function or `window_size` "
               "(Swin), `split_size` or `H_sp` (CSwin)",
               lambda m: _kernel_generator(m) and (getattr(m, "phi", None) is not None
                                                   or _windowed_or_reduced(m)),
               "inline", "identity",
-              refusal="a kernel function other than identity (kernel_func), or CSwin's "
-                      "stripes, which the dump format does not hold"),
+              refusal="a kernel function other than identity (kernel_func), or a CSwin stripe "
+                      "branch met outside a CSwin block: the dumper reads CSwin's stripes through "
+                      "the block (stage1..4[i] with `qkv`, `attns` and `proj`)"),
     Structure("FLatten PVT (FocusedLinearAttention, PVT form)",
               "`focusing_factor`, `dwc` Conv2d, `scale` Parameter, `q` and `kv` Linears, "
               "`positional_encoding` Parameter (any `sr_ratio`: keys from the reduced grid)",
@@ -366,7 +367,8 @@ STRUCTURES: tuple[Structure, ...] = (
     Structure("FLatten, CSwin form",
               "`focusing_factor`, `dwc` Conv2d and `scale` Parameter, none of the forms above",
               _flatten, "linear", flatten_map,
-              refusal="CSwin's stripes: the dump format holds grids and square windows only"),
+              refusal="FLatten's CSwin branches: the dumper's CSwin blocks take InLine's and "
+                      "CSwin's softmax (LePE) branches only"),
     Structure("Swin softmax window attention (WindowAttention)",
               "a `relative_position_bias_table` Parameter and a fused `qkv` Linear",
               swin_softmax, "softmax",
