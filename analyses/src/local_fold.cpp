@@ -21,8 +21,10 @@ struct ConvGrid {
 
 ConvGrid conv_grid(const LayerGeometry& geo) {
   if (geo.reduced()) {
-    throw UsageError("the local term's kernel maps the layer's own tokens, and this layer's keys "
-                     "come from a reduced grid (" + geo.describe() + "): nothing to fold it into");
+    throw UsageError(
+        "the local term's kernel maps the layer's own tokens, and this layer's keys "
+        "come from a reduced grid (" +
+        geo.describe() + "): nothing to fold it into");
   }
   if (geo.windows > 0) return {geo.window_height, geo.window_width, 0};
   return {geo.grid.height, geo.grid.width, geo.grid.prefix};
@@ -64,12 +66,14 @@ MatD folded_unit_map(const MatD& w, const MatD& kernel, int pad_height, int pad_
                      const LayerGeometry& geo) {
   const ConvGrid g = conv_grid(geo);
   if (w.rows() != geo.unit_queries() || w.cols() != geo.unit_keys()) {
-    throw UsageError("a unit map of " + std::to_string(w.rows()) + " x " + std::to_string(w.cols()) +
-                     " is not of the layer's geometry (" + geo.describe() + ")");
+    throw UsageError("a unit map of " + std::to_string(w.rows()) + " x " +
+                     std::to_string(w.cols()) + " is not of the layer's geometry (" +
+                     geo.describe() + ")");
   }
   MatD out = w;
   const int n = g.height * g.width;
-  out.block(g.first, g.first, n, n) += depthwise_matrix(kernel, pad_height, pad_width, g.height, g.width);
+  out.block(g.first, g.first, n, n) +=
+      depthwise_matrix(kernel, pad_height, pad_width, g.height, g.width);
   return out;
 }
 
@@ -79,8 +83,8 @@ std::vector<double> folded_local_mass(const std::vector<double>& mass, const Loc
   const ConvGrid g = conv_grid(geo);
   const int nq = geo.unit_queries();
   if (mass.size() != static_cast<std::size_t>(geo.query_rows())) {
-    throw UsageError("folded_local_mass: " + std::to_string(mass.size()) + " masses for a layer of " +
-                     std::to_string(geo.query_rows()) + " query rows");
+    throw UsageError("folded_local_mass: " + std::to_string(mass.size()) +
+                     " masses for a layer of " + std::to_string(geo.query_rows()) + " query rows");
   }
   std::vector<double> out = mass;
   for (int u = 0; u < geo.units(); ++u) {
@@ -159,13 +163,14 @@ void require_local_kernels(const DumpSchema& schema, const std::vector<int>& lay
       (void)read_local_kernel(file, layer, 0, geo);  // its shape and padding, before any run
       continue;
     }
-    throw UsageError("--fold-local: " + schema.path + ": model layer " +
-                     std::to_string(schema.model_layer(layer)) + " (" + geo.describe() + ") " +
-                     (has ? "has keys from a reduced grid, which its local term's kernel does not map"
-                          : "holds no local term's kernel (/layers/" + std::to_string(layer) +
-                                "/local_kernel)") +
-                     "; layers with one: " +
-                     (with_kernel.empty() ? std::string("none") : "--layers " + with_kernel));
+    throw UsageError(
+        "--fold-local: " + schema.path + ": model layer " +
+        std::to_string(schema.model_layer(layer)) + " (" + geo.describe() + ") " +
+        (has ? "has keys from a reduced grid, which its local term's kernel does not map"
+             : "holds no local term's kernel (/layers/" + std::to_string(layer) +
+                   "/local_kernel)") +
+        "; layers with one: " +
+        (with_kernel.empty() ? std::string("none") : "--layers " + with_kernel));
   }
 }
 
@@ -183,7 +188,8 @@ FoldedLocality folded_locality(DumpReader& reader, const Selection& resolved,
   const std::size_t nh = resolved.heads.size();
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);
   std::vector<int> head_slot(static_cast<std::size_t>(schema.max_heads()), -1);
-  for (std::size_t s = 0; s < resolved.layers.size(); ++s) layer_slot[resolved.layers[s]] = static_cast<int>(s);
+  for (std::size_t s = 0; s < resolved.layers.size(); ++s)
+    layer_slot[resolved.layers[s]] = static_cast<int>(s);
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
   FoldedLocality out;
   out.per_head.assign(variants.size(), std::vector<LocalityHead>(resolved.layers.size() * nh));

@@ -46,7 +46,8 @@ std::vector<float> read_block(hid_t d, const std::vector<hsize_t>& start,
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(out[i]))
-      throw InputError(path, object, "finite values", "a non-finite value at index " + std::to_string(i));
+      throw InputError(path, object, "finite values",
+                       "a non-finite value at index " + std::to_string(i));
   }
   return out;
 }
@@ -84,7 +85,8 @@ LocalKernel read_local_kernel(const std::string& path, int layer, long image,
   const std::string object = dump_detail::layer_path(layer, "local_kernel");
   const h5::Handle d = dump_detail::open_dataset(f.get(), object, path);
   const std::vector<hsize_t> dims = h5::dims(d.get());
-  const hsize_t heads = static_cast<hsize_t>(geo.num_heads), hd = static_cast<hsize_t>(geo.head_dim);
+  const hsize_t heads = static_cast<hsize_t>(geo.num_heads),
+                hd = static_cast<hsize_t>(geo.head_dim);
   const hsize_t units = static_cast<hsize_t>(geo.units());
   const std::string hw = std::to_string(heads) + ", " + std::to_string(hd) + ", kh, kw]";
   const std::string expected =
@@ -97,8 +99,8 @@ LocalKernel read_local_kernel(const std::string& path, int layer, long image,
   const bool per_image = r == (geo.windows > 0 ? 6u : 5u);
   const std::size_t h_axis = per_image ? 1 : 0;  // [images,] heads, [windows,] head_dim, kh, kw
   const bool shape_ok = is_float32(d.get()) && (r == 4 || per_image) && dims[h_axis] == heads &&
-                        dims[r - 3] == hd && (r != 6 || dims[2] == units) &&
-                        dims[r - 2] % 2 == 1 && dims[r - 1] % 2 == 1;
+                        dims[r - 3] == hd && (r != 6 || dims[2] == units) && dims[r - 2] % 2 == 1 &&
+                        dims[r - 1] % 2 == 1;
   if (!shape_ok) throw InputError(path, object, expected, type_and_shape(d.get()));
   LocalKernel k;
   k.height = static_cast<int>(dims[r - 2]);
@@ -106,9 +108,10 @@ LocalKernel read_local_kernel(const std::string& path, int layer, long image,
   k.pad_height = int_attribute(d.get(), "padding_height", path, object);
   k.pad_width = int_attribute(d.get(), "padding_width", path, object);
   if (2 * k.pad_height + 1 != k.height || 2 * k.pad_width + 1 != k.width) {
-    throw InputError(path, object, "padding that keeps the grid: padding_height, padding_width = " +
-                                       std::to_string((k.height - 1) / 2) + ", " +
-                                       std::to_string((k.width - 1) / 2),
+    throw InputError(path, object,
+                     "padding that keeps the grid: padding_height, padding_width = " +
+                         std::to_string((k.height - 1) / 2) + ", " +
+                         std::to_string((k.width - 1) / 2),
                      std::to_string(k.pad_height) + ", " + std::to_string(k.pad_width));
   }
   if (per_image && (image < 0 || static_cast<hsize_t>(image) >= dims[0])) {
@@ -141,7 +144,8 @@ LocalKernel read_local_kernel(const std::string& path, int layer, long image,
     const h5::Handle b = dump_detail::open_dataset(f.get(), bias_object, path);
     const std::vector<hsize_t> bd = h5::dims(b.get());
     if (!is_float32(b.get()) || bd.size() != 2 || bd[0] != heads || bd[1] != hd) {
-      throw InputError(path, bias_object, "float32 [" + std::to_string(heads) + ", " + std::to_string(hd) + "]",
+      throw InputError(path, bias_object,
+                       "float32 [" + std::to_string(heads) + ", " + std::to_string(hd) + "]",
                        type_and_shape(b.get()));
     }
     const std::vector<float> bv = read_block(b.get(), {0, 0}, bd, path, bias_object);

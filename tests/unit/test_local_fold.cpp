@@ -52,7 +52,8 @@ MatD plain_conv(const MatD& x, const MatD& kernel, int ph, int pw) {
       for (Eigen::Index a = 0; a < kernel.rows(); ++a) {
         for (Eigen::Index b = 0; b < kernel.cols(); ++b) {
           const Eigen::Index sr = r + a - ph, sc = c + b - pw;
-          if (sr >= 0 && sr < x.rows() && sc >= 0 && sc < x.cols()) out(r, c) += kernel(a, b) * x(sr, sc);
+          if (sr >= 0 && sr < x.rows() && sc >= 0 && sc < x.cols())
+            out(r, c) += kernel(a, b) * x(sr, sc);
         }
       }
     }
@@ -72,7 +73,8 @@ LocalKernel head_kernel(const MatD& kernel, int d, int units, double spread = 0.
     t.resize(d, k.height * k.width);
     for (int c = 0; c < d; ++c) {
       for (int a = 0; a < k.height; ++a) {
-        for (int b = 0; b < k.width; ++b) t(c, a * k.width + b) = kernel(a, b) + spread * c * (a + 1);
+        for (int b = 0; b < k.width; ++b)
+          t(c, a * k.width + b) = kernel(a, b) + spread * c * (a + 1);
       }
     }
   }
@@ -133,9 +135,11 @@ TEST(LocalFold, FoldedMapTimesVIsOutPlusLocalForAKernelSharedByTheChannels) {
         for (int c = 0; c < d; ++c) {
           MatD kc(3, 3), x(g.height, g.width);
           for (int t = 0; t < 9; ++t) kc(t / 3, t % 3) = kern.taps[0][0](c, t);
-          for (int i = 0; i < g.height * g.width; ++i) x(i / g.width, i % g.width) = vv(g.prefix + i, c);
+          for (int i = 0; i < g.height * g.width; ++i)
+            x(i / g.width, i % g.width) = vv(g.prefix + i, c);
           const MatD y = plain_conv(x, kc, 1, 1);
-          for (int i = 0; i < g.height * g.width; ++i) local(g.prefix + i, c) = y(i / g.width, i % g.width);
+          for (int i = 0; i < g.height * g.width; ++i)
+            local(g.prefix + i, c) = y(i / g.width, i % g.width);
         }
         const MatD folded = folded_unit_map(w, kern.head_mean(0, 0), 1, 1, geo);
         const double worst = ((folded * vv) - (w * vv + local)).cwiseAbs().maxCoeff();
@@ -153,14 +157,16 @@ TEST(LocalFold, FastFoldedMassEqualsTheReference) {
   const TokenGrid grids[] = {{0, 1, 1}, {1, 7, 7}, {0, 9, 9}, {2, 5, 9}, {1, 14, 14}};
   for (const std::string& spec : test::all_variant_specs()) {
     for (const TokenGrid& g : grids) {
-      for (const auto& [magnitude, size] : {std::pair{1.0, "1"}, {1e-30, "1e-30"}, {1e30, "1e30"}}) {
+      for (const auto& [magnitude, size] :
+           {std::pair{1.0, "1"}, {1e-30, "1e-30"}, {1e30, "1e30"}}) {
         const int d = 5;
         const Variant v = parse_variant(spec, Convention::Paper, 4);
         const double mean = test::input_mean(v);
         const MatF q = test::random_matrix(g.tokens(), d, 61, mean).cast<float>();
         const MatF k = test::random_matrix(g.tokens(), d, 62, mean).cast<float>();
         const LayerGeometry geo = square(g, d);
-        const LocalKernel kern = head_kernel(test::random_matrix(5, 3, 63) * magnitude, d, 1, 0.25 * magnitude);
+        const LocalKernel kern =
+            head_kernel(test::random_matrix(5, 3, 63) * magnitude, d, 1, 0.25 * magnitude);
         for (int window : {1, 3, 5}) {
           const std::string what = spec + " grid=" + std::to_string(g.prefix) + "+" +
                                    std::to_string(g.height) + "x" + std::to_string(g.width) +
@@ -170,7 +176,8 @@ TEST(LocalFold, FastFoldedMassEqualsTheReference) {
           const auto w_fast = local_mass(v, q, k, geo.scale, g, window, &dead_fast);
           const auto w_ref = local_mass_units(v, q, k, geo.scale, geo, window);
           const auto fast = folded_local_mass(w_fast, kern, 0, geo, window);
-          const auto ref = folded_local_mass_reference(v, q, k, geo.scale, geo, kern, 0, window, &dead_ref);
+          const auto ref =
+              folded_local_mass_reference(v, q, k, geo.scale, geo, kern, 0, window, &dead_ref);
           ASSERT_EQ(fast.size(), ref.size()) << what;
           EXPECT_EQ(dead_fast, dead_ref) << what;
           // W's part as locality's own test takes it (float rows for softmax), the kernel's exactly
@@ -181,7 +188,8 @@ TEST(LocalFold, FastFoldedMassEqualsTheReference) {
             const double taps_fast = fast[i] - w_fast[i], taps_ref = ref[i] - w_ref[i];
             EXPECT_NEAR(taps_fast, taps_ref, test::kDoubleTol * std::max(1.0, std::abs(taps_ref)))
                 << what << " token " << i;
-            EXPECT_NEAR(fast[i], ref[i], tol * std::max(1.0, std::abs(ref[i]))) << what << " token " << i;
+            EXPECT_NEAR(fast[i], ref[i], tol * std::max(1.0, std::abs(ref[i])))
+                << what << " token " << i;
           }
         }
       }
@@ -230,10 +238,12 @@ TEST(LocalFold, WindowsFoldEachWindowsOwnKernelOverItsTokens) {
         const MatD y = plain_conv(x, kern.head_mean(0, u), 1, 1);
         for (int t = 0; t < 9; ++t) local(t, c) = y(t / 3, t % 3);
       }
-      EXPECT_LT((folded * vu - (w * vu + local)).cwiseAbs().maxCoeff(), 1e-12) << spec << " window " << u;
+      EXPECT_LT((folded * vu - (w * vu + local)).cwiseAbs().maxCoeff(), 1e-12)
+          << spec << " window " << u;
     }
     for (int window : {1, 3}) {
-      const auto fast = folded_local_mass(local_mass_units(v, q, k, geo.scale, geo, window), kern, 0, geo, window);
+      const auto fast = folded_local_mass(local_mass_units(v, q, k, geo.scale, geo, window), kern,
+                                          0, geo, window);
       const auto ref = folded_local_mass_reference(v, q, k, geo.scale, geo, kern, 0, window);
       for (std::size_t i = 0; i < fast.size(); ++i)
         EXPECT_NEAR(fast[i], ref[i], 1e-12) << spec << " window " << window << " row " << i;

@@ -34,8 +34,8 @@ namespace attnscope::analyses {
 /// attention): `w` (unit_queries x unit_keys, e.g. unit_rows' weights) plus the depthwise matrix of
 /// `kernel` on the unit's grid tokens (prefix rows and columns left as they are). UsageError for
 /// a layer with keys from a reduced grid (the convolution maps the layer's own tokens).
-[[nodiscard]] MatD folded_unit_map(const MatD& w, const MatD& kernel, int pad_height,
-                                   int pad_width, const LayerGeometry& geo);
+[[nodiscard]] MatD folded_unit_map(const MatD& w, const MatD& kernel, int pad_height, int pad_width,
+                                   const LayerGeometry& geo);
 
 /// Fast folded masses: `mass` (local_mass's or local_mass_units' entries for the head, NaN for
 /// prefix tokens and degenerate rows, kept NaN) plus, per query, the taps of the head's mean
