@@ -7,6 +7,7 @@
 #include "stats_record.hpp"
 
 #include "attnscope/analyses/geometry_heads.hpp"
+#include "attnscope/analyses/local_fold.hpp"
 #include "attnscope/analyses/local_share.hpp"
 #include "attnscope/analyses/locality.hpp"
 
@@ -21,6 +22,7 @@ struct LocalityFlags {
   SelectionFlags sel;
   int window = 3;
   bool reference = false;
+  bool fold_local = false;
   RunControl control;
 };
 
@@ -33,7 +35,10 @@ po::options_description locality_options(LocalityFlags& f) {
   d.add_options()
       ("window", po::value(&f.window)->value_name("K")->default_value(f.window),
        "odd window size: the k x k grid cells around each query, itself included")
-      ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)");
+      ("reference", po::bool_switch(&f.reference), "plain double-precision loops (slow; for checks)")
+      ("fold-local", po::bool_switch(&f.fold_local),
+       "also the mass of the map with the local term's depthwise kernel folded in (W plus the "
+       "convolution's token-to-token matrix of the head's mean kernel): locality_folded.csv");
   add_threads_option(d, f.common);
   add_device_option(d, f.common);
   add_seed_option(d, f.common);
@@ -122,6 +127,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
   const std::vector<Variant> variants = resolve_variants(f.common, schema, sel.layers);
   sel.own_variants = layers_own_variants(f.common, schema, sel.layers);
   const std::map<int, std::string> own_names = own_variant_names(schema, sel.own_variants, sel.layers);
+  if (f.fold_local) analyses::require_local_kernels(schema, sel.layers);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
 
   RunMetadata meta("locality");
@@ -131,6 +137,7 @@ int run_locality_cmd(const std::vector<std::string>& args) {
                    {"layers", model_layers_of(schema, sel.layers)}, {"heads", sel.heads}, {"reference", f.reference},
                    {"threads", threads}, {"seed", f.common.seed}};
   meta.params()["device"] = device.description;
+  if (f.fold_local) meta.params()["fold_local"] = true;
   if (const nlohmann::json geo = layer_geometry_json(schema, sel.layers); !geo.is_null()) {
     meta.params()["layer_geometry"] = geo;
   }
@@ -165,8 +172,14 @@ int run_locality_cmd(const std::vector<std::string>& args) {
     nlohmann::json baselines = nlohmann::json::object();
     for (int l : sel.layers) {
       if (!by_units[static_cast<std::size_t>(l)]) continue;
-      r.layer_baselines[schema.model_layer(l)] =
-          analyses::uniform_baseline_units(schema.geometry(l), f.window);
+      const LayerGeometry g = schema.geometry(l);
+      double b = analyses::uniform_baseline_units(g, f.window);
+      if (g.second != nullptr) {  // CSwin's stripes: the two shapes' baselines, by their heads
+        const double first = g.second_heads_from, rest = g.num_heads - g.second_heads_from;
+        b = (b * first + analyses::uniform_baseline_units(*g.second, f.window) * rest) /
+            (first + rest);
+      }
+      r.layer_baselines[schema.model_layer(l)] = b;
       baselines[std::to_string(schema.model_layer(l))] = r.layer_baselines[schema.model_layer(l)];
     }
     for (auto& heads : r.per_head) drop_missing_heads(heads, schema);
@@ -184,6 +197,15 @@ int run_locality_cmd(const std::vector<std::string>& args) {
       double mean = 0.0;
       for (const auto& h : shares) mean += h.share.mean / static_cast<double>(shares.size());
       meta.results()["local_share_mean"] = mean;
+    }
+    if (f.fold_local) {  // the folded map's mass, in one pass after the run (as local_share)
+      analyses::FoldedLocality folded =
+          analyses::folded_locality(reader, sel, variants, f.window, f.reference);
+      analyses::LocalityResult rf = r;
+      rf.per_head = std::move(folded.per_head);
+      for (auto& heads : rf.per_head) drop_missing_heads(heads, schema);
+      for (auto& heads : rf.per_head) report_model_layers(heads, schema);
+      write_locality_files(set, rf, "locality_folded.csv");
     }
     meta.publish(set);
   };

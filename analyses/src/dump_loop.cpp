@@ -202,7 +202,9 @@ ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::
     const int slot = item / n_heads;
     const int head = sel.heads[static_cast<std::size_t>(item % n_heads)];
     const int layer = img.layers[static_cast<std::size_t>(slot)];
-    const LayerGeometry& geo = buf.schema->layer_geometry[static_cast<std::size_t>(layer)];
+    // the head's own (CSwin's stripes: the second stripe shape's heads have their own windows)
+    const LayerGeometry& geo =
+        buf.schema->layer_geometry[static_cast<std::size_t>(layer)].for_head(head);
     if (head >= geo.num_heads) continue;  // a layer with fewer heads than the selection's
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];

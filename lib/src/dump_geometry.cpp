@@ -6,6 +6,7 @@
 #include "attnscope/error.hpp"
 
 #include <algorithm>
+#include <memory>
 
 namespace attnscope::dump_detail {
 namespace {
@@ -65,10 +66,10 @@ std::vector<long long> read_int_dataset(hid_t file_id, const std::string& name,
   return out;
 }
 
-void read_windows(hid_t file_id, const GroupReader& r, LayerGeometry& geo) {
+void read_positions(hid_t file_id, const GroupReader& r, LayerGeometry& geo,
+                    const std::string& pos_name) {
   const std::string& path = r.file;
   const auto W = static_cast<hsize_t>(geo.windows), T = static_cast<hsize_t>(geo.window_tokens());
-  const std::string pos_name = r.group + "/token_positions";
   const std::vector<long long> pos =
       read_int_dataset(file_id, pos_name, path, {W, T, 2}, "[windows, window_tokens, 2]");
   geo.positions.resize(pos.size());
@@ -85,6 +86,44 @@ void read_windows(hid_t file_id, const GroupReader& r, LayerGeometry& geo) {
     geo.positions[i] = static_cast<int>(row);
     geo.positions[i + 1] = static_cast<int>(col);
   }
+}
+
+/// CSwin's second stripe shape: second_heads_from, second_window_height/width and
+/// second_token_positions ("Per-layer geometry" of docs/dump-format.md).
+void read_second_shape(hid_t file_id, const GroupReader& r, LayerGeometry& geo) {
+  const bool any = r.has("second_heads_from") || r.has("second_window_height") ||
+                   r.has("second_window_width");
+  if (!any) return;
+  const int from = r.get_int("second_heads_from", 0);
+  auto second = std::make_shared<LayerGeometry>(geo);
+  second->window_height = r.get_int("second_window_height", 0);
+  second->window_width = r.get_int("second_window_width", 0);
+  if (from <= 0 || from >= geo.num_heads) {
+    r.bad("attribute 'second_heads_from'",
+          "a head in 1.." + std::to_string(geo.num_heads - 1) + " (the second stripe shape's first)",
+          std::to_string(from));
+  }
+  if (second->window_height <= 0 || second->window_width <= 0 ||
+      second->window_tokens() != geo.window_tokens()) {
+    r.bad("attribute 'second_window_height'",
+          "second_window_height x second_window_width of " + std::to_string(geo.window_tokens()) +
+              " tokens, as window_height x window_width",
+          std::to_string(second->window_height) + "x" + std::to_string(second->window_width));
+  }
+  if (geo.shift > 0) {
+    r.bad("attribute 'second_heads_from'", "no shift on a layer of two stripe shapes",
+          "shift " + std::to_string(geo.shift));
+  }
+  read_positions(file_id, r, *second, r.group + "/second_token_positions");
+  second->window_mask.clear();
+  geo.second_heads_from = from;
+  geo.second = std::move(second);
+}
+
+void read_windows(hid_t file_id, const GroupReader& r, LayerGeometry& geo) {
+  const std::string& path = r.file;
+  const auto W = static_cast<hsize_t>(geo.windows), T = static_cast<hsize_t>(geo.window_tokens());
+  read_positions(file_id, r, geo, r.group + "/token_positions");
   const std::string mask_name = r.group + "/window_mask";
   if (!h5::exists(file_id, mask_name.substr(1))) {
     if (geo.shift > 0) {
@@ -190,6 +229,10 @@ LayerGeometry read_layer_geometry(hid_t file_id, const std::string& group, const
       r.bad("attribute 'prefix_tokens'", "0 on a layer with windows", std::to_string(geo.grid.prefix));
     }
     read_windows(file_id, r, geo);
+    read_second_shape(file_id, r, geo);
+  } else if (r.has("second_heads_from")) {
+    r.bad("attribute 'second_heads_from'", "windows (windows, window_height, window_width) with it",
+          "a second stripe shape alone");
   } else if (r.has("shift")) {
     r.bad("attribute 'shift'", "windows (windows, window_height, window_width) with it", "a shift alone");
   }

@@ -54,6 +54,11 @@ std::string LayerGeometry::describe() const {
     s += std::to_string(windows) + " windows of " + std::to_string(window_height) + "x" +
          std::to_string(window_width) + " on " + grid_text(grid);
     if (shift > 0) s += ", shift " + std::to_string(shift);
+    if (second != nullptr) {
+      s += ", heads " + std::to_string(second_heads_from) + ".. in " +
+           std::to_string(second->windows) + " windows of " +
+           std::to_string(second->window_height) + "x" + std::to_string(second->window_width);
+    }
     return s;
   }
   s += "grid " + grid_text(grid);
@@ -68,7 +73,9 @@ bool LayerGeometry::operator==(const LayerGeometry& o) const {
   return num_heads == o.num_heads && head_dim == o.head_dim && scale == o.scale &&
          same(grid, o.grid) && same(key_grid, o.key_grid) && windows == o.windows &&
          window_height == o.window_height && window_width == o.window_width && shift == o.shift &&
-         positions == o.positions && window_mask == o.window_mask;
+         positions == o.positions && window_mask == o.window_mask &&
+         second_heads_from == o.second_heads_from && (second == nullptr) == (o.second == nullptr) &&
+         (second == nullptr || *second == *o.second);
 }
 
 }  // namespace attnscope

@@ -357,6 +357,10 @@ def captured_batches(model, loader, stores, keep, names, attrs, np_dtype, first,
                         raise ValueError(f"layer {src} {name}: captured shape {a.shape[1:]}, "
                                          f"expected {want} from the layer's attributes")
                     layer[name] = a
+                conv = s.get("local_conv")
+                if locals_now[slot] and conv is not None and conv["per_image"]:
+                    layer["local_kernel"] = _checked("local_kernel", src, conv["kernel"],
+                                                     np.float32)
                 if "agents" in s:  # per image, the family's own tokens (Agent attention)
                     layer["agents"] = _checked("agents", src, s["agents"], np_dtype)
                 captured.append(layer)
@@ -380,7 +384,10 @@ def _stream(model, loader, f, stores, keep, attrs, np_dtype, compression, first,
             _write_family_params(f, stores)
         for slot, layer in enumerate(captured):
             for name, a in layer.items():
-                w.append(f"layers/{slot}/{name}", a)
+                w.append(f"layers/{slot}/{name}", a,
+                         dtype=np.float32 if name == "local_kernel" else None)
+        if n == 0:
+            _write_local_conv(f, stores, captured)
         if with_labels and y is not None:
             w.append("labels", np.asarray(y.cpu(), dtype=np.int64), dtype=np.int64)
         logits = _logits_of(output)
@@ -401,6 +408,26 @@ def _write_family_params(f: h5py.File, stores) -> None:
             if not np.isfinite(a).all():
                 raise ValueError(f"layer {slot} family parameter {name}: non-finite value")
             f.create_dataset(f"layers/{slot}/family_params/{name}", data=a.astype(np.float32))
+
+
+def _write_local_conv(f: h5py.File, stores, captured) -> None:
+    """The local term's depthwise kernel where a layer's site knows it (docs/dump-format.md,
+    "The local term's kernel"): /layers/L/local_kernel float32, [heads, head_dim, kh, kw] when
+    the same for every image (a module's own weights, written here once) or per image (InLine's
+    kernels made from each image's tokens, appended with the batches), its zero padding as the
+    dataset's attributes; /layers/L/local_bias float32 [heads, head_dim] when the conv has one."""
+    for slot, (s, layer) in enumerate(zip(stores, captured)):
+        conv = s.get("local_conv")
+        if conv is None or "local" not in layer:
+            continue
+        name = f"layers/{slot}/local_kernel"
+        if not conv["per_image"]:
+            f.create_dataset(name, data=conv["kernel"].numpy().astype(np.float32))
+        f[name].attrs.update(padding_height=int(conv["padding"][0]),
+                             padding_width=int(conv["padding"][1]))
+        if conv["bias"] is not None:
+            f.create_dataset(f"layers/{slot}/local_bias",
+                             data=conv["bias"].numpy().astype(np.float32))
 
 
 def _layer_map(info) -> str:

@@ -41,7 +41,7 @@ from torch import nn
 
 from .attention import parse_variant_spec
 from .released import LayerInfo, _heads, recognise, site_for
-from .released_hier import swin_blocks
+from .released_hier import cswin_blocks, cswin_site, swin_blocks
 
 
 class TimmSite:
@@ -92,8 +92,13 @@ class TimmSite:
             hooks.append(tail.register_forward_pre_hook(
                 lambda _m, inp: store.update(out=_heads(inp[0], h))))
             if isinstance(local, nn.Module):
-                hooks.append(local.register_forward_hook(
-                    lambda _m, inp, o: store.update(local=_heads(o - inp[0], h))))
+                def on_local(mod, inp, o):
+                    store["local"] = _heads(o - inp[0], h)
+                    if callable(getattr(mod, "kernels", None)):  # LocalResidual: its kernels
+                        k = mod.kernels(inp[2])  # [B, C, 3, 3] from the attention input
+                        store["local_conv"] = {"kernel": k.reshape(k.shape[0], h, -1, 3, 3),
+                                               "bias": None, "padding": (1, 1), "per_image": True}
+                hooks.append(local.register_forward_hook(on_local))
         if hasattr(m, "fused_attn"):
             self._saved_fused = m.fused_attn
             m.fused_attn = False  # the fused kernel never forms the weights
@@ -438,6 +443,9 @@ def find_sites(model: nn.Module, families=None):
     swin = swin_blocks(model)
     if swin is not None:
         return "swin", [_window_site(b, i, families) for i, b in enumerate(swin)]
+    cswin = cswin_blocks(model)
+    if cswin is not None:
+        return "cswin", [cswin_site(b, i, families) for i, b in enumerate(cswin)]
     staged = rope_stages(model)
     if staged is not None:
         return "rope_stages", [_site_or_refusal(b.attn, i, families, hint)

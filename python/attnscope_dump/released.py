@@ -13,7 +13,9 @@ them before the map), `out` = W V exactly, and the module's local term (InLine's
 FLatten's depthwise convolution) apart as `local`: the module adds out + local before its output
 projection, whose input the site reads; `local` is computed from the module's own kernels and v,
 and `out` is that input minus `local`. The dumper's self-check then compares `out` with the
-family recomputed from q, k, v.
+family recomputed from q, k, v. Where the local term is a depthwise convolution of v's grid, the
+site also records its kernel (`local_conv`, see depthwise_conv and docs/dump-format.md "The local
+term's kernel").
 """
 from __future__ import annotations
 
@@ -65,6 +67,46 @@ def _kernel_generator(m) -> bool:
         and last.out_channels == 9 * first.in_channels
 
 
+def depthwise_conv(conv: nn.Module, h: int, shared_by_heads: bool) -> dict | None:
+    """The kernel of a module's depthwise Conv2d as the dump records it: {"kernel": float32
+    [H, d, kh, kw], "bias": [H, d] or None, "padding": (ph, pw), "per_image": False}, channel t of
+    head i being the conv's channel i * d + t, or channel t of every head when the conv runs on
+    each head's d channels apart (`shared_by_heads`: FLatten's and PolaFormer's dwc). None when
+    the conv is not one the analyses can fold: depthwise (groups = channels), stride 1, no
+    dilation, zero padding that keeps the grid's size (2 * padding + 1 = kernel size)."""
+    if not isinstance(conv, nn.Conv2d):
+        return None
+    c = conv.in_channels
+    kh, kw = conv.kernel_size
+    pad = conv.padding
+    if conv.groups != c or conv.out_channels != c or tuple(conv.stride) != (1, 1) \
+            or tuple(conv.dilation) != (1, 1) or not isinstance(pad, tuple) \
+            or conv.padding_mode != "zeros" or (2 * pad[0] + 1, 2 * pad[1] + 1) != (kh, kw):
+        return None
+    w = conv.weight.detach().to(torch.float32).cpu()[:, 0]  # [C, kh, kw]
+    b = None if conv.bias is None else conv.bias.detach().to(torch.float32).cpu()
+    if shared_by_heads:
+        w = w.unsqueeze(0).expand(h, *w.shape)
+        b = None if b is None else b.unsqueeze(0).expand(h, c)
+    else:
+        w = w.reshape(h, c // h, kh, kw)
+        b = None if b is None else b.reshape(h, c // h)
+    return {"kernel": w.clone(), "bias": None if b is None else b.clone(),
+            "padding": (int(pad[0]), int(pad[1])), "per_image": False}
+
+
+def inline_kernels(kernels: torch.Tensor, b: int, h: int, windows: int = 0) -> dict:
+    """InLine's local residual as the dump records its kernels: `residual`'s output (9 weights per
+    channel, per image or per window) as float32 [images, H, d, 3, 3] (with windows
+    [images, H, windows, d, 3, 3]), padding 1, no bias."""
+    k = kernels.detach().to(torch.float32)
+    if windows:
+        k = k.reshape(b, windows, h, -1, 3, 3).transpose(1, 2)
+    else:
+        k = k.reshape(b, h, -1, 3, 3)
+    return {"kernel": k, "bias": None, "padding": (1, 1), "per_image": True}
+
+
 class _LocalSite:
     """Shared by the released structures whose local term is added to W V before `proj`:
     hooks on the projections that give q, k, v, on whatever gives the local term's kernels, and
@@ -92,6 +134,12 @@ class _LocalSite:
         """local: [B, H, N, d]; out = proj's input minus it."""
         store["local"] = local
         store["out"] = _heads(before_proj, self.info.num_heads) - local
+
+    def _finish_conv(self, store, before_proj, local, conv) -> None:
+        """_finish, recording the local term's depthwise kernel (depthwise_conv) when known."""
+        self._finish(store, before_proj, local)
+        if conv is not None:
+            store["local_conv"] = conv
 
 
 class InLineDeiTSite(_LocalSite):
@@ -125,6 +173,7 @@ class InLineDeiTSite(_LocalSite):
         c = h * d
         img = _merged(v)[:, prefix:].transpose(1, 2).reshape(1, b * c, gh, gw)
         res = F.conv2d(img, kernels.reshape(b * c, 1, 3, 3), padding=1, groups=b * c)
+        store["local_conv"] = inline_kernels(kernels, b, h)
         grid_part = res.reshape(b, c, gh * gw).transpose(1, 2)
         full = torch.cat([grid_part.new_zeros(b, prefix, c), grid_part], dim=1)
         return _heads(full, h)
@@ -296,14 +345,15 @@ STRUCTURES: tuple[Structure, ...] = (
               _inline_pvt_reduced, "inline", "identity",
               refusal="the released forward reshapes the reduced keys and values to the "
                       "queries' token count, so it cannot run with sr_ratio > 1"),
-    Structure("InLine Swin with a kernel function, InLine CSwin",
+    Structure("InLine Swin with a kernel function, InLine CSwin branch alone",
               "`residual` as in InLine DeiT with a `phi` kernel function or `window_size` "
               "(Swin), `split_size` or `H_sp` (CSwin)",
               lambda m: _kernel_generator(m) and (getattr(m, "phi", None) is not None
                                                   or _windowed_or_reduced(m)),
               "inline", "identity",
-              refusal="a kernel function other than identity (kernel_func), or CSwin's "
-                      "stripes, which the dump format does not hold"),
+              refusal="a kernel function other than identity (kernel_func), or a CSwin stripe "
+                      "branch met outside a CSwin block: the dumper reads CSwin's stripes through "
+                      "the block (stage1..4[i] with `qkv`, `attns` and `proj`)"),
     Structure("FLatten PVT (FocusedLinearAttention, PVT form)",
               "`focusing_factor`, `dwc` Conv2d, `scale` Parameter, `q` and `kv` Linears, "
               "`positional_encoding` Parameter (any `sr_ratio`: keys from the reduced grid)",
@@ -317,7 +367,8 @@ STRUCTURES: tuple[Structure, ...] = (
     Structure("FLatten, CSwin form",
               "`focusing_factor`, `dwc` Conv2d and `scale` Parameter, none of the forms above",
               _flatten, "linear", flatten_map,
-              refusal="CSwin's stripes: the dump format holds grids and square windows only"),
+              refusal="FLatten's CSwin branches: the dumper's CSwin blocks take InLine's and "
+                      "CSwin's softmax (LePE) branches only"),
     Structure("Swin softmax window attention (WindowAttention)",
               "a `relative_position_bias_table` Parameter and a fused `qkv` Linear",
               swin_softmax, "softmax",

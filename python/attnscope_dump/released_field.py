@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .released import LayerInfo, _heads, _LocalSite
+from .released import LayerInfo, _heads, _LocalSite, depthwise_conv
 
 
 def _conv_heads(t: torch.Tensor, h: int) -> torch.Tensor:
@@ -50,9 +50,10 @@ class MllaSite(_LocalSite):
             q, k = o.chunk(2, dim=-1)
             store.update(q=_heads(q, h), k=_heads(k, h))
 
+        conv = depthwise_conv(m.lepe, h, False)
         hooks = [m.register_forward_pre_hook(on_input), m.qk.register_forward_hook(on_qk),
                  m.lepe.register_forward_hook(
-                     lambda _m, _i, o: store.update(local=_conv_heads(o, h)))]
+                     lambda _m, _i, o: store.update(local=_conv_heads(o, h), local_conv=conv))]
         if want_out:
             hooks.append(m.register_forward_hook(
                 lambda _m, _i, o: store.update(out=_heads(o, h) - store["local"])))
@@ -86,9 +87,10 @@ class _RetNetQkvoSite(_LocalSite):
                                       _conv_heads(o[:, c:2 * c], h))
             store.update(q=q, k=k, v=_conv_heads(o[:, 2 * c:3 * c], h), gate=o[:, 3 * c:])
 
+        conv = depthwise_conv(m.lepe, h, False)
         hooks = [m.register_forward_pre_hook(on_input), m.qkvo.register_forward_hook(on_qkvo),
                  m.lepe.register_forward_hook(
-                     lambda _m, _i, o: store.update(local=_conv_heads(o, h)))]
+                     lambda _m, _i, o: store.update(local=_conv_heads(o, h), local_conv=conv))]
         if want_out:
             hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: store.update(
                 out=_conv_heads(inp[0] / store.pop("gate"), h) - store["local"])))
@@ -149,10 +151,11 @@ class PolaPVTSite(_LocalSite):
             k, v = o.chunk(2, dim=-1)
             store.update(k=_heads(k + m.positional_encoding, h), v=_heads(v, h))
 
+        conv = depthwise_conv(m.dwc, h, True)
         hooks = [m.qg.register_forward_hook(on_qg), m.kv.register_forward_hook(on_kv)]
         if want_out:
-            hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: self._finish(
-                store, inp[0] / store.pop("gate"), self.local(store["v"]))))
+            hooks.append(m.proj.register_forward_pre_hook(lambda _m, inp: self._finish_conv(
+                store, inp[0] / store.pop("gate"), self.local(store["v"]), conv)))
         return hooks
 
     def local(self, v):
@@ -185,10 +188,11 @@ class AgentDeiTSite(_LocalSite):
             store.update(q=_heads(q, h), k=_heads(k, h), v=_heads(v, h),
                          agents=_heads(agents, h), params=self.biases())
 
+        conv = depthwise_conv(m.dwc, h, False)
         hooks = [m.qkv.register_forward_hook(on_qkv)]
         if want_out:
             hooks.append(m.proj.register_forward_pre_hook(
-                lambda _m, inp: self._finish(store, inp[0], self.local(store["v"]))))
+                lambda _m, inp: self._finish_conv(store, inp[0], self.local(store["v"]), conv)))
         return hooks
 
     def biases(self) -> dict:

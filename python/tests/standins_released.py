@@ -878,29 +878,42 @@ def _unstripe(t, b, gh, gw, h_sp, w_sp):
 
 
 class InLineStripeAttention(nn.Module):
-    """InLine's CSwin attention: one branch of a CSwin block, given the block's q, k, v, attending
-    within horizontal (idx 0: H_sp = split_size, W_sp = the width) or vertical (idx 1) stripes;
-    per stripe InLine's W V and the local residual over the stripe's grid, its kernels made by
-    `residual` from the stripe's mean of v (the branch is handed q, k, v only)."""
+    """InLine's CSwin attention (InLineAttention of models/inline_cswin.py): one branch of a CSwin
+    block, called with the block's stacked q, k, v (its channels) and the mean of the block's
+    input, attending within vertical (idx 0: H_sp = the height, W_sp = split_size) or horizontal
+    (idx 1) stripes, or the whole map (idx -1); per stripe InLine's W V, plus the local residual
+    (3x3 kernels made by `residual` from the input mean, per image, over the stripe's grid) plus
+    LePE (`get_v`, a 3x3 depthwise convolution of the stripe's v). The released InLine-CSwin runs
+    these branches on the whole map (its split size is the stage's resolution); with stripes
+    each stripe of an image takes the image's kernels."""
 
     def __init__(self, dim, resolution, idx, split_size, num_heads):
         super().__init__()
         self.dim, self.resolution, self.idx, self.num_heads = dim, resolution, idx, num_heads
         self.split_size = split_size
-        self.H_sp, self.W_sp = (split_size, resolution) if idx == 0 else (resolution, split_size)
+        self.H_sp, self.W_sp = ((resolution, resolution) if idx == -1 else
+                                (resolution, split_size) if idx == 0 else (split_size, resolution))
         self.scale = (dim // num_heads) ** -0.5
+        self.get_v = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.residual = nn.Sequential(nn.Conv1d(dim, dim, 1, groups=num_heads), nn.GELU(),
                                       nn.Conv1d(dim, 9 * dim, 1, groups=num_heads))
         self.attn_drop = nn.Dropout(0.0)
 
-    def forward(self, qkv):
-        q, k, v = qkv
-        b = q.shape[0]
+    def forward(self, qkv, x_mean):
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        b, _, c = q.shape
         r, hs, ws = self.resolution, self.H_sp, self.W_sp
-        q, k, v = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k, v))
-        x = _join_heads(v)
+        vs = _stripes(v, r, r, hs, ws)
+        grid = vs.transpose(1, 2).reshape(-1, c, hs, ws)
+        lepe = self.get_v(grid).flatten(2).transpose(1, 2)
+        q, k, v = (_split_heads(t, self.num_heads) for t in
+                   (_stripes(q, r, r, hs, ws), _stripes(k, r, r, hs, ws), vs))
+        stripes = grid.shape[0] // b
+        kernels = self.residual(x_mean[:, :, None]).reshape(b, c, 3, 3)
+        kernels = kernels.repeat_interleave(stripes, dim=0).reshape(-1, 1, 3, 3)
+        res = F.conv2d(grid.reshape(1, -1, hs, ws), kernels, padding=1, groups=kernels.shape[0])
         y = _join_heads(_inline_wv(q, k, v, self.scale)) + \
-            _inline_local(x, v, self.residual, hs, ws)
+            res.reshape(-1, c, hs * ws).transpose(1, 2) + lepe
         return _unstripe(y, b, r, r, hs, ws)
 
 
@@ -912,26 +925,28 @@ class LePEAttention(nn.Module):
         super().__init__()
         self.dim, self.resolution, self.idx, self.num_heads = dim, resolution, idx, num_heads
         self.split_size = split_size
-        self.H_sp, self.W_sp = (split_size, resolution) if idx == 0 else (resolution, split_size)
+        self.H_sp, self.W_sp = ((resolution, resolution) if idx == -1 else
+                                (resolution, split_size) if idx == 0 else (split_size, resolution))
         self.scale = (dim // num_heads) ** -0.5
         self.get_v = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.attn_drop = nn.Dropout(0.0)
 
-    def forward(self, qkv):
-        q, k, v = qkv
+    def forward(self, qkv, x_mean):  # x_mean: unused, as in the released class
+        q, k, v = qkv[0], qkv[1], qkv[2]
         b = q.shape[0]
         r, hs, ws = self.resolution, self.H_sp, self.W_sp
         vs = _stripes(v, r, r, hs, ws)
         lepe = self.get_v(vs.transpose(1, 2).reshape(-1, self.dim, hs, ws)).flatten(2)
-        q, k, v = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k, vs))
+        q, k = (_split_heads(_stripes(t, r, r, hs, ws), self.num_heads) for t in (q, k))
+        v = _split_heads(vs, self.num_heads)  # v is cut into stripes once, as LePE's input
         w = torch.softmax(self.scale * q @ k.transpose(-2, -1), dim=-1)
         y = _join_heads(w @ v) + lepe.transpose(1, 2)
         return _unstripe(y, b, r, r, hs, ws)
 
 
 class CSwinBlock(nn.Module):
-    """A CSwin block: `qkv`, the channels split in two branches (`attns`: horizontal then
-    vertical stripes, half the heads each; one branch over the whole map when the stripe is the
+    """A CSwin block (CSWinBlock): `qkv`, the channels split in two branches (`attns`: vertical
+    then horizontal stripes, half the heads each; one branch over the whole map when the stripe is the
     map), `proj`; attn_type 'I' (InLine's) or 'S' (CSwin's softmax with LePE)."""
 
     def __init__(self, dim, resolution, num_heads, split_size, attn_type):
@@ -947,13 +962,15 @@ class CSwinBlock(nn.Module):
                                     for i in range(self.branch_num)])
 
     def forward(self, x):
-        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        b, n, c = x.shape
+        qkv = self.qkv(self.norm1(x)).reshape(b, n, 3, c).permute(2, 0, 1, 3)  # [3, B, N, C]
+        mean = x.mean(dim=1)
         if self.branch_num == 1:
-            y = self.attns[0]((q, k, v))
+            y = self.attns[0](qkv, mean)
         else:
-            c = x.shape[-1] // 2
-            y = torch.cat([a((q[..., i * c:(i + 1) * c], k[..., i * c:(i + 1) * c],
-                              v[..., i * c:(i + 1) * c])) for i, a in enumerate(self.attns)], -1)
+            h = c // 2
+            y = torch.cat([a(qkv[..., i * h:(i + 1) * h], mean[:, i * h:(i + 1) * h])
+                           for i, a in enumerate(self.attns)], -1)
         return x + self.proj(y)
 
 

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from attnscope_dump import dump_model
 from attnscope_dump.figures import read_csv
@@ -279,18 +280,107 @@ def test_census_and_spikiness_apply_their_variants_to_every_layer_of_a_hybrid(tm
             == {0, 1}, v
 
 
-def test_cswin_stripes_are_refused_never_softmax(tmp_path):
-    """InLine-CSwin 'IS' (as 'IISS'): each block splits its heads into horizontal and vertical
-    stripes, two attentions of different shapes in one layer, which the dump format cannot hold:
-    the InLine branch is refused by its structure and path; CSwin's softmax branch (LePE) is no
-    structure the dumper knows and is refused, never taken for softmax."""
+def _block_qkv(model, x):
+    """Each CSwin block's q (the first third of `qkv`'s output), [B, N, C], in block order."""
+    got = []
+    blocks = [b for st in (model.stage1, model.stage2) for b in st]
+    hooks = [b.qkv.register_forward_hook(lambda _m, _i, o: got.append(o.chunk(3, dim=-1)[0]))
+             for b in blocks]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return got
+
+
+@pytest.mark.parametrize("attn_type,family", [("IS", "inline"), ("SS", "softmax")])
+def test_cswin_stripes_dump_with_each_heads_stripe_shape(tmp_path, attnscope_bin, attn_type,
+                                                         family):
+    """InLine-CSwin 'IS' (as 'IISS') and CSwin's softmax 'SS': a block's first branch's heads
+    attend within vertical stripes, the second's within horizontal ones; the layer stores both
+    shapes (second_heads_from, second_token_positions); each head's stored q at (stripe, token)
+    is the block's q at the cell its own shape's positions name (not the other shape's);
+    recompute passes stripe by stripe."""
+    torch.manual_seed(2)
+    model = CSwinModel(attn_type=attn_type).eval()
+    x = _dump(model, tmp_path / "d.h5")
+    qs = _block_qkv(model, x)
+    with h5py.File(tmp_path / "d.h5") as f:
+        a0, a1 = _attrs(f, 0), _attrs(f, 1)
+        assert a0["attention_family"] == family and a1["attention_family"] == "softmax"
+        assert (a0["windows"], a0["window_height"], a0["window_width"]) == (4, 8, 2)
+        assert (a0["second_heads_from"], a0["second_window_height"],
+                a0["second_window_width"]) == (1, 2, 8)
+        assert "second_heads_from" not in a1 and (a1["windows"], a1["window_height"]) == (1, 4)
+        first = f["layers/0/token_positions"][()]
+        second = f["layers/0/second_token_positions"][()]
+        assert sorted(map(tuple, first.reshape(-1, 2))) == sorted(map(tuple, second.reshape(-1, 2)))
+        q = f["layers/0/q"][()]  # [images, heads, stripes, T, d]
+        full = qs[0].numpy()  # [images, 64, C]: head h's channels h*d..(h+1)*d
+        d = q.shape[-1]
+        for head, pos, other in ((0, first, second), (1, second, first)):
+            cells = pos[..., 0] * 8 + pos[..., 1]
+            want = full[:, cells, head * d:(head + 1) * d]
+            assert np.abs(q[:, head] - want).max() < 1e-6, head
+            wrong = full[:, other[..., 0] * 8 + other[..., 1], head * d:(head + 1) * d]
+            assert np.abs(q[:, head] - wrong).max() > 1e-2, "the two shapes cannot be told apart"
+    out, _ = info_and_recompute(attnscope_bin, tmp_path / "d.h5", tmp_path / "r", tol=1e-4)
+    assert "heads 1.. in 4 windows of 2x8" in out, out
+
+
+def test_cswin_maps_and_locality_take_each_heads_stripes(tmp_path, attnscope_bin):
+    """maps lays each head's row on its own stripe: head 0's nonzero cells lie in the query's
+    vertical stripe (2 columns), head 1's in its horizontal one (2 rows), 16 cells each;
+    confusion and locality (with the local term folded in) run per stripe."""
+    torch.manual_seed(2)
+    _dump(CSwinModel(attn_type="IS").eval(), tmp_path / "d.h5")
+    _run(attnscope_bin, "maps", "--dump", tmp_path / "d.h5", "--out", tmp_path / "m",
+         "--layers", 0, "--tokens", 19, "--images", 0)
+    rows = read_csv(str(tmp_path / "m" / "maps.csv"))
+    for head, same in ((0, "col"), (1, "row")):
+        cells = [(int(r), int(c)) for h, r, c, w in zip(rows["head"], rows["row"], rows["col"],
+                                                         rows["weight"])
+                 if int(h) == head and float(w) != 0.0]
+        qr, qc = 19 // 8, 19 % 8
+        key = 0 if same == "row" else 1
+        assert len(cells) == 16, (head, len(cells))
+        assert all(c[key] // 2 == (qr if key == 0 else qc) // 2 for c in cells), (head, cells)
+    for cmd in ("confusion", "locality"):
+        extra = ("--fold-local",) if cmd == "locality" else ()
+        _run(attnscope_bin, cmd, "--dump", tmp_path / "d.h5", "--out", tmp_path / cmd, *extra)
+    loc = json.loads((tmp_path / "locality" / "locality.json").read_text())
+    assert "heads 1.." in json.dumps(loc["parameters"]["layer_geometry"])
+    assert (tmp_path / "locality" / "locality_folded.csv").exists()
+
+
+def test_cswin_branches_of_unknown_kinds_are_refused_never_softmax(tmp_path):
+    """A CSwin block whose branches are neither InLine's nor CSwin's LePE attention is refused by
+    name; families= is refused for stripe blocks (their family is their branches')."""
     torch.manual_seed(2)
     model = CSwinModel(attn_type="IS").eval()
-    assert model(image_loader(2, size=32)[0][0]).shape == (2, 5)  # the stand-in runs
-    with pytest.raises(ValueError, match=r"^module stage1\.0\.attns\.0: InLineStripeAttention is "
-                                         r"InLine Swin with a kernel function, InLine CSwin: not "
-                                         r"supported: .*CSwin's stripes"):
+    with pytest.raises(ValueError, match="families= is not taken for CSwin's stripe blocks"):
+        dump_model(model, image_loader(2, size=32), str(tmp_path / "f.h5"), families="softmax")
+    for a in model.stage1[0].attns:
+        a.residual = nn.Identity()  # a `residual` that makes no kernels: no known branch
+    with pytest.raises(ValueError, match=r"layer 0: a CSwin block whose stripe branches are "
+                                         r"\['InLineStripeAttention', 'InLineStripeAttention'\]"):
         dump_model(model, image_loader(2, size=32), str(tmp_path / "d.h5"))
-    with pytest.raises(ValueError, match=r"^CSwinModel: no supported attention layers found"):
-        dump_model(CSwinModel(attn_type="SS"), image_loader(2, size=32), str(tmp_path / "s.h5"))
-    assert not (tmp_path / "d.h5").exists() and not (tmp_path / "s.h5").exists()
+    assert not (tmp_path / "d.h5").exists() and not (tmp_path / "f.h5").exists()
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda g: g.attrs.__setitem__("second_heads_from", 2), "second_heads_from"),
+    (lambda g: g.attrs.__setitem__("second_window_width", 3), "second_window_height"),
+    (lambda g: g.__delitem__("second_token_positions"), "second_token_positions"),
+])
+def test_a_damaged_second_stripe_shape_is_named_in_one_line(tmp_path, attnscope_bin, edit,
+                                                            expected):
+    torch.manual_seed(2)
+    _dump(CSwinModel(attn_type="IS").eval(), tmp_path / "d.h5")
+    with h5py.File(tmp_path / "d.h5", "r+") as f:
+        edit(f["layers/0"])
+    r = _run(attnscope_bin, "recompute", "--dump", tmp_path / "d.h5", "--out", tmp_path / "r",
+             ok=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    assert "/layers/0" in lines[0] and expected in lines[0], r.stderr

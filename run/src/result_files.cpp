@@ -5,8 +5,8 @@
 
 namespace attnscope::run {
 
-void write_locality_files(ResultSet& set, const analyses::LocalityResult& r) {
-  ResultFile f(set, "locality.csv");
+void write_locality_files(ResultSet& set, const analyses::LocalityResult& r, const char* name) {
+  ResultFile f(set, name);
   f.stream() << "variant,layer,head,window,mean,std,min,max,queries,uniform_baseline\n"
              << std::setprecision(10);
   for (std::size_t v = 0; v < r.variants.size(); ++v) {

@@ -12,6 +12,7 @@
 #include "attnscope/attention.hpp"
 #include "attnscope/layout.hpp"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,17 @@ struct LayerGeometry {
   /// With windows and a mask: 1 where query i of window w may attend to key j,
   /// [window][query][key] flat. Empty: every pair of a window is allowed.
   std::vector<unsigned char> window_mask;
+  /// CSwin's stripes (two stripe shapes in one layer): with windows, the heads from
+  /// `second_heads_from` on attend within the windows of `second` (the same number of windows and
+  /// of tokens per window, its own window_height x window_width and positions, no mask); the
+  /// heads before it within this geometry's. 0 and null: one shape for every head.
+  int second_heads_from = 0;
+  std::shared_ptr<const LayerGeometry> second;
+
+  /// The geometry head `head` attends in: `*second` for the second shape's heads, else this.
+  [[nodiscard]] const LayerGeometry& for_head(int head) const {
+    return second != nullptr && head >= second_heads_from ? *second : *this;
+  }
 
   /// Attention units of one head: its windows, or 1.
   [[nodiscard]] int units() const { return windows > 0 ? windows : 1; }
@@ -60,7 +72,8 @@ struct LayerGeometry {
   [[nodiscard]] std::pair<int, int> key_cell(int w, int j) const;
   /// One line for results and messages, e.g. "3 heads x 64, grid 14x14+1",
   /// "2 heads x 32, grid 8x8, keys 4x4 (spatial reduction)",
-  /// "4 heads x 32, 16 windows of 7x7 on 28x28, shift 3".
+  /// "4 heads x 32, 16 windows of 7x7 on 28x28, shift 3",
+  /// "4 heads x 32, 4 windows of 2x8 on 8x8, heads 2.. in 4 windows of 8x2" (stripes).
   [[nodiscard]] std::string describe() const;
   /// Same shape (heads, dims, grids, windows, positions and masks) and scale.
   [[nodiscard]] bool operator==(const LayerGeometry& o) const;

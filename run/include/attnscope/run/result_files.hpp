@@ -20,7 +20,8 @@
 namespace attnscope::run {
 
 /// locality.csv: one row per (variant, layer, head), layers as the rows carry them.
-void write_locality_files(ResultSet& set, const analyses::LocalityResult& r);
+void write_locality_files(ResultSet& set, const analyses::LocalityResult& r,
+                          const char* name = "locality.csv");
 
 /// census.csv: one row per cell (variant, layer, head). Returns the per-variant totals over every
 /// layer and head (layer and head -1), in the order of `variants`.
