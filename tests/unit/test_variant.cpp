@@ -148,8 +148,8 @@ TEST(Variant, FamilyAndConventionNames) {
   }
   EXPECT_THROW((void)find_family("Softmax"), UsageError);
   EXPECT_THROW((void)parse_convention("Paper"), UsageError);
-  EXPECT_TRUE(parse_variant("linear:relu").has_linear_form());
-  EXPECT_FALSE(parse_variant("softmax").has_linear_form());
+  EXPECT_TRUE(parse_variant("linear:relu").linear_time_outputs());
+  EXPECT_FALSE(parse_variant("softmax").linear_time_outputs());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // Its rows (explicit, exact, float) are in softmax.hpp, defined here.
 #include "attnscope/softmax.hpp"
 
+#include "attnscope/family.hpp"
 #include "attnscope/lane_sum.hpp"
 #include "attnscope/portable_math.hpp"
 #include "attnscope/variant.hpp"
@@ -14,7 +15,7 @@
 namespace attnscope {
 namespace {
 
-class Softmax final : public AttentionFamily {
+class Softmax final : public ScoreFamily {
  public:
   std::string_view name() const override { return "softmax"; }
   std::string_view formula() const override {
@@ -22,6 +23,20 @@ class Softmax final : public AttentionFamily {
   }
   MapRule map_rule() const override { return MapRule::None; }
   std::vector<MagnitudeLaw> magnitude_laws() const override { return {MagnitudeLaw::SoftmaxPower}; }
+  void rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask* mask,
+            std::vector<int>& degenerate) const override {
+    softmax_rows(w, r0, scale, mask, degenerate);
+  }
+  void exact_row(const double* qi, const double* k, int n, int d, double scale, double* out) const override {
+    softmax_exact_row(qi, k, n, d, scale, out);
+  }
+  void transpose_keys(const MatF& k, MatD& kt) const override { attnscope::transpose_keys(k, kt); }
+  void exact_row_t(const double* qi, const double* kt, int n, int d, double scale, double* out) const override {
+    softmax_exact_row_t(qi, kt, n, d, scale, out);
+  }
+  void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) const override {
+    softmax_rows_float(q, k, scale, w);
+  }
 };
 
 double dot(const double* a, const double* b, int n) {
