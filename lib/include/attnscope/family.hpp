@@ -209,6 +209,8 @@ class ScoreFamily : public AttentionFamily {
 
 /// Every family of this build, in a fixed order.
 [[nodiscard]] const std::vector<const AttentionFamily*>& all_families();
+/// The family of that spec name, or null where none has it.
+[[nodiscard]] const AttentionFamily* family_named(std::string_view name);
 /// The family of that spec name; UsageError listing the known ones otherwise.
 [[nodiscard]] const AttentionFamily& find_family(std::string_view name);
 /// "softmax, linear, ..." for messages.

@@ -18,6 +18,7 @@
 #include "attnscope/feature_map.hpp"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,5 +69,9 @@ struct Variant {
                                                   std::uint64_t seed = 0);
 [[nodiscard]] std::string to_string(Convention c);
 [[nodiscard]] Convention parse_convention(std::string_view s);
+/// The convention of that name, or nullopt.
+[[nodiscard]] std::optional<Convention> find_convention(std::string_view s);
+/// "paper, code or code+rope", for messages.
+[[nodiscard]] std::string convention_names();
 
 }  // namespace attnscope
