@@ -447,7 +447,7 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
       Mask mask;
       if (masked) mask = build_mask(*iv.mask, m.grid, mask_seed(o.seed, image_id, l, h));
       in_head(image_id, l, h, [&] {
-        if (v.form() == Form::Score) {
+        if (const ScoreFamily* scores = v.score()) {
           const Mask* kept = nullptr;
           if (masked && rows == n) {
             kept = &mask;
@@ -455,8 +455,8 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
             ws.mask_rows = mask.topRows(rows);
             kept = &ws.mask_rows;
           }
-          softmax_head_outputs(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d, m.scale, kept,
-                               ws.heads.data() + h * d, dim);
+          scores->head_outputs(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d, m.scale, kept,
+                               ws.heads.data() + h * d, dim, nullptr);
           if (!block_finite(ws.heads.data() + h * d, rows, d, dim)) {
             throw NumericalError(v.name() + ": attention outputs overflow double (inputs too large in magnitude)");
           }

@@ -197,6 +197,14 @@ class ScoreFamily : public AttentionFamily {
   /// Float rows of q (Nq x d) against k (Nk x d): an approximation for searches that bound its
   /// error (the logit error bound of confusion_search.hpp), never a result.
   virtual void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) const = 0;
+  /// One head's outputs for a forward pass: out (rows x dv, row stride ldo) = W V for the query
+  /// rows [0, rows) of q against the n keys, over the keys `mask` keeps (rows x n; null: all),
+  /// bit for bit row i of attention_outputs<double>; rows that keep no key are zero and appended to
+  /// `degenerate` when given (attention_heads.hpp). Does not check that the outputs are finite.
+  virtual void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
+                            Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n, Eigen::Index d,
+                            Eigen::Index dv, double scale, const Mask* mask, double* out, Eigen::Index ldo,
+                            std::vector<int>* degenerate) const = 0;
 };
 
 /// The row form of normalised kernels (linear attention, efficient, cosformer): a = 1/S, b = 0;

@@ -3,6 +3,7 @@
 // Its rows (explicit, exact, float) are in softmax.hpp, defined here.
 #include "attnscope/softmax.hpp"
 
+#include "attnscope/attention_heads.hpp"
 #include "attnscope/family.hpp"
 #include "attnscope/lane_sum.hpp"
 #include "attnscope/portable_math.hpp"
@@ -36,6 +37,11 @@ class Softmax final : public ScoreFamily {
   }
   void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) const override {
     softmax_rows_float(q, k, scale, w);
+  }
+  void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k, Eigen::Index ldk,
+                    const double* v, Eigen::Index ldv, Eigen::Index n, Eigen::Index d, Eigen::Index dv, double scale,
+                    const Mask* mask, double* out, Eigen::Index ldo, std::vector<int>* degenerate) const override {
+    softmax_head_outputs(q, ldq, rows, k, ldk, v, ldv, n, d, dv, scale, mask, out, ldo, degenerate);
   }
 };
 
