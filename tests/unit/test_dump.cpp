@@ -2,6 +2,7 @@
 // layer subset, every malformed file -> the right InputError, and atomic writes.
 #include "scratch_dir.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/error.hpp"
 
 #include "random_inputs.hpp"

@@ -7,6 +7,7 @@
 #include "attnscope/analyses/rollout.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
 #include "random_inputs.hpp"
