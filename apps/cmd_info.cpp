@@ -4,6 +4,7 @@
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/family.hpp"
 #include "attnscope/error.hpp"
 
@@ -135,7 +136,7 @@ void print_families() {
                                                            : "default ";
     std::cout << f->name() << "\n  feature map  " << map
               << (f->map_rule() == MapRule::Defaulted ? std::string(f->default_map()) : std::string())
-              << "\n  form         " << (f->kernel() ? "kernel (linear-time outputs, low-rank W = Z M)" : "scores")
+              << "\n  form         " << (f->form() == Form::Kernel ? "kernel (linear-time outputs, low-rank W = Z M)" : "scores")
               << "\n  weights      " << f->formula() << "\n";
     const std::vector<std::string_view> parts = f->parts();
     if (!parts.empty())
