@@ -74,9 +74,9 @@ Workspace& thread_workspace() {
   return ws;
 }
 
-HeadConfusion count_scores(const ScoreFamily& family, const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
-                            double scale, const ConfusionOptions& opt,
-                            const ExcludedTokens* excluded) {
+HeadConfusion count_scores(const ScoreFamily& family, const Variant& v, const MatF& q,
+                           const MatF& q_raw, const MatF& k, double scale,
+                           const ConfusionOptions& opt, const ExcludedTokens* excluded) {
   if (q.rows() != k.rows() || q.cols() != k.cols()) {
     throw UsageError("confusion: q and k of one head must have the same shape");
   }

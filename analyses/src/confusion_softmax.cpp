@@ -39,8 +39,8 @@
 #include "attnscope/portable_math.hpp"
 
 #include "attnscope/error.hpp"
-#include "attnscope/lane_sum.hpp"
 #include "attnscope/family.hpp"
+#include "attnscope/lane_sum.hpp"
 
 #include <algorithm>
 #include <array>

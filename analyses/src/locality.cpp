@@ -1,8 +1,9 @@
 // Local attention mass per grid query. A score family (softmax) sums its float rows (one GEMM,
-// one exp per entry), or its exact double rows for a head outside the float range (confusion_search.hpp's
-// float_rows_fit: large |q| |k| would overflow the float logits); the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
-// columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N (rows
-// that need not sum to 1 carry their own constant in z and M instead: confusion_search.hpp).
+// one exp per entry), or its exact double rows for a head outside the float range
+// (confusion_search.hpp's float_rows_fit: large |q| |k| would overflow the float logits); the
+// linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's columns
+// over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N (rows that need not
+// sum to 1 carry their own constant in z and M instead: confusion_search.hpp).
 #include "attnscope/analyses/locality.hpp"
 
 #include "attnscope/analyses/confusion.hpp"
@@ -29,8 +30,9 @@ void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
   }
 }
 
-std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k,
-                               double scale, const TokenGrid& grid, int window) {
+std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF> q,
+                               Eigen::Ref<const MatF> k, double scale, const TokenGrid& grid,
+                               int window) {
   std::vector<double> mass(static_cast<std::size_t>(grid.tokens()), kNaN);
   std::vector<double> q_norm;
   double k_max = 0.0;
@@ -48,8 +50,8 @@ std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF>
   VecD qi(q.cols()), w(k.rows());
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
     qi = q.row(i).cast<double>().transpose();
-    family.exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()), scale,
-                     w.data());
+    family.exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
+                     scale, w.data());
     double s = 0.0;
     for (int j : grid.window(i, window)) s += w(j);
     mass[static_cast<std::size_t>(i)] = s;

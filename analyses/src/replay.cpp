@@ -428,7 +428,8 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
     // relu_affine's features run: none of them is computed row by row), k and v for every token.
     const bool mapped = here && !iv.transform.is_identity();
     const bool masked = here && iv.mask.has_value();
-    const bool all_queries = mapped || (masked && v.form() == Form::Kernel) || !query_features_row_local(v);
+    const bool all_queries =
+        mapped || (masked && v.form() == Form::Kernel) || !query_features_row_local(v);
     if (all_queries || rows == n) {
       dense(n, b.qkv, b.qkvb, ws.qkv.data(), 3 * dim, ws);
     } else {

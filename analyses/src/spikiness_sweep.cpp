@@ -20,7 +20,8 @@ MalaTerms mala_terms(const Variant& v, const VecD& phi_q, const MatD& phi_k) {
   t.scores = phi_k * phi_q;
   // beta and gamma are the family's row form at this S: a = beta, b = -gamma. Magnitude 0: only
   // S = 0 (or NaN) is degenerate, where beta = 1 + 1/S would not be finite.
-  const RowForm rf = family->variant_row_form(v, t.scores.sum(), static_cast<int>(phi_k.rows()), 0.0);
+  const RowForm rf =
+      family->variant_row_form(v, t.scores.sum(), static_cast<int>(phi_k.rows()), 0.0);
   t.beta = rf.degenerate ? std::numeric_limits<double>::infinity() : rf.a;
   t.gamma = rf.degenerate ? 0.0 : -rf.b;
   return t;
@@ -74,7 +75,8 @@ MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
     }
     return out;
   };
-  if (variant_.form() == Form::Score) return attention_weights<double>(variant_, scaled(q), keys_, scale_);
+  if (variant_.form() == Form::Score)
+    return attention_weights<double>(variant_, scaled(q), keys_, scale_);
   // Every row is at the query's own token position: only its magnitude changes.
   const TokenPositions at_token{token, 0};
   if (space_ == ScaleSpace::Feature) {

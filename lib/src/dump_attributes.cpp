@@ -248,8 +248,7 @@ void validate_attributes(const DumpAttributes& a, const std::string& file) {
                      "'" + a.attention_family + "'");
   }
   if (!find_convention(a.convention)) {
-    throw InputError(file, attr_name("convention"), convention_names(),
-                     "'" + a.convention + "'");
+    throw InputError(file, attr_name("convention"), convention_names(), "'" + a.convention + "'");
   }
   if (a.feature_map.empty()) {
     throw InputError(file, attr_name("feature_map"), "a feature-map spec or 'none'", "''");

@@ -3,9 +3,9 @@
 
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
-#include "attnscope/variant.hpp"
 #include "attnscope/parallel.hpp"
 #include "attnscope/seed.hpp"
+#include "attnscope/variant.hpp"
 #include "dump_internal.hpp"
 #include "normal_draws.hpp"
 
@@ -142,7 +142,8 @@ void SynthOptions::validate() const {
        "at most " + std::to_string(kMaxTokens) + " tokens, got " + std::to_string(n));
   need(compression >= 0 && compression <= 9,
        "compression must be a gzip level 0-9, got " + std::to_string(compression));
-  need(family_named(family) != nullptr, "family must be one of " + known_families() + ", got '" + family + "'");
+  need(family_named(family) != nullptr,
+       "family must be one of " + known_families() + ", got '" + family + "'");
   need(find_convention(convention).has_value(),
        "convention must be " + convention_names() + ", got '" + convention + "'");
   need(!feature_map.empty(), "feature map must be a spec or 'none'");

@@ -331,9 +331,12 @@ TEST(Registry, ScoreFormOperationsAreSoftmaxsBitForBit) {
   for (int n : {1, 2, 63, 197}) {
     for (int d : {1, 7, 60}) {
       for (double magnitude : {1.0, 40.0, 1e150}) {
-        const std::uint64_t seed = 7 * static_cast<std::uint64_t>(n) + static_cast<std::uint64_t>(d);
-        const std::string what = test::config("softmax", n, d, seed, "magnitude " + std::to_string(magnitude));
-        const MatD q = magnitude * test::random_matrix(n, d, seed), k = test::random_matrix(n, d, seed + 1);
+        const std::uint64_t seed =
+            7 * static_cast<std::uint64_t>(n) + static_cast<std::uint64_t>(d);
+        const std::string what =
+            test::config("softmax", n, d, seed, "magnitude " + std::to_string(magnitude));
+        const MatD q = magnitude * test::random_matrix(n, d, seed),
+                   k = test::random_matrix(n, d, seed + 1);
         const double scale = 1.0 / std::sqrt(static_cast<double>(d));
         // rows(): a block of logits, with a mask that empties row 0.
         const Mask mask = test::random_mask(n, n, 0.7, seed + 2, 1);
@@ -357,7 +360,8 @@ TEST(Registry, ScoreFormOperationsAreSoftmaxsBitForBit) {
           softmax_exact_row(q.row(i).data(), kw.data(), n, d, scale, r2.data());
           f->exact_row_t(q.row(i).data(), kt1.data(), n, d, scale, r3.data());
           ASSERT_TRUE(same_bits(r1.data(), r2.data(), n)) << what << ", row " << i;
-          ASSERT_TRUE(same_bits(r1.data(), r3.data(), n)) << what << ", row " << i << " (transposed keys)";
+          ASSERT_TRUE(same_bits(r1.data(), r3.data(), n))
+              << what << ", row " << i << " (transposed keys)";
         }
         // rows_float(): in the float range only.
         if (magnitude < 1e3) {
@@ -365,12 +369,16 @@ TEST(Registry, ScoreFormOperationsAreSoftmaxsBitForBit) {
           MatF w1, w2;
           f->rows_float(qf, kf, scale, w1);
           softmax_rows_float(qf, kf, scale, w2);
-          EXPECT_EQ(std::memcmp(w1.data(), w2.data(), static_cast<std::size_t>(w1.size()) * sizeof(float)), 0) << what;
+          EXPECT_EQ(std::memcmp(w1.data(), w2.data(),
+                                static_cast<std::size_t>(w1.size()) * sizeof(float)),
+                    0)
+              << what;
         }
         // head_outputs(): W V of every row, bit for bit the engine's attention_outputs.
         const MatD v = test::random_matrix(n, 3, seed + 3);
         MatD out(n, 3);
-        f->head_outputs(q.data(), d, n, k.data(), d, v.data(), 3, n, d, 3, scale, nullptr, out.data(), 3, nullptr);
+        f->head_outputs(q.data(), d, n, k.data(), d, v.data(), 3, n, d, 3, scale, nullptr,
+                        out.data(), 3, nullptr);
         const MatD want = attention_outputs<double>(parse_variant("softmax"), q, k, v, scale);
         EXPECT_TRUE(same_bits(out.data(), want.data(), out.size())) << what;
       }

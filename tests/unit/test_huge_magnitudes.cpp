@@ -202,9 +202,10 @@ TEST_P(HugeMagnitudes, RecomputeOutputsEqualLibraryReference) {
 TEST_P(HugeMagnitudes, SpikinessSweepEqualsLibraryReference) {
   SpikinessOptions opts;
   opts.scales = {0.5, 1.0, 3.0};
-  const std::vector<ScaleSpace> spaces = variant_.linear_time_outputs()
-                                             ? std::vector<ScaleSpace>{ScaleSpace::Query, ScaleSpace::Feature}
-                                             : std::vector<ScaleSpace>{ScaleSpace::Query};
+  const std::vector<ScaleSpace> spaces =
+      variant_.linear_time_outputs()
+          ? std::vector<ScaleSpace>{ScaleSpace::Query, ScaleSpace::Feature}
+          : std::vector<ScaleSpace>{ScaleSpace::Query};
   for (ScaleSpace space : spaces) {
     opts.space = space;
     const std::string what = what_ + " space=" + to_string(space);

@@ -2,9 +2,9 @@
 // to rounding, and a single corrupted value is found in the right layer and head.
 #include "attnscope/analyses/recompute.hpp"
 #include "attnscope/dump.hpp"
-#include "attnscope/variant.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
+#include "attnscope/variant.hpp"
 #include "reference.hpp"
 
 #include <gtest/gtest.h>

@@ -428,7 +428,8 @@ TEST(MalaTerms, BetaAndGammaAreTheFamilysRowFormAtS) {
   const MalaTerms zero = mala_terms(parse_variant("mala:relu"), VecD::Zero(4), MatD::Ones(3, 4));
   EXPECT_TRUE(std::isinf(zero.beta));
   EXPECT_EQ(zero.gamma, 0.0);
-  EXPECT_THROW((void)mala_terms(parse_variant("softmax"), VecD::Ones(4), MatD::Ones(3, 4)), std::logic_error);
+  EXPECT_THROW((void)mala_terms(parse_variant("softmax"), VecD::Ones(4), MatD::Ones(3, 4)),
+               std::logic_error);
 }
 
 }  // namespace

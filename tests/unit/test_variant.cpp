@@ -173,7 +173,8 @@ TEST(Variant, EveryFamilyHandsOutExactlyItsForm) {
 }
 
 TEST(Variant, RegistryLookUpsWithoutThrowing) {
-  for (const AttentionFamily* f : all_families()) EXPECT_EQ(family_named(f->name()), f) << f->name();
+  for (const AttentionFamily* f : all_families())
+    EXPECT_EQ(family_named(f->name()), f) << f->name();
   EXPECT_EQ(family_named("Softmax"), nullptr);  // names are case-sensitive, as find_family's
   EXPECT_EQ(family_named(""), nullptr);
   EXPECT_EQ(family_named("mala@code"), nullptr);  // a spec, not a family name

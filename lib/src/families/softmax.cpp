@@ -28,19 +28,23 @@ class Softmax final : public ScoreFamily {
             std::vector<int>& degenerate) const override {
     softmax_rows(w, r0, scale, mask, degenerate);
   }
-  void exact_row(const double* qi, const double* k, int n, int d, double scale, double* out) const override {
+  void exact_row(const double* qi, const double* k, int n, int d, double scale,
+                 double* out) const override {
     softmax_exact_row(qi, k, n, d, scale, out);
   }
   void transpose_keys(const MatF& k, MatD& kt) const override { attnscope::transpose_keys(k, kt); }
-  void exact_row_t(const double* qi, const double* kt, int n, int d, double scale, double* out) const override {
+  void exact_row_t(const double* qi, const double* kt, int n, int d, double scale,
+                   double* out) const override {
     softmax_exact_row_t(qi, kt, n, d, scale, out);
   }
-  void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) const override {
+  void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
+                  MatF& w) const override {
     softmax_rows_float(q, k, scale, w);
   }
-  void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k, Eigen::Index ldk,
-                    const double* v, Eigen::Index ldv, Eigen::Index n, Eigen::Index d, Eigen::Index dv, double scale,
-                    const Mask* mask, double* out, Eigen::Index ldo, std::vector<int>* degenerate) const override {
+  void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
+                    Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n,
+                    Eigen::Index d, Eigen::Index dv, double scale, const Mask* mask, double* out,
+                    Eigen::Index ldo, std::vector<int>* degenerate) const override {
     softmax_head_outputs(q, ldq, rows, k, ldk, v, ldv, n, d, dv, scale, mask, out, ldo, degenerate);
   }
 };
