@@ -4,8 +4,9 @@
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
-#include "attnscope/family.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
+#include "attnscope/variant.hpp"
 
 #include <iomanip>
 #include <iostream>
@@ -134,8 +135,11 @@ void print_families() {
                       : f->map_rule() == MapRule::Required ? "required"
                                                            : "default ";
     std::cout << f->name() << "\n  feature map  " << map
-              << (f->map_rule() == MapRule::Defaulted ? std::string(f->default_map()) : std::string())
-              << "\n  form         " << (f->kernel() ? "kernel (linear-time outputs, low-rank W = Z M)" : "scores")
+              << (f->map_rule() == MapRule::Defaulted ? std::string(f->default_map())
+                                                      : std::string())
+              << "\n  form         "
+              << (f->form() == Form::Kernel ? "kernel (linear-time outputs, low-rank W = Z M)"
+                                            : "scores")
               << "\n  weights      " << f->formula() << "\n";
     const std::vector<std::string_view> parts = f->parts();
     if (!parts.empty())

@@ -7,6 +7,7 @@
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/query_transform.hpp"
 

@@ -5,7 +5,6 @@
 #include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
-#include "attnscope/softmax.hpp"
 #include "confusion_search.hpp"
 
 #include <algorithm>
@@ -63,11 +62,11 @@ std::size_t PairJudge::slot(int i) {
 
 namespace {
 
-/// One per thread: the judge's row cache and the softmax buffers outlive the head, so a thread
+/// One per thread: the judge's row cache and the score form's buffers outlive the head, so a thread
 /// allocates (and the kernel zero-fills pages) only when it meets a larger head than before.
 struct Workspace {
   PairJudge judge;
-  SoftmaxWorkspace softmax;
+  ScoreWorkspace scores;
 };
 
 Workspace& thread_workspace() {
@@ -75,16 +74,16 @@ Workspace& thread_workspace() {
   return ws;
 }
 
-HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, const MatF& k,
-                            double scale, const ConfusionOptions& opt,
-                            const ExcludedTokens* excluded) {
+HeadConfusion count_scores(const ScoreFamily& family, const Variant& v, const MatF& q,
+                           const MatF& q_raw, const MatF& k, double scale,
+                           const ConfusionOptions& opt, const ExcludedTokens* excluded) {
   if (q.rows() != k.rows() || q.cols() != k.cols()) {
     throw UsageError("confusion: q and k of one head must have the same shape");
   }
   std::string why;
   if (!v.supports(&why)) throw UsageError(v.name() + ": " + why);
   Workspace& ws = thread_workspace();
-  SoftmaxWorkspace& sw = ws.softmax;
+  ScoreWorkspace& sw = ws.scores;
   const int n = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
   sw.qi.resize(static_cast<std::size_t>(d));
   sw.double_rows = false;
@@ -93,17 +92,17 @@ HeadConfusion count_softmax(const Variant& v, const MatF& q, const MatF& q_raw, 
   // need none or few).
   // A head searched on its double rows has them all already: copied, bit for bit the same.
   bool keys_ready = false;
-  auto row = [&q, &k, &sw, &keys_ready, n, d, scale](int i, double* out) {
+  auto row = [&family, &q, &k, &sw, &keys_ready, n, d, scale](int i, double* out) {
     if (sw.double_rows) {
       std::copy_n(sw.wd.row(i).data(), n, out);
       return;
     }
-    if (!keys_ready) transpose_keys(k, sw.kt), keys_ready = true;
+    if (!keys_ready) family.transpose_keys(k, sw.kt), keys_ready = true;
     for (int t = 0; t < d; ++t) sw.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
-    softmax_exact_row_t(sw.qi.data(), sw.kt.data(), n, d, scale, out);  // softmax_exact_row's bits
+    family.exact_row_t(sw.qi.data(), sw.kt.data(), n, d, scale, out);  // exact_row's bits
   };
   ws.judge.reset(static_cast<int>(q.rows()), n, q_raw, opt, row, excluded);
-  return search_softmax(q, k, scale, ws.judge, sw);
+  return search_scores(family, q, k, scale, ws.judge, sw);
 }
 
 }  // namespace
@@ -147,7 +146,9 @@ HeadConfusion count_confusion(const Variant& v, const MatF& q, const MatF& q_raw
                               double scale, const ConfusionOptions& opt,
                               const ExcludedTokens* excluded) {
   if (opt.device == Device::Cuda) return count_confusion_cuda(v, q, q_raw, k, scale, opt, excluded);
-  if (!v.has_linear_form()) return detail::count_softmax(v, q, q_raw, k, scale, opt, excluded);
+  if (const ScoreFamily* scores = v.score()) {
+    return detail::count_scores(*scores, v, q, q_raw, k, scale, opt, excluded);
+  }
   const ExactRows rows(v, q, k, scale);
   detail::PairJudge& judge = detail::thread_workspace().judge;
   auto row = [&rows](int i, double* out) { rows.row(i, out); };

@@ -1,11 +1,10 @@
 // ExactRows: the double-precision attention rows that define every exact count. Plain loops over
-// the family's kernel form (family.hpp) or softmax's exact row (softmax.hpp); nothing here is
+// the family's kernel form, or its score form's exact row (family.hpp); nothing here is
 // tuned for speed, everything for predictability, and nothing names a family.
 #include "attnscope/analyses/confusion.hpp"
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
-#include "attnscope/softmax.hpp"
 #include "confusion_search.hpp"
 
 #include <algorithm>
@@ -34,7 +33,7 @@ void ExactRows::validate(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<
   if (!q.allFinite() || !k.allFinite()) {
     throw NumericalError(v.name() + ": a query or key holds a non-finite value");
   }
-  if (v.has_linear_form()) return;
+  if (!v.score()) return;
   // |logit| <= |s| max|q_i| max|k_j|: finite for any float input and a sane scale.
   double q_max = 0.0, k_max = 0.0;
   for (Eigen::Index i = 0; i < q.rows(); ++i) q_max = std::max(q_max, q.row(i).cast<double>().norm());
@@ -51,7 +50,7 @@ ExactRows::ExactRows(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<cons
   a_.assign(static_cast<std::size_t>(n_), 0.0);
   b_.assign(static_cast<std::size_t>(n_), 0.0);
   degenerate_.assign(static_cast<std::size_t>(n_), 0);
-  if (!variant_.has_linear_form()) {
+  if (variant_.score()) {
     q_ = q.cast<double>();
     k_ = k.cast<double>();
     return;
@@ -111,9 +110,9 @@ void ExactRows::row(int i, double* out) const {
     std::fill(out, out + n, 0.0);
     return;
   }
-  if (!variant_.has_linear_form()) {
+  if (const ScoreFamily* scores = variant_.score()) {
     const auto d = static_cast<int>(q_.cols());
-    softmax_exact_row(q_.row(i).data(), k_.data(), n_, d, scale_, out);
+    scores->exact_row(q_.row(i).data(), k_.data(), n_, d, scale_, out);
     return;
   }
   const Eigen::Index d = phi_q_.cols();

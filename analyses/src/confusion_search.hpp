@@ -65,9 +65,9 @@ class PairJudge {
   std::vector<double> pool_;   // computed rows, N entries each; capacity kept across heads
 };
 
-/// Buffers of the softmax search, reused across heads by one thread (no per-head allocation once
+/// Buffers of the score-form search, reused across heads by one thread (no per-head allocation once
 /// the largest head has been seen; every buffer is fully overwritten before it is read).
-struct SoftmaxWorkspace {
+struct ScoreWorkspace {
   MatF w;                       // float rows
   MatD wd;                      // exact double rows, when the head is outside the float range
   bool double_rows = false;     // this head's rows are in wd (the judge copies them from there)
@@ -83,13 +83,13 @@ struct SoftmaxWorkspace {
   std::vector<double> qi;       // one query in double
 };
 
-/// Float softmax rows (softmax.hpp) are a filter, not a result: only for heads that
-/// float_rows_fit() accepts. ExactRows::row and the fast search both take exact rows from
-/// softmax_exact_row (the search from softmax_exact_row_t, the same bits with the keys
+/// A score family's float rows (ScoreFamily::rows_float, family.hpp) are a filter, not a result:
+/// only for heads that float_rows_fit() accepts. ExactRows::row and the fast search both take exact
+/// rows from the family's exact_row (the search from exact_row_t, the same bits with the keys
 /// transposed), so their rows agree bit for bit.
 
 /// Largest value of (d + 6) 2^-24 |s| |q_i| max_j |k_j| (the float logits' absolute error bound)
-/// under which a softmax head is computed in float: above it the float rows are replaced by the
+/// under which a score-form head is computed in float: above it the float rows are replaced by the
 /// exact double rows (they could overflow, and their error bound would make the float filter
 /// useless anyway). On real dumps the bound is below 1e-2.
 inline constexpr double kFloatLogitErrorLimit = 1.0 / 16.0;
@@ -99,7 +99,7 @@ inline constexpr double kFloatLogitErrorLimit = 1.0 / 16.0;
 /// subtraction; the last term covers products that underflow).
 double logit_error(double scale, double q_norm, double k_max, Eigen::Index d);
 
-/// Whether the float rows of a softmax head are finite and accurate (see the limit above; also
+/// Whether the float rows of a score-form head are finite and accurate (see the limit above; also
 /// false for a scale that is not a normal float). Throws NumericalError when q or k holds a
 /// non-finite value. Fills q_norm with |q_i| (double) and sets k_max = max_j |k_j|.
 bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
@@ -125,12 +125,13 @@ LowRank build_low_rank(const ExactRows& rows);
 std::int64_t count_degenerate_pairs(const ExactRows& rows, const MatF& q_raw, double query_eps,
                                     const PairJudge& judge);
 
-/// Softmax: float rows, pivot lower bounds with a float-error margin, exact re-check. Heads
+/// The score form (softmax): the family's float rows, pivot lower bounds with a float-error
+/// margin, exact re-check. Heads
 /// outside the float range (float_rows_fit) use the exact double rows instead, computed here
 /// into ws.wd (ws.double_rows is set before the judge is first asked). q is Nq x d, k is Nk x d:
 /// rows have Nk entries. The judge must already be reset for this head.
-HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
-                             SoftmaxWorkspace& ws);
+HeadConfusion search_scores(const ScoreFamily& family, const MatF& q, const MatF& k, double scale,
+                            PairJudge& judge, ScoreWorkspace& ws);
 /// Kernel families: radius search on y_i = z_i L with M M^T = L L^T, exact re-check of the
 /// pairs whose low-rank distance is within its error bound of the threshold.
 HeadConfusion search_low_rank(const ExactRows& rows, PairJudge& judge);

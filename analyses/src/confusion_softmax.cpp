@@ -39,8 +39,8 @@
 #include "attnscope/portable_math.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
 #include "attnscope/lane_sum.hpp"
-#include "attnscope/softmax.hpp"
 
 #include <algorithm>
 #include <array>
@@ -119,7 +119,7 @@ void row_error_bounds(const std::vector<double>& q_norm, double k_max, Eigen::In
 /// Adds pivots to ws.pivots and their columns to ws.dist (distances accumulated in double) until
 /// there are `count`; ws.nearest holds each row's distance to its nearest pivot.
 template <typename R>
-void add_pivots(const Mat<R>& w, SoftmaxWorkspace& ws, Eigen::Index count) {
+void add_pivots(const Mat<R>& w, ScoreWorkspace& ws, Eigen::Index count) {
   const Eigen::Index n = w.rows();
   if (ws.pivots.empty()) {
     ws.dist.resize(n, kPivots);
@@ -157,7 +157,7 @@ namespace {
 /// The sweep over rows w (Nq x Nk; float rows with their bounds rho, or exact rows with rho = 0).
 template <typename R>
 HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJudge& judge,
-                         SoftmaxWorkspace& ws) {
+                         ScoreWorkspace& ws) {
   HeadConfusion out;
   const Eigen::Index n = w.rows(), row_length = w.cols();
   ws.pivots.clear();
@@ -255,23 +255,23 @@ bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double s
   return normal_scale && logit_error(scale, q_max, k_max, d) <= kFloatLogitErrorLimit;
 }
 
-HeadConfusion search_softmax(const MatF& q, const MatF& k, double scale, PairJudge& judge,
-                             SoftmaxWorkspace& ws) {
+HeadConfusion search_scores(const ScoreFamily& family, const MatF& q, const MatF& k, double scale,
+                            PairJudge& judge, ScoreWorkspace& ws) {
   if (q.rows() < 2) return {};
   double k_max = 0.0;
   if (float_rows_fit(q, k, scale, ws.q_norm, k_max)) {
-    softmax_rows_float(q, k, scale, ws.w);
+    family.rows_float(q, k, scale, ws.w);
     row_error_bounds(ws.q_norm, k_max, q.cols(), scale, ws.w, ws.rho);
     return sweep_rows(ws.w, ws.rho, judge, ws);
   }
   // Outside the float range: the exact rows, which the judge then copies instead of recomputing.
   const int nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
-  transpose_keys(k, ws.kt);
+  family.transpose_keys(k, ws.kt);
   ws.wd.resize(q.rows(), k.rows());
   ws.qi.resize(static_cast<std::size_t>(d));
   for (Eigen::Index i = 0; i < q.rows(); ++i) {
     for (int t = 0; t < d; ++t) ws.qi[static_cast<std::size_t>(t)] = static_cast<double>(q(i, t));
-    softmax_exact_row_t(ws.qi.data(), ws.kt.data(), nk, d, scale, ws.wd.row(i).data());
+    family.exact_row_t(ws.qi.data(), ws.kt.data(), nk, d, scale, ws.wd.row(i).data());
   }
   ws.double_rows = true;
   ws.rho.assign(static_cast<std::size_t>(q.rows()), 0.0);

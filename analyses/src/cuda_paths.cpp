@@ -53,7 +53,7 @@ void softmax_row_bounds(const MatF& q, const MatF& k, double scale, double* out)
 std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, const MatF& k, double scale) {
   const int n = rows.tokens();
   std::vector<double> bound(static_cast<std::size_t>(n), 0.0);
-  if (!rows.variant().has_linear_form()) {
+  if (rows.variant().form() == Form::Score) {
     softmax_row_bounds(q, k, scale, bound.data());
     return bound;
   }
@@ -129,7 +129,7 @@ cuda::DeviceRows device_rows(const ExactRows& rows, const MatF& q, const MatF& k
                              const std::vector<unsigned char>& flags) {
   cuda::Context& ctx = cuda::this_thread_context();
   const int n = rows.tokens();
-  if (!rows.variant().has_linear_form()) {
+  if (rows.variant().form() == Form::Score) {
     return cuda::softmax_rows(ctx, q.data(), k.data(), 1, n, static_cast<int>(q.cols()), scale);
   }
   std::vector<double> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
@@ -200,7 +200,7 @@ cuda::DeviceRows device_weights(const Variant& v, const MatD& q, const MatD& k, 
     }
   }
   degenerate.clear();
-  if (!v.has_linear_form()) {
+  if (v.form() == Form::Score) {
     for (int i = 0; mask && i < n; ++i) {
       if (!mask->row(i).any()) degenerate.push_back(i);
     }
@@ -271,7 +271,7 @@ std::vector<HeadConfusion> launch(const Variant& v, const std::vector<HeadInput>
   const HeadInput& first = heads[members.front()];
   const int n = static_cast<int>(first.k->rows());
   const auto per_head = static_cast<std::size_t>(n);
-  const bool softmax = !v.has_linear_form();
+  const bool softmax = v.form() == Form::Score;
   const auto d = static_cast<std::size_t>(first.q->cols());
   cuda::Context& ctx = cuda::this_thread_context();
   // Softmax heads need no ExactRows before their candidates are known (the bounds come from q and

@@ -1,13 +1,14 @@
-// Local attention mass per grid query. Softmax sums float rows (one GEMM, one exp per entry), or
-// the exact double rows for a head outside the float range (confusion_search.hpp's
-// float_rows_fit: large |q| |k| would overflow the float logits); the linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's
-// columns over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N (rows
-// that need not sum to 1 carry their own constant in z and M instead: confusion_search.hpp).
+// Local attention mass per grid query. A score family (softmax) sums its float rows (one GEMM,
+// one exp per entry), or its exact double rows for a head outside the float range
+// (confusion_search.hpp's float_rows_fit: large |q| |k| would overflow the float logits); the
+// linear families never form the N x N matrix: the mass of query i is z_i . (sum of M's columns
+// over i's window) + |window| / N, from the centred low-rank form W = z M + 1/N (rows that need not
+// sum to 1 carry their own constant in z and M instead: confusion_search.hpp).
 #include "attnscope/analyses/locality.hpp"
 
 #include "attnscope/analyses/confusion.hpp"
 #include "attnscope/error.hpp"
-#include "attnscope/softmax.hpp"
+#include "attnscope/family.hpp"
 #include "confusion_search.hpp"
 
 #include <cmath>
@@ -29,14 +30,15 @@ void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
   }
 }
 
-std::vector<double> softmax_mass(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
-                                 const TokenGrid& grid, int window) {
+std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF> q,
+                               Eigen::Ref<const MatF> k, double scale, const TokenGrid& grid,
+                               int window) {
   std::vector<double> mass(static_cast<std::size_t>(grid.tokens()), kNaN);
   std::vector<double> q_norm;
   double k_max = 0.0;
   if (detail::float_rows_fit(q, k, scale, q_norm, k_max)) {
     MatF w;
-    softmax_rows_float(q, k, scale, w);
+    family.rows_float(q, k, scale, w);
     for (int i = grid.prefix; i < grid.tokens(); ++i) {
       double s = 0.0;
       for (int j : grid.window(i, window)) s += static_cast<double>(w(i, j));
@@ -48,8 +50,8 @@ std::vector<double> softmax_mass(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF
   VecD qi(q.cols()), w(k.rows());
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
     qi = q.row(i).cast<double>().transpose();
-    softmax_exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
-                              scale, w.data());
+    family.exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
+                     scale, w.data());
     double s = 0.0;
     for (int j : grid.window(i, window)) s += w(j);
     mass[static_cast<std::size_t>(i)] = s;
@@ -110,11 +112,11 @@ double RunningStats::stddev() const {
 std::vector<double> local_mass(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k,
                                double scale, const TokenGrid& grid, int window, int* degenerate) {
   check_window(grid, window, k.rows());
-  if (!v.has_linear_form()) {
+  if (const ScoreFamily* scores = v.score()) {
     std::string why;
     if (!v.supports(&why)) throw UsageError(v.name() + ": " + why);
     if (degenerate) *degenerate = 0;
-    return softmax_mass(q, k, scale, grid, window);
+    return score_mass(*scores, q, k, scale, grid, window);
   }
   const ExactRows rows(v, q, k, scale);
   if (degenerate) *degenerate = degenerate_grid_rows(rows, grid);

@@ -36,7 +36,7 @@ double row_gap(const CheckInputs& in, const Variant& v, const VecD& p, const Vec
 
 /// The keys that the variant's weights see: the key features f_k for the kernel families.
 MatD seen_keys(const Variant& v, const MatD& k) {
-  return v.has_linear_form() ? kernel_features(v, k, k, 1.0).k : k;
+  return v.kernel() ? kernel_features(v, k, k, 1.0).k : k;
 }
 
 /// Keys meeting both rank conditions (under phi for the kernel families), redrawn until they do:

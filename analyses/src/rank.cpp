@@ -81,7 +81,7 @@ HeadRank head_rank(const Variant& v, const MatF& q, const MatF& k, const MatF& v
   r.k = spectrum_of(singular_values(kd), kd.rows(), kd.cols(), opt);
   const MatD k1 = with_ones(kd);
   r.k1 = spectrum_of(singular_values(k1), k1.rows(), k1.cols(), opt);
-  if (v.has_linear_form()) {
+  if (v.kernel()) {  // key features and a key-value state: the kernel form's
     const KernelFeatures f = kernel_features(v, qd, kd, scale);
     r.fk = spectrum_of(singular_values(f.k), f.k.rows(), f.k.cols(), opt);
     const MatD fk1 = with_ones(f.k);

@@ -62,7 +62,7 @@ HeadRank head_rank_reference(const Variant& v, const MatF& q, const MatF& k, con
   r.k = spectrum_of(jacobi_values(kd), kd.rows(), kd.cols(), opt);
   r.k1 = spectrum_of(jacobi_values(append_ones(kd)), kd.rows(), kd.cols() + 1, opt);
   const MatD& fk = rows.phi_k();
-  if (v.has_linear_form()) {
+  if (v.kernel()) {
     r.fk = spectrum_of(jacobi_values(fk), fk.rows(), fk.cols(), opt);
     r.fk1 = spectrum_of(jacobi_values(append_ones(fk)), fk.rows(), fk.cols() + 1, opt);
     MatD state = MatD::Zero(fk.cols(), values.cols());

@@ -428,7 +428,8 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
     // relu_affine's features run: none of them is computed row by row), k and v for every token.
     const bool mapped = here && !iv.transform.is_identity();
     const bool masked = here && iv.mask.has_value();
-    const bool all_queries = mapped || (masked && v.has_linear_form()) || !query_features_row_local(v);
+    const bool all_queries =
+        mapped || (masked && v.form() == Form::Kernel) || !query_features_row_local(v);
     if (all_queries || rows == n) {
       dense(n, b.qkv, b.qkvb, ws.qkv.data(), 3 * dim, ws);
     } else {
@@ -447,7 +448,7 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
       Mask mask;
       if (masked) mask = build_mask(*iv.mask, m.grid, mask_seed(o.seed, image_id, l, h));
       in_head(image_id, l, h, [&] {
-        if (!v.has_linear_form()) {
+        if (const ScoreFamily* scores = v.score()) {
           const Mask* kept = nullptr;
           if (masked && rows == n) {
             kept = &mask;
@@ -456,11 +457,11 @@ VecD forward_fast(const VitModel& m, const Weights& w, const float* image, int i
             kept = &ws.mask_rows;
           }
           const bool in_float = o.float_attention && kept == nullptr &&
-                                softmax_head_outputs_float(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d,
+                                scores->head_outputs_float(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d,
                                                            m.scale, ws.heads.data() + h * d, dim);
           if (!in_float) {
-            softmax_head_outputs(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d, m.scale, kept,
-                                 ws.heads.data() + h * d, dim);
+            scores->head_outputs(q, ldq, rows, k, 3 * dim, values, 3 * dim, n, d, d, m.scale, kept,
+                                 ws.heads.data() + h * d, dim, nullptr);
           }
           if (!block_finite(ws.heads.data() + h * d, rows, d, dim)) {
             throw NumericalError(v.name() + ": attention outputs overflow double (inputs too large in magnitude)");

@@ -212,7 +212,7 @@ std::string to_string(ScaleSpace s) {
 }
 
 ScaleSpace effective_space(const Variant& v, ScaleSpace s) {
-  if (!v.has_linear_form()) return ScaleSpace::Query;  // softmax has no query features
+  if (!v.kernel()) return ScaleSpace::Query;  // the score form has no query features
   return s == ScaleSpace::Auto ? ScaleSpace::Feature : s;
 }
 

@@ -9,15 +9,21 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 
 namespace attnscope::analyses {
 
-MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k) {
+MalaTerms mala_terms(const Variant& v, const VecD& phi_q, const MatD& phi_k) {
+  const KernelFamily* family = v.kernel();
+  if (!family) throw std::logic_error("mala_terms: " + v.name() + " has no kernel form");
   MalaTerms t;
   t.scores = phi_k * phi_q;
-  const double s = t.scores.sum();
-  t.beta = 1.0 + 1.0 / s;
-  t.gamma = s / static_cast<double>(phi_k.rows());
+  // beta and gamma are the family's row form at this S: a = beta, b = -gamma. Magnitude 0: only
+  // S = 0 (or NaN) is degenerate, where beta = 1 + 1/S would not be finite.
+  const RowForm rf =
+      family->variant_row_form(v, t.scores.sum(), static_cast<int>(phi_k.rows()), 0.0);
+  t.beta = rf.degenerate ? std::numeric_limits<double>::infinity() : rf.a;
+  t.gamma = rf.degenerate ? 0.0 : -rf.b;
   return t;
 }
 
@@ -69,7 +75,8 @@ MatD HeadSweeper::rows(const VecD& q, Eigen::Index token, VecD& f_one) const {
     }
     return out;
   };
-  if (!variant_.has_linear_form()) return attention_weights<double>(variant_, scaled(q), keys_, scale_);
+  if (variant_.form() == Form::Score)
+    return attention_weights<double>(variant_, scaled(q), keys_, scale_);
   // Every row is at the query's own token position: only its magnitude changes.
   const TokenPositions at_token{token, 0};
   if (space_ == ScaleSpace::Feature) {
@@ -100,7 +107,7 @@ std::vector<LawResult> HeadSweeper::laws() const {
     r.variant = variant_.name();
     r.law = law;
     r.threshold = kLawTolerance;
-    if (variant_.has_linear_form() && space_ == ScaleSpace::Query && !homogeneous_) {
+    if (variant_.form() == Form::Kernel && space_ == ScaleSpace::Query && !homogeneous_) {
       r.applicable = false;
       r.why = "query-space scaling where the query features are not positively homogeneous (" +
               variant_.name() + "): f(a q) != a f(q)";
@@ -143,6 +150,7 @@ namespace {
 /// What every law sees of one query: the rows at a = 1 and at the scale, the reference keys, and
 /// (MALA) the terms at a = 1 with the convention's factor in phi(q).
 struct LawInputs {
+  const Variant& variant;
   const VecD& w1;
   int hi = 0;
   int lo = 0;
@@ -203,7 +211,7 @@ std::optional<double> deviation(Law law, const LawInputs& in, double a, const Ve
       return std::abs(ws[hi] / ws[lo] - pm) / std::max(1.0, std::abs(pm));
     }
     case Law::MalaBetaGamma: {
-      const MalaTerms ta = mala_terms(VecD(a * in.phi_q), in.phi_keys);
+      const MalaTerms ta = mala_terms(in.variant, VecD(a * in.phi_q), in.phi_keys);
       if (!std::isfinite(ta.beta) || ta.gamma == 0.0) return std::nullopt;
       const double beta_pred = (in.t.beta + a - 1.0) / a, gamma_pred = a * in.t.gamma;
       return std::max(std::abs(ta.beta - beta_pred) / std::abs(ta.beta),
@@ -221,15 +229,15 @@ void HeadSweeper::check_laws(const VecD& q, const VecD& f_one, const MatD& w, co
   const bool mala = std::any_of(laws.begin(), laws.end(), [](const LawResult& r) {
     return r.applicable && (r.law == Law::MalaRatio || r.law == Law::MalaBetaGamma);
   });
-  const MalaTerms t = mala ? mala_terms(f_one, keys_) : MalaTerms{};
+  const MalaTerms t = mala ? mala_terms(variant_, f_one, keys_) : MalaTerms{};
   double logit_error = 0.0;
-  if (!variant_.has_linear_form()) {
+  if (variant_.form() == Form::Score) {
     // The logits s q.k_j are sums of d products: each is off by at most (d + 2) u |s| |q| max|k_j|.
     constexpr double kDoubleUnit = 0x1.0p-53;
     logit_error =
         static_cast<double>(q.size() + 2) * kDoubleUnit * std::abs(scale_) * q.norm() * max_key_norm_;
   }
-  const LawInputs in{w1, hi, lo, t, f_one, keys_, logit_error};
+  const LawInputs in{variant_, w1, hi, lo, t, f_one, keys_, logit_error};
   for (LawResult& r : laws) {
     if (!r.applicable) continue;
     ++r.queries;

@@ -1,8 +1,7 @@
 // Explicit weights and outputs of every family (attention.hpp): the kernel form generically, the
-// score form through softmax.hpp. Nothing here names a family.
+// score form through the family's ScoreFamily (family.hpp). Nothing here names a family.
 #include "attnscope/attention.hpp"
 
-#include "attnscope/softmax.hpp"
 #include "attnscope/portable_math.hpp"
 #include "kernel_rows.hpp"
 #include "work_count.hpp"
@@ -171,7 +170,7 @@ template <typename Sink>
 void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, double scale,
                    const Mask* mask, Diagnostics* diag, Sink sink) {
   detail::check_inputs(v, q.rows(), q.cols(), k.rows(), k.cols(), mask);
-  const bool scores = !v.has_linear_form();
+  const ScoreFamily* scores = v.score();
   KernelFeatures f;
   VecD key_sum;
   if (!scores) {
@@ -186,7 +185,7 @@ void weight_blocks(const Variant& v, ConstRef<double> q, ConstRef<double> k, dou
     if (scores) {
       detail::count_product(rows, q.cols(), k.rows());
       portable::product_nt(q.middleRows(r0, rows), k, b);
-      softmax_rows(b, r0, scale, mask, degenerate);
+      scores->rows(b, r0, scale, mask, degenerate);
     } else {
       detail::count_product(rows, f.q.cols(), f.k.rows());
       portable::product_nt(f.q.middleRows(r0, rows), f.k, b);
@@ -378,7 +377,7 @@ Mat<T> attention_weights(const Variant& v, ConstRef<T> q, ConstRef<T> k, double 
 template <typename T>
 Mat<T> attention_outputs(const Variant& v, ConstRef<T> q, ConstRef<T> k, ConstRef<T> v_in,
                          double scale, const Mask* mask, Diagnostics* diag) {
-  if (!mask && v.has_linear_form()) {
+  if (!mask && v.linear_time_outputs()) {
     Mat<T> out(q.rows(), v_in.cols());
     attention_outputs_into<T>(v, q, k, v_in, scale, out, nullptr, diag);
     return out;
@@ -399,7 +398,7 @@ void attention_outputs_into(const Variant& v, ConstRef<T> q, ConstRef<T> k, Cons
                      std::to_string(out.cols()) + ", expected " + std::to_string(q.rows()) + " x " +
                      std::to_string(v_in.cols()));
   }
-  if (!mask && v.has_linear_form()) {
+  if (!mask && v.linear_time_outputs()) {
     linear_time_outputs<T>(v, q, k, v_in, scale, out, diag);
     return;
   }

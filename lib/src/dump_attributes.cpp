@@ -4,6 +4,7 @@
 
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
+#include "attnscope/variant.hpp"
 
 #include <array>
 #include <algorithm>
@@ -147,13 +148,6 @@ void write_int(hid_t root, const char* name, std::int64_t v) {
   write_scalar(root, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
 }
 
-bool one_of(std::string_view v, std::initializer_list<std::string_view> allowed) {
-  for (auto a : allowed) {
-    if (v == a) return true;
-  }
-  return false;
-}
-
 void require_positive(const std::string& file, const char* name, int v) {
   if (v <= 0) throw InputError(file, attr_name(name), "a positive integer", std::to_string(v));
 }
@@ -249,15 +243,12 @@ std::vector<int> read_source_layers(hid_t root, const std::string& file, int num
 }
 
 void validate_attributes(const DumpAttributes& a, const std::string& file) {
-  const auto& families = all_families();
-  if (std::none_of(families.begin(), families.end(),
-                   [&](const AttentionFamily* f) { return f->name() == a.attention_family; })) {
+  if (!family_named(a.attention_family)) {
     throw InputError(file, attr_name("attention_family"), "one of " + known_families(),
                      "'" + a.attention_family + "'");
   }
-  if (!one_of(a.convention, {"paper", "code", "code+rope"})) {
-    throw InputError(file, attr_name("convention"), "paper, code or code+rope",
-                     "'" + a.convention + "'");
+  if (!find_convention(a.convention)) {
+    throw InputError(file, attr_name("convention"), convention_names(), "'" + a.convention + "'");
   }
   if (a.feature_map.empty()) {
     throw InputError(file, attr_name("feature_map"), "a feature-map spec or 'none'", "''");

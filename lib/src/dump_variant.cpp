@@ -1,6 +1,7 @@
 // DumpAttributes::variant: the registry object of a dump's own variant (validate_attributes checks
 // that it parses).
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 
 namespace attnscope {
 

@@ -38,10 +38,15 @@ std::string known_families() {
   return out;
 }
 
-const AttentionFamily& find_family(std::string_view name) {
+const AttentionFamily* family_named(std::string_view name) {
   for (const AttentionFamily* f : all_families()) {
-    if (f->name() == name) return *f;
+    if (f->name() == name) return f;
   }
+  return nullptr;
+}
+
+const AttentionFamily& find_family(std::string_view name) {
+  if (const AttentionFamily* f = family_named(name)) return *f;
   throw UsageError("unknown attention family '" + std::string(name) + "'; known: " + known_families());
 }
 

@@ -5,6 +5,7 @@
 #include "attnscope/family.hpp"
 #include "attnscope/parallel.hpp"
 #include "attnscope/seed.hpp"
+#include "attnscope/variant.hpp"
 #include "dump_internal.hpp"
 #include "normal_draws.hpp"
 
@@ -141,12 +142,10 @@ void SynthOptions::validate() const {
        "at most " + std::to_string(kMaxTokens) + " tokens, got " + std::to_string(n));
   need(compression >= 0 && compression <= 9,
        "compression must be a gzip level 0-9, got " + std::to_string(compression));
-  const auto& families = all_families();
-  need(std::any_of(families.begin(), families.end(),
-                   [&](const AttentionFamily* f) { return f->name() == family; }),
+  need(family_named(family) != nullptr,
        "family must be one of " + known_families() + ", got '" + family + "'");
-  need(convention == "paper" || convention == "code" || convention == "code+rope",
-       "convention must be paper, code or code+rope, got '" + convention + "'");
+  need(find_convention(convention).has_value(),
+       "convention must be " + convention_names() + ", got '" + convention + "'");
   need(!feature_map.empty(), "feature map must be a spec or 'none'");
   need(plant_duplicates >= 0 && plant_collinear >= 0 && plant_shifted >= 0,
        "planted pair counts must be >= 0");

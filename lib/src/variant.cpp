@@ -30,13 +30,6 @@ std::string names_of(const Table& table) {
   return out;
 }
 
-std::optional<Convention> find_convention(std::string_view s) {
-  for (const auto& e : kConventions) {
-    if (e.name == s) return e.convention;
-  }
-  return std::nullopt;
-}
-
 std::string_view trim(std::string_view s) {
   const auto first = s.find_first_not_of(" \t");
   if (first == std::string_view::npos) return {};
@@ -49,6 +42,22 @@ std::string_view trim(std::string_view s) {
 }
 
 }  // namespace
+
+std::optional<Convention> find_convention(std::string_view s) {
+  for (const auto& e : kConventions) {
+    if (e.name == s) return e.convention;
+  }
+  return std::nullopt;
+}
+
+std::string convention_names() {
+  std::string out;
+  for (std::size_t i = 0; i < kConventions.size(); ++i) {
+    if (i > 0) out += i + 1 == kConventions.size() ? " or " : ", ";
+    out += kConventions[i].name;
+  }
+  return out;
+}
 
 std::string to_string(Convention c) {
   for (const auto& e : kConventions) {

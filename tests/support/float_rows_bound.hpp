@@ -20,7 +20,7 @@ struct FloatRowsBound {
 inline FloatRowsBound float_rows_bound(const Variant& v, const MatF& q, const MatF& k,
                                        double scale) {
   FloatRowsBound b;
-  if (v.has_linear_form()) return b;
+  if (v.linear_time_outputs()) return b;
   analyses::detail::FloatSoftmaxRows ws;
   b.used = analyses::detail::float_softmax_rows(q, k, scale, 0, false, ws);
   b.delta = ws.delta;

@@ -114,7 +114,7 @@ inline std::vector<HeadCase> gpu_cases() {
 inline MatD gpu_model_rows(const analyses::ExactRows& rows, const MatF& q, const MatF& k, double scale) {
   const int n = rows.tokens();
   MatD w(n, n);
-  if (!rows.variant().has_linear_form()) {
+  if (!rows.variant().linear_time_outputs()) {
     w = scale * (q.cast<double>() * k.cast<double>().transpose());
     for (int i = 0; i < n; ++i) {
       const double m = w.row(i).maxCoeff();

@@ -24,7 +24,7 @@ inline VecD reference_row_at(const Variant& v, const VecD& q, Eigen::Index token
 /// scaling f_q leaves unchanged.
 inline VecD reference_sweep_row(const Variant& v, analyses::ScaleSpace space, const VecD& q,
                                 Eigen::Index token, double a, const MatD& k, double scale) {
-  if (!v.has_linear_form() || space == analyses::ScaleSpace::Query) {
+  if (!v.linear_time_outputs() || space == analyses::ScaleSpace::Query) {
     return reference_row_at(v, a * q, token, k, scale);
   }
   if (v.uses_map()) {

@@ -48,7 +48,7 @@ inline std::vector<std::string> all_variant_specs() {
 inline std::vector<std::string> linear_family_specs() {
   std::vector<std::string> out;
   for (const auto& s : all_variant_specs()) {
-    if (parse_variant(s).has_linear_form()) out.push_back(s);
+    if (parse_variant(s).linear_time_outputs()) out.push_back(s);
   }
   return out;
 }

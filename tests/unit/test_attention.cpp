@@ -1,7 +1,9 @@
 // Every family of the registry against its plain-loop reference: weights, outputs (linear time
 // and explicit), row sums, low-rank form, degenerate rows, token order and numerical edge cases.
 #include "attnscope/attention.hpp"
+#include "attnscope/attention_heads.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/softmax.hpp"
 #include "compare.hpp"
 #include "random_inputs.hpp"
 #include "reference.hpp"
@@ -11,6 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
 
 namespace attnscope {
 namespace {
@@ -81,7 +86,7 @@ TEST_P(EveryVariant, OutputsMatchReferenceFloat) { outputs_match_reference<float
 
 TEST_P(EveryVariant, LowRankFormReproducesWeights) {
   const Variant v = variant();
-  if (!v.has_linear_form()) {
+  if (!v.linear_time_outputs()) {
     EXPECT_THROW((void)low_rank_form<double>(v, MatD::Ones(2, 2), MatD::Ones(2, 2), 1.0), UsageError)
         << v.name();
     return;
@@ -311,6 +316,82 @@ TEST(Registry, EveryFamilyHasItsReference) {
                                                    << f->name() << ".cpp";
   }
   EXPECT_FALSE(reference::has_weights("no_such_family"));
+}
+
+/// Bits of two double buffers equal (NaN == NaN, -0 != +0).
+bool same_bits(const double* a, const double* b, Eigen::Index n) {
+  return std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(double)) == 0;
+}
+
+// The score form through the registry computes exactly what softmax.hpp's functions compute,
+// operation for operation: what the engine, confusion, locality and replay now ask the family for.
+TEST(Registry, ScoreFormOperationsAreSoftmaxsBitForBit) {
+  const ScoreFamily* f = parse_variant("softmax").score();
+  ASSERT_NE(f, nullptr);
+  for (int n : {1, 2, 63, 197}) {
+    for (int d : {1, 7, 60}) {
+      for (double magnitude : {1.0, 40.0, 1e150}) {
+        const std::uint64_t seed =
+            7 * static_cast<std::uint64_t>(n) + static_cast<std::uint64_t>(d);
+        const std::string what =
+            test::config("softmax", n, d, seed, "magnitude " + std::to_string(magnitude));
+        const MatD q = magnitude * test::random_matrix(n, d, seed),
+                   k = test::random_matrix(n, d, seed + 1);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+        // rows(): a block of logits, with a mask that empties row 0.
+        const Mask mask = test::random_mask(n, n, 0.7, seed + 2, 1);
+        MatD a = q * k.transpose(), b = a;
+        std::vector<int> da, db;
+        f->rows(a, 0, scale, &mask, da);
+        softmax_rows(b, 0, scale, &mask, db);
+        EXPECT_TRUE(same_bits(a.data(), b.data(), a.size())) << what;
+        EXPECT_EQ(da, db) << what;
+        EXPECT_EQ(da, std::vector<int>{0}) << what;  // the row that keeps no key
+        // exact_row() and exact_row_t() with the keys transposed by transpose_keys().
+        const MatF kf = k.cast<float>();
+        const MatD kw = kf.cast<double>();
+        MatD kt1, kt2;
+        f->transpose_keys(kf, kt1);
+        transpose_keys(kf, kt2);
+        EXPECT_TRUE(same_bits(kt1.data(), kt2.data(), kt1.size())) << what;
+        VecD r1(n), r2(n), r3(n);
+        for (int i = 0; i < n; ++i) {
+          f->exact_row(q.row(i).data(), kw.data(), n, d, scale, r1.data());
+          softmax_exact_row(q.row(i).data(), kw.data(), n, d, scale, r2.data());
+          f->exact_row_t(q.row(i).data(), kt1.data(), n, d, scale, r3.data());
+          ASSERT_TRUE(same_bits(r1.data(), r2.data(), n)) << what << ", row " << i;
+          ASSERT_TRUE(same_bits(r1.data(), r3.data(), n))
+              << what << ", row " << i << " (transposed keys)";
+        }
+        // rows_float(): in the float range only.
+        if (magnitude < 1e3) {
+          const MatF qf = q.cast<float>();
+          MatF w1, w2;
+          f->rows_float(qf, kf, scale, w1);
+          softmax_rows_float(qf, kf, scale, w2);
+          EXPECT_EQ(std::memcmp(w1.data(), w2.data(),
+                                static_cast<std::size_t>(w1.size()) * sizeof(float)),
+                    0)
+              << what;
+        }
+        // head_outputs(): W V of every row, bit for bit the engine's attention_outputs.
+        const MatD v = test::random_matrix(n, 3, seed + 3);
+        MatD out(n, 3);
+        f->head_outputs(q.data(), d, n, k.data(), d, v.data(), 3, n, d, 3, scale, nullptr,
+                        out.data(), 3, nullptr);
+        const MatD want = attention_outputs<double>(parse_variant("softmax"), q, k, v, scale);
+        EXPECT_TRUE(same_bits(out.data(), want.data(), out.size())) << what;
+      }
+    }
+  }
+  // Negative control: the comparison sees a one-ulp change.
+  const MatD q = test::random_matrix(5, 4, 3), k = test::random_matrix(5, 4, 4);
+  VecD r1(5), r2(5);
+  f->exact_row(q.row(0).data(), k.data(), 5, 4, 0.5, r1.data());
+  softmax_exact_row(q.row(0).data(), k.data(), 5, 4, std::nextafter(0.5, 1.0), r2.data());
+  EXPECT_FALSE(same_bits(r1.data(), r2.data(), 5));
+  // A kernel family hands out no score form.
+  EXPECT_EQ(parse_variant("linear:relu").score(), nullptr);
 }
 
 // Token order: permuting queries and keys together permutes W (W(PQ, PK) = P W P^T) for every

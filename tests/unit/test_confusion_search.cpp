@@ -8,6 +8,7 @@
 #include "attnscope/error.hpp"
 #include "random_inputs.hpp"
 
+#include "attnscope/family.hpp"
 #include "attnscope/softmax.hpp"
 
 #include <gtest/gtest.h>
@@ -52,12 +53,12 @@ std::int64_t searched(const MatF& q, const MatF& k, double scale, const Confusio
   const int nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
   const MatD kd = k.cast<double>();
   detail::PairJudge judge;
-  detail::SoftmaxWorkspace ws;
+  detail::ScoreWorkspace ws;
   judge.reset(static_cast<int>(q.rows()), nk, q, opt, [&](int i, double* out) {
     const VecD qi = q.row(i).cast<double>().transpose();
     softmax_exact_row(qi.data(), kd.data(), nk, d, scale, out);
   });
-  return detail::search_softmax(q, k, scale, judge, ws).pairs;
+  return detail::search_scores(*find_family("softmax").score(), q, k, scale, judge, ws).pairs;
 }
 
 TEST(ConfusionSearch, RowsHaveOneEntryPerKeyWhenQueriesAndKeysDiffer) {

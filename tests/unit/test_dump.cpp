@@ -1,8 +1,9 @@
 // DumpReader / DumpWriter: round trips (float32, float16, optional datasets), streaming reads of a
 // layer subset, every malformed file -> the right InputError, and atomic writes.
-#include "scratch_dir.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/variant.hpp"
+#include "scratch_dir.hpp"
 
 #include "random_inputs.hpp"
 

@@ -105,7 +105,7 @@ TEST_P(HugeMagnitudes, ConfusionFastEqualsReference) {
   EXPECT_EQ(fast.degenerate_rows, ref.degenerate_rows) << what_;
   // Rows this sharp are one-hot, so queries that share their top key are confused: the
   // comparison is not between two zeros.
-  if (!variant_.has_linear_form() && magnitude_ >= 1e19) {
+  if (!variant_.linear_time_outputs() && magnitude_ >= 1e19) {
     EXPECT_GT(ref.pairs, 0) << what_;
   }
 }
@@ -130,7 +130,7 @@ TEST_P(HugeMagnitudes, LocalityFastEqualsReference) {
     ++measured;
     // Errors scale with the row's entries (InLine and MALA rows reach 1e77 here).
     const double row_scale = std::max(1.0, rows.row(i).cwiseAbs().maxCoeff() * 9.0);
-    const double tol = variant_.has_linear_form() ? test::kDoubleTol : test::kFloatTol;
+    const double tol = variant_.linear_time_outputs() ? test::kDoubleTol : test::kFloatTol;
     EXPECT_NEAR(fast[u], ref[u], tol * row_scale) << what_ << " token " << i;
   }
   EXPECT_EQ(measured, kGrid.height * kGrid.width - dead_ref) << what_;
@@ -202,9 +202,10 @@ TEST_P(HugeMagnitudes, RecomputeOutputsEqualLibraryReference) {
 TEST_P(HugeMagnitudes, SpikinessSweepEqualsLibraryReference) {
   SpikinessOptions opts;
   opts.scales = {0.5, 1.0, 3.0};
-  const std::vector<ScaleSpace> spaces = variant_.has_linear_form()
-                                             ? std::vector<ScaleSpace>{ScaleSpace::Query, ScaleSpace::Feature}
-                                             : std::vector<ScaleSpace>{ScaleSpace::Query};
+  const std::vector<ScaleSpace> spaces =
+      variant_.linear_time_outputs()
+          ? std::vector<ScaleSpace>{ScaleSpace::Query, ScaleSpace::Feature}
+          : std::vector<ScaleSpace>{ScaleSpace::Query};
   for (ScaleSpace space : spaces) {
     opts.space = space;
     const std::string what = what_ + " space=" + to_string(space);

@@ -77,7 +77,7 @@ TEST(Rank, FastMatchesReferenceOnEveryFamily) {
         expect_same(fast.w, ref.w, !near_the_tolerance(w), what + " W");
         expect_same(fast.k, ref.k, !near_the_tolerance(to_double(k)), what + " K");
         expect_same(fast.k1, ref.k1, true, what + " [K, 1]");
-        ASSERT_EQ(fast.has_kv, v.has_linear_form()) << what;
+        ASSERT_EQ(fast.has_kv, v.linear_time_outputs()) << what;
         EXPECT_EQ(ref.has_kv, fast.has_kv) << what;
         if (fast.has_kv) {
           expect_same(fast.fk, ref.fk, false, what + " F_k");

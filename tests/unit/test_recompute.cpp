@@ -4,6 +4,7 @@
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
+#include "attnscope/variant.hpp"
 #include "reference.hpp"
 
 #include <gtest/gtest.h>

@@ -9,6 +9,7 @@
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
+#include "attnscope/variant.hpp"
 #include "random_inputs.hpp"
 #include "scratch_dir.hpp"
 #include "tolerances.hpp"

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <stdexcept>
 
 namespace attnscope::analyses {
 namespace {
@@ -402,6 +403,33 @@ TEST(SpikinessCollector, MissingHeadIsAnError) {
   SpikinessCollector collector(parse_variants("softmax"), draw_samples(sel, 50, 3, 1), 0.25,
                                sweep_options(), 0);
   EXPECT_THROW((void)collector.finish(), Error);
+}
+
+// MALA's beta and gamma come from the family's row form: beta = 1 + 1/S, gamma = S/N with S the
+// sum of the scores, in both conventions; S = 0 gives no finite beta.
+TEST(MalaTerms, BetaAndGammaAreTheFamilysRowFormAtS) {
+  for (const char* spec : {"mala", "mala@code", "mala:relu"}) {
+    const Variant v = parse_variant(spec);
+    for (int n : {1, 7, 50}) {
+      const MatD phi_k = test::random_matrix(n, 6, 11).cwiseAbs();
+      const VecD phi_q = test::random_matrix(6, 1, 12).cwiseAbs();
+      const MalaTerms t = mala_terms(v, phi_q, phi_k);
+      const VecD scores = phi_k * phi_q;
+      const double s = scores.sum();
+      EXPECT_EQ(t.scores, scores) << spec << " N=" << n;
+      EXPECT_EQ(t.beta, 1.0 + 1.0 / s) << spec << " N=" << n;
+      EXPECT_EQ(t.gamma, s / n) << spec << " N=" << n;
+      // Negative control: the terms of another query differ.
+      const MalaTerms other = mala_terms(v, VecD(2.0 * phi_q), phi_k);
+      EXPECT_NE(other.beta, t.beta) << spec << " N=" << n;
+      EXPECT_NE(other.gamma, t.gamma) << spec << " N=" << n;
+    }
+  }
+  const MalaTerms zero = mala_terms(parse_variant("mala:relu"), VecD::Zero(4), MatD::Ones(3, 4));
+  EXPECT_TRUE(std::isinf(zero.beta));
+  EXPECT_EQ(zero.gamma, 0.0);
+  EXPECT_THROW((void)mala_terms(parse_variant("softmax"), VecD::Ones(4), MatD::Ones(3, 4)),
+               std::logic_error);
 }
 
 }  // namespace

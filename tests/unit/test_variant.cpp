@@ -148,8 +148,43 @@ TEST(Variant, FamilyAndConventionNames) {
   }
   EXPECT_THROW((void)find_family("Softmax"), UsageError);
   EXPECT_THROW((void)parse_convention("Paper"), UsageError);
-  EXPECT_TRUE(parse_variant("linear:relu").has_linear_form());
-  EXPECT_FALSE(parse_variant("softmax").has_linear_form());
+  EXPECT_TRUE(parse_variant("linear:relu").linear_time_outputs());
+  EXPECT_FALSE(parse_variant("softmax").linear_time_outputs());
+}
+
+// Each family is of one form and hands out that form only: callers branch on form(), never on the
+// family's name.
+TEST(Variant, EveryFamilyHandsOutExactlyItsForm) {
+  int scores = 0, kernels = 0;
+  for (const AttentionFamily* f : all_families()) {
+    const bool kernel = f->kernel() != nullptr, score = f->score() != nullptr;
+    EXPECT_NE(kernel, score) << f->name() << ": kernel() " << kernel << ", score() " << score;
+    EXPECT_EQ(f->form(), kernel ? Form::Kernel : Form::Score) << f->name();
+    const Variant v = parse_variant(example_spec(*f), Convention::Code);
+    EXPECT_EQ(v.form(), f->form()) << v.name();
+    EXPECT_EQ(v.score(), f->score()) << v.name();
+    EXPECT_EQ(v.linear_time_outputs(), kernel) << v.name();
+    (kernel ? kernels : scores) += 1;
+  }
+  EXPECT_EQ(find_family("softmax").form(), Form::Score);
+  EXPECT_EQ(find_family("linear").form(), Form::Kernel);
+  EXPECT_GE(scores, 1);
+  EXPECT_GE(kernels, 11);
+}
+
+TEST(Variant, RegistryLookUpsWithoutThrowing) {
+  for (const AttentionFamily* f : all_families())
+    EXPECT_EQ(family_named(f->name()), f) << f->name();
+  EXPECT_EQ(family_named("Softmax"), nullptr);  // names are case-sensitive, as find_family's
+  EXPECT_EQ(family_named(""), nullptr);
+  EXPECT_EQ(family_named("mala@code"), nullptr);  // a spec, not a family name
+  for (Convention c : {Convention::Paper, Convention::Code, Convention::CodeRope}) {
+    EXPECT_EQ(find_convention(to_string(c)), c);
+    EXPECT_NE(convention_names().find(to_string(c)), std::string::npos) << to_string(c);
+  }
+  EXPECT_FALSE(find_convention("Paper").has_value());
+  EXPECT_FALSE(find_convention("code+").has_value());
+  EXPECT_EQ(convention_names(), "paper, code or code+rope");
 }
 
 }  // namespace

@@ -17,12 +17,12 @@
 
 namespace attnscope {
 
-/// Per-query masks: kept(i, j) == true when key j stays visible to query i. Rows are renormalised
-/// over the kept keys: softmax over the kept logits; a kernel family takes its RowForm from S_i
-/// summed over the kept keys and the kept count n_i in place of N (normalised kernels divide by
-/// the kept sum; inline and mala re-derive their terms); features keep the model's N (the code
-/// convention's factor, cosformer's positions). A row that keeps no key is degenerate.
-using Mask = Eigen::Array<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+/// Per-query masks (Mask, layout.hpp): kept(i, j) == true when key j stays visible to query i.
+/// Rows are renormalised over the kept keys: a score family over the kept logits; a kernel family
+/// takes its RowForm from S_i summed over the kept keys and the kept count n_i in place of N
+/// (normalised kernels divide by the kept sum; inline and mala re-derive their terms); features
+/// keep the model's N (the code convention's factor, cosformer's positions). A row that keeps no
+/// key is degenerate.
 
 /// Degenerate rows found while computing. Their weights and outputs are set to 0, never NaN;
 /// analyses skip them and report how many there were.

@@ -35,7 +35,7 @@ void softmax_head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, 
                                               Eigen::Index d, Eigen::Index dv, double scale, double* out,
                                               Eigen::Index ldo);
 
-/// The linear-time outputs of a kernel family (v.has_linear_form()), no mask, for the query rows
+/// The linear-time outputs of a kernel family (v.linear_time_outputs()), no mask, for the query rows
 /// [0, rows) (token positions 0..rows-1) against the n keys: row i equals row i of
 /// attention_outputs<double>(v, q, k, values, scale) bit for bit when rows = n, and for any rows
 /// where query_features_row_local(v); the same errors are thrown (features or outputs not

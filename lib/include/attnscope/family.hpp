@@ -9,7 +9,12 @@
 //    (KernelFamily): linear, inline, mala, efficient, cosformer, relu. Outputs in linear time as
 //    o_i = a_i f_q(i) [F_k^T V] + b_i sum_j v_j, and W = Z M with z_i = [a_i f_q(i), b_i],
 //    M = [F_k^T ; 1^T].
-//  * the score form of softmax, exp(s q.k_j) over the kept keys (softmax.hpp), which has none.
+//  * the score form, w_ij = exp(l_ij - max_m l_im) / sum_m exp(l_im - max_m l_im) over the kept
+//    keys, l_ij = s q_i.k_j (ScoreFamily): softmax. No features, no linear-time outputs; its rows
+//    come explicit (a block of logits turned into rows), exact in double row by row, and in float
+//    for searches that bound their error.
+// A family is of one form (form()), and hands it out (kernel() or score()); callers ask the form
+// for its rows and never test which family they hold.
 //
 // Adding a family: one file lib/src/families/<name>.cpp defining `family_<name>()` (the build
 // lists that folder; see docs/attention.md "Adding a family"), one plain-loop reference
@@ -30,6 +35,7 @@ namespace attnscope {
 
 struct Variant;
 class KernelFamily;
+class ScoreFamily;
 enum class Convention;
 
 /// One head's model data beyond q, k and v that a family's formula needs, as the model computed
@@ -53,6 +59,10 @@ enum class MapRule { None, Required, Defaulted };
 
 /// The laws a magnitude sweep (one query scaled by a > 0) is checked against (MALA §3.2-3.3).
 enum class MagnitudeLaw { SoftmaxPower, LinearInvariant, InlineAffine, MalaRatio, MalaBetaGamma };
+
+/// The form of a family's weights (family.hpp's header comment): which of kernel() and score() it
+/// hands out.
+enum class Form { Kernel, Score };
 
 /// Relative threshold under which a normalising denominator counts as zero.
 inline constexpr double kTinyDenominator = 1e-12;
@@ -79,8 +89,12 @@ class AttentionFamily {
   /// The laws a magnitude sweep checks: in feature space for kernel families (f_q scaled), in
   /// query space for softmax.
   [[nodiscard]] virtual std::vector<MagnitudeLaw> magnitude_laws() const = 0;
-  /// The kernel form, or null (softmax).
+  /// The kernel form, or null (a score family).
   [[nodiscard]] virtual const KernelFamily* kernel() const { return nullptr; }
+  /// The score form, or null (a kernel family).
+  [[nodiscard]] virtual const ScoreFamily* score() const { return nullptr; }
+  /// Which of the two the family is.
+  [[nodiscard]] Form form() const { return kernel() ? Form::Kernel : Form::Score; }
   /// Names of the per-layer model data variant v's formula needs beyond q and k
   /// (FamilyParams: "rope_cos", "agents", ...); empty for families computed from q and k alone.
   /// A variant of such a family computes only with them bound (Variant::params).
@@ -160,6 +174,47 @@ class KernelFamily : public AttentionFamily {
   [[nodiscard]] virtual bool query_features_homogeneous(const Variant& v) const;
 };
 
+/// The score form: rows of exponentials of the scaled logits l_ij = s q_i.k_j, max-shifted, over
+/// their row sums (family.hpp's header comment). Each operation defines its bits once; callers
+/// (the engine, the exact counts, the searches) use these and nothing else.
+class ScoreFamily : public AttentionFamily {
+ public:
+  [[nodiscard]] const ScoreFamily* score() const override { return this; }
+  /// Turns w, rows r0.. of q k^T (unscaled), into rows over the keys `mask` keeps (all when
+  /// null), with the max subtracted before exp. Rows that keep no key are zeroed and appended to
+  /// `degenerate`.
+  virtual void rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask* mask,
+                    std::vector<int>& degenerate) const = 0;
+  /// The exact row of query qi (d entries) against k (n x d, row-major): logits summed in index
+  /// order, the max subtracted, exp, divided by the sum. Every exact count of the form is defined
+  /// by this one function.
+  virtual void exact_row(const double* qi, const double* k, int n, int d, double scale, double* out) const = 0;
+  /// k (n x d, row-major) widened to double and transposed into kt (d x n, row-major): the keys'
+  /// layout for exact_row_t.
+  virtual void transpose_keys(const MatF& k, MatD& kt) const = 0;
+  /// exact_row with the keys transposed (transpose_keys): the same bits, operation for operation.
+  virtual void exact_row_t(const double* qi, const double* kt, int n, int d, double scale, double* out) const = 0;
+  /// Float rows of q (Nq x d) against k (Nk x d): an approximation for searches that bound its
+  /// error (the logit error bound of confusion_search.hpp), never a result.
+  virtual void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) const = 0;
+  /// One head's outputs for a forward pass: out (rows x dv, row stride ldo) = W V for the query
+  /// rows [0, rows) of q against the n keys, over the keys `mask` keeps (rows x n; null: all),
+  /// bit for bit row i of attention_outputs<double>; rows that keep no key are zero and appended to
+  /// `degenerate` when given (attention_heads.hpp). Does not check that the outputs are finite.
+  virtual void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
+                            Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n, Eigen::Index d,
+                            Eigen::Index dv, double scale, const Mask* mask, double* out, Eigen::Index ldo,
+                            std::vector<int>* degenerate) const = 0;
+  /// The same outputs in float, no mask (replay --attention float; attention_heads.hpp): false,
+  /// having written nothing, where float cannot hold the head (the caller then takes
+  /// head_outputs).
+  [[nodiscard]] virtual bool head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index rows,
+                                                const double* k, Eigen::Index ldk, const double* v,
+                                                Eigen::Index ldv, Eigen::Index n, Eigen::Index d,
+                                                Eigen::Index dv, double scale, double* out,
+                                                Eigen::Index ldo) const = 0;
+};
+
 /// The row form of normalised kernels (linear attention, efficient, cosformer): a = 1/S, b = 0;
 /// degenerate when S is zero or below kTinyDenominator * magnitude.
 [[nodiscard]] RowForm normalised_row(double S, int n_kept, double magnitude);
@@ -170,6 +225,8 @@ class KernelFamily : public AttentionFamily {
 
 /// Every family of this build, in a fixed order.
 [[nodiscard]] const std::vector<const AttentionFamily*>& all_families();
+/// The family of that spec name, or null where none has it.
+[[nodiscard]] const AttentionFamily* family_named(std::string_view name);
 /// The family of that spec name; UsageError listing the known ones otherwise.
 [[nodiscard]] const AttentionFamily& find_family(std::string_view name);
 /// "softmax, linear, ..." for messages.

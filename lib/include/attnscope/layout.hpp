@@ -26,6 +26,9 @@ using VecF = Vec<float>;
 /// Read-only view of any row-major block (a head's rows of a larger matrix binds without a copy).
 template <typename T>
 using ConstRef = Eigen::Ref<const Mat<T>>;
+/// Per-query key masks: kept(i, j) == true when key j stays visible to query i (how each form
+/// renormalises over the kept keys: attention.hpp).
+using Mask = Eigen::Array<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// Where tokens sit: `prefix` tokens that are not on the grid, then a height x width patch grid.
 struct TokenGrid {

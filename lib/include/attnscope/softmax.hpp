@@ -1,9 +1,11 @@
-// The score form of the softmax family (lib/src/families/softmax.cpp): its rows explicit and
+// The softmax family's own operations (lib/src/families/softmax.cpp): its rows explicit and
 // masked, exact in double entry by entry, and in float. Softmax has no kernel form; these are the
-// only places its weights are computed.
+// only places its weights are computed. The library and the analyses reach them through the
+// registry (ScoreFamily, family.hpp: variant.score()); this header is for the family's file, its
+// tests and the GPU kernels' comparisons.
 #pragma once
 
-#include "attnscope/attention.hpp"
+#include "attnscope/layout.hpp"
 
 #include <vector>
 

@@ -18,6 +18,7 @@
 #include "attnscope/feature_map.hpp"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,10 +42,14 @@ struct Variant {
   [[nodiscard]] std::string name() const;
   /// Whether this build can compute the variant; when not, `why` says why.
   [[nodiscard]] bool supports(std::string* why = nullptr) const;
-  /// The family's kernel form (outputs in O(N d^2), low-rank form), or null (softmax).
+  /// The family's kernel form (outputs in O(N d^2), low-rank form), or null (a score family).
   [[nodiscard]] const KernelFamily* kernel() const { return family->kernel(); }
-  /// True where the outputs can be computed in O(N d^2).
-  [[nodiscard]] bool has_linear_form() const { return kernel() != nullptr; }
+  /// The family's score form (rows from scaled logits), or null (a kernel family).
+  [[nodiscard]] const ScoreFamily* score() const { return family->score(); }
+  /// Which form the family's weights take (AttentionFamily::form()).
+  [[nodiscard]] Form form() const { return family->form(); }
+  /// True where the outputs can be computed in O(N d^2): the kernel form's.
+  [[nodiscard]] bool linear_time_outputs() const { return form() == Form::Kernel; }
   /// True where rows are guaranteed to sum to 1 (false for code+rope).
   [[nodiscard]] bool rows_sum_to_one() const { return family->rows_sum_to_one(*this); }
   /// Whether the spec carries a feature map (the family's MapRule is not None).
@@ -64,5 +69,9 @@ struct Variant {
                                                   std::uint64_t seed = 0);
 [[nodiscard]] std::string to_string(Convention c);
 [[nodiscard]] Convention parse_convention(std::string_view s);
+/// The convention of that name, or nullopt.
+[[nodiscard]] std::optional<Convention> find_convention(std::string_view s);
+/// "paper, code or code+rope", for messages.
+[[nodiscard]] std::string convention_names();
 
 }  // namespace attnscope

@@ -3,6 +3,8 @@
 // Its rows (explicit, exact, float) are in softmax.hpp, defined here.
 #include "attnscope/softmax.hpp"
 
+#include "attnscope/attention_heads.hpp"
+#include "attnscope/family.hpp"
 #include "attnscope/lane_sum.hpp"
 #include "attnscope/portable_math.hpp"
 #include "attnscope/variant.hpp"
@@ -14,7 +16,7 @@
 namespace attnscope {
 namespace {
 
-class Softmax final : public AttentionFamily {
+class Softmax final : public ScoreFamily {
  public:
   std::string_view name() const override { return "softmax"; }
   std::string_view formula() const override {
@@ -22,6 +24,35 @@ class Softmax final : public AttentionFamily {
   }
   MapRule map_rule() const override { return MapRule::None; }
   std::vector<MagnitudeLaw> magnitude_laws() const override { return {MagnitudeLaw::SoftmaxPower}; }
+  void rows(Eigen::Ref<MatD> w, Eigen::Index r0, double scale, const Mask* mask,
+            std::vector<int>& degenerate) const override {
+    softmax_rows(w, r0, scale, mask, degenerate);
+  }
+  void exact_row(const double* qi, const double* k, int n, int d, double scale,
+                 double* out) const override {
+    softmax_exact_row(qi, k, n, d, scale, out);
+  }
+  void transpose_keys(const MatF& k, MatD& kt) const override { attnscope::transpose_keys(k, kt); }
+  void exact_row_t(const double* qi, const double* kt, int n, int d, double scale,
+                   double* out) const override {
+    softmax_exact_row_t(qi, kt, n, d, scale, out);
+  }
+  void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale,
+                  MatF& w) const override {
+    softmax_rows_float(q, k, scale, w);
+  }
+  void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
+                    Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n,
+                    Eigen::Index d, Eigen::Index dv, double scale, const Mask* mask, double* out,
+                    Eigen::Index ldo, std::vector<int>* degenerate) const override {
+    softmax_head_outputs(q, ldq, rows, k, ldk, v, ldv, n, d, dv, scale, mask, out, ldo, degenerate);
+  }
+  bool head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
+                          Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n,
+                          Eigen::Index d, Eigen::Index dv, double scale, double* out,
+                          Eigen::Index ldo) const override {
+    return softmax_head_outputs_float(q, ldq, rows, k, ldk, v, ldv, n, d, dv, scale, out, ldo);
+  }
 };
 
 double dot(const double* a, const double* b, int n) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/query_transform.hpp"
 
 #include <cstddef>

@@ -5,6 +5,7 @@
 #include "attnscope/analyses/confusion.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/layout.hpp"
 
 #include <cstddef>

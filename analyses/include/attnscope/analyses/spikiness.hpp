@@ -182,12 +182,14 @@ class HeadSweeper {
 
 /// MALA's per-query terms for features already carrying the convention's factor:
 /// S = phi(q).sum_m phi(k_m), beta = 1 + 1/S, gamma = S / N, and the scores phi(q).phi(k_j).
+/// beta and gamma are asked of v's family (its row form at S: a = beta, b = -gamma); where S = 0
+/// (or NaN), beta is +inf and gamma 0. logic_error for a variant without a kernel form.
 struct MalaTerms {
   double beta = 1.0;
   double gamma = 0.0;
   VecD scores;
 };
-[[nodiscard]] MalaTerms mala_terms(const VecD& phi_q, const MatD& phi_k);
+[[nodiscard]] MalaTerms mala_terms(const Variant& v, const VecD& phi_q, const MatD& phi_k);
 
 // ---- Sweeps over many queries of a dump (or of synthetic heads) --------------------------------
 

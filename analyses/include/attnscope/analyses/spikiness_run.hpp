@@ -6,6 +6,7 @@
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/analyses/spikiness.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/variant.hpp"
 #include "attnscope/synth.hpp"
 
 #include <functional>
