@@ -236,7 +236,7 @@ void expect_rows(const std::vector<double>& got, const std::vector<double>& want
 }
 
 /// Softmax units go through the float path (its proven bound); the others are double throughout.
-double tolerance(const Variant& v) { return v.has_linear_form() ? 1e-9 : test::kFloatTol; }
+double tolerance(const Variant& v) { return v.linear_time_outputs() ? 1e-9 : test::kFloatTol; }
 
 TEST(GeometryDiagnostics, EntropyOfEachUnitEqualsThePlainLoops) {
   for (const std::string& spec : test::all_variant_specs()) {
@@ -350,7 +350,7 @@ TEST(GeometryDiagnostics, RankOfEachUnitEqualsJacobiOfThePlainLoops) {
           EXPECT_NEAR(got[static_cast<std::size_t>(u)].k.ratio, kw.ratio, 1e-9) << at;
           // A masked window has no one key-value state; an unmasked kernel unit has one.
           EXPECT_EQ(got[static_cast<std::size_t>(u)].has_kv,
-                    v.has_linear_form() && !c.geo.masked(u))
+                    v.linear_time_outputs() && !c.geo.masked(u))
               << at;
         }
       }
