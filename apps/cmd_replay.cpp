@@ -43,7 +43,7 @@ po::options_description replay_options(ReplayFlags& f) {
       "blocks the interventions apply to, e.g. 0,3 (default: all)")(
       "intervention", po::value(&f.interventions)->value_name("LIST")->default_value(f.interventions),
       "comma list: none, local:K, random:N, f1, f2, l2norm, family=SPEC")(
-      "attention", po::value(&f.attention)->value_name("double|float")->default_value(f.attention),
+      "attention", po::value(&f.attention)->value_name("MODE")->default_value(f.attention),
       "precision of the softmax heads: double (the library's bits, default) or float (PyTorch's "
       "precision, faster; masked heads and kernel families stay in double)");
   add_threads_option(d, f.common);
