@@ -1,5 +1,6 @@
-// Rank diagnostics (rank.hpp): singular values by Eigen's BDCSVD of the registry's weights, key
-// features and key-value state.
+// Rank diagnostics (rank.hpp): singular values (singular_values.hpp: fixed-order
+// bidiagonalisation, the same bits on every CPU) of the registry's weights, key features and
+// key-value state.
 #include "attnscope/analyses/rank.hpp"
 
 #include "attnscope/analyses/geometry_heads.hpp"
@@ -7,8 +8,7 @@
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/portable_math.hpp"
-
-#include <Eigen/SVD>
+#include "attnscope/singular_values.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -19,13 +19,6 @@ namespace attnscope::analyses {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::vector<double> singular_values(const MatD& m) {
-  if (m.size() == 0) return {};
-  const Eigen::BDCSVD<MatD> svd(m);
-  const VecD& s = svd.singularValues();
-  return {s.data(), s.data() + s.size()};
-}
 
 MatD with_ones(const MatD& x) {
   MatD out(x.rows(), x.cols() + 1);

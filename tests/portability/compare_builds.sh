@@ -43,8 +43,8 @@ run() {
     "${a[@]}" recompute "${common[@]}" --out "$out/$name/recompute" >/dev/null
     "${a[@]}" replay --model "$REPO/data/models/$name.h5" --dump "$d" --images "$IMAGES" --threads "$THREADS" \
       --intervention none,local:3,family=linear:relu --out "$out/$name/replay" >/dev/null
-    # The per-head diagnostics: fixed-order float and double kernels, and (rank) Eigen's BDCSVD,
-    # which runs unvectorised in a fixed order under the build's floating-point model.
+    # The per-head diagnostics: fixed-order float and double kernels, and (rank) singular_values.hpp's
+    # fixed-order bidiagonalisation and dqds.
     "${a[@]}" distance "${common[@]}" --out "$out/$name/distance" --variant "$CODE4" >/dev/null
     "${a[@]}" entropy "${common[@]}" --out "$out/$name/entropy" --variant "$CODE4" >/dev/null
     "${a[@]}" sinks "${common[@]}" --out "$out/$name/sinks" --variant "$CODE4" >/dev/null

@@ -1,4 +1,4 @@
-// Rank diagnostics: the fast path (registry weights and features, BDCSVD) against the reference
+// Rank diagnostics: the fast path (registry weights and features, singular_values) against the reference
 // (ExactRows, one-sided Jacobi SVD, plain loops) on awkward sizes and every family; exact ranks on
 // matrices built to have them (uniform rows: rank 1; one-hot rows to distinct keys: rank N,
 // effective rank N; the kernel families' rank bound r + 1); the InLine Prop. 1 assumptions failing

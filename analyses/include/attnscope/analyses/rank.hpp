@@ -59,8 +59,8 @@ struct HeadRank {
   int degenerate = 0;
 };
 
-/// Fast path: weights from the registry (one GEMM), singular values by Eigen's BDCSVD
-/// (divide and conquer, O(N^3)), features from the registry. `out` may be null. With a mask
+/// Fast path: weights from the registry (one GEMM), singular values by singular_values.hpp
+/// (fixed-order bidiagonalisation and dqds, O(N^3)), features from the registry. `out` may be null. With a mask
 /// (attention.hpp's, q.rows() x k.rows(), true = kept): the masked weights, and no key-value state.
 [[nodiscard]] HeadRank head_rank(const Variant& v, const MatF& q, const MatF& k, const MatF& values,
                                  const MatF* out, double scale, const RankOptions& opt,
