@@ -4,7 +4,6 @@
 // that the GPU's counts equal the CPU's, head by head, then times; items are images. Without a
 // CUDA device (or CUDA) the GPU benchmarks stop with the reason.
 #include "attnscope/analyses/confusion.hpp"
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/device.hpp"
 #include "attnscope/synth.hpp"
 

@@ -1,11 +1,11 @@
 // Weight census of InLine and MALA weights (census.hpp).
 #include "attnscope/analyses/census.hpp"
 
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/gpu/attention.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -163,7 +163,7 @@ void CensusCollector::add_head(const HeadView& head) {
     const Variant variant = head_variant(variants_[v], head);
     const MatD w = in_head(head.image, head.layer, head.head, [&] {
       return device_ == Device::Cuda
-                 ? attention_weights_cuda(variant, q, k, scale, nullptr, &diag)
+                 ? gpu::attention_weights(variant, q, k, scale, nullptr, &diag)
                  : attention_weights<double>(variant, q, k, scale, nullptr, &diag);
     });
     const CensusCell part = census_of(w, diag.degenerate_rows, tolerance_);

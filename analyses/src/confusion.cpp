@@ -1,7 +1,6 @@
 // Confusion counting: the exact pair judge, the per-head entry points and the streaming driver.
 #include "attnscope/analyses/confusion.hpp"
 
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"

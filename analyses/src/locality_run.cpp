@@ -3,7 +3,6 @@
 // of images.
 #include "attnscope/analyses/locality.hpp"
 
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"

@@ -1,7 +1,6 @@
 // Masking, the layer-local view (masking.hpp).
 #include "attnscope/analyses/masking.hpp"
 
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/geometry_heads.hpp"
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"

@@ -34,6 +34,12 @@ bool built_with_cuda() {
 #endif
 }
 
+void refuse_without_cuda() {
+  throw UsageError(
+      "--device cuda: this attnscope was built without CUDA (configure with "
+      "-DATTNSCOPE_CUDA=AUTO or ON where a CUDA toolkit is installed)");
+}
+
 namespace {
 
 #ifdef ATTNSCOPE_HAVE_CUDA
@@ -108,10 +114,7 @@ ResolvedDevice resolve_device(Device requested, std::string_view analysis, bool 
     return r;
   }
   if (requested == Device::Cuda) {
-    if (!built_with_cuda()) {
-      throw UsageError("--device cuda: this attnscope was built without CUDA (configure with "
-                       "-DATTNSCOPE_CUDA=AUTO or ON where a CUDA toolkit is installed)");
-    }
+    if (!built_with_cuda()) refuse_without_cuda();
     throw UsageError("--device cuda: " + why);
   }
   r.description = "cpu (" + why + ")";

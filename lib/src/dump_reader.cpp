@@ -4,6 +4,7 @@
 
 #include "attnscope/error.hpp"
 #include "attnscope/half.hpp"
+#include "attnscope/variant.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,6 @@
 // family; through count_confusion's dispatch, from several threads at once, and with more
 // candidates than the first pair buffer holds.
 #include "attnscope/analyses/confusion.hpp"
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "cuda_test.hpp"
 #include "gpu_cases.hpp"
 

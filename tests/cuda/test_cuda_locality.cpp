@@ -1,6 +1,5 @@
 // Local k x k mass on the GPU against the CPU's double reference: within 1e-6 on every grid
 // query, NaN in the same places, the same degenerate counts.
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/locality.hpp"
 #include "cuda_test.hpp"
 #include "gpu_cases.hpp"

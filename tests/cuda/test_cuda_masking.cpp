@@ -1,6 +1,5 @@
 // Masking on the GPU (weights and both outputs) against the CPU's mask_head: the same counts of
 // degenerate and empty rows, the same change and removed mass to rounding, every family.
-#include "attnscope/analyses/cuda_paths.hpp"
 #include "attnscope/analyses/masking.hpp"
 #include "cuda_test.hpp"
 #include "gpu_cases.hpp"

@@ -1,7 +1,8 @@
 // Explicit weights on the GPU against the CPU's (attention.hpp), every family of the registry,
 // awkward sizes: the same numbers to rounding, the same degenerate rows.
-#include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/analyses/confusion_cuda.hpp"
 #include "attnscope/attention.hpp"
+#include "attnscope/gpu/attention.hpp"
 #include "attnscope/half.hpp"
 #include "cuda_test.hpp"
 #include "gpu_cases.hpp"
@@ -35,8 +36,8 @@ TEST_F(CudaWeights, MatchTheCpuForEveryFamilyAndAwkwardSize) {
         } catch (const NumericalError&) {
           continue;  // out of range for this family on the CPU already
         }
-        const MatD gpu = analyses::attention_weights_cuda(v, q.cast<double>(), k.cast<double>(), scale, nullptr,
-                                                          &gpu_diag);
+        const MatD gpu = gpu::attention_weights(v, q.cast<double>(), k.cast<double>(), scale,
+                                                nullptr, &gpu_diag);
         ASSERT_EQ(gpu.rows(), n) << what;
         ASSERT_EQ(gpu.cols(), n) << what;
         EXPECT_EQ(gpu_diag.degenerate_rows, cpu_diag.degenerate_rows) << what;
@@ -66,7 +67,7 @@ TEST_F(CudaWeights, MaskedWeightsMatchTheCpu) {
       } catch (const NumericalError&) {
         continue;
       }
-      const MatD gpu = analyses::attention_weights_cuda(v, q, k, 0.25, &mask, &gpu_diag);
+      const MatD gpu = gpu::attention_weights(v, q, k, 0.25, &mask, &gpu_diag);
       EXPECT_EQ(gpu_diag.degenerate_rows, cpu_diag.degenerate_rows) << what;
       const double worst = (gpu - cpu).cwiseAbs().maxCoeff();
       EXPECT_LE(worst, 1e-10 * (1.0 + cpu.cwiseAbs().maxCoeff())) << what;

@@ -2,7 +2,7 @@
 // candidate_margin.hpp, the candidate bookkeeping, and the whole filter emulated on the host
 // (rows computed as the kernels compute them, in another order; candidates from the Gram matrix;
 // exact judging) giving the CPU's exact counts on every case the GPU tests use.
-#include "attnscope/analyses/cuda_paths.hpp"
+#include "attnscope/analyses/confusion_cuda.hpp"
 #include "attnscope/candidate_margin.hpp"
 #include "attnscope/error.hpp"
 #include "gpu_cases.hpp"

@@ -1,9 +1,19 @@
 // Device selection (device.hpp): parsing, and what auto, cpu and cuda resolve to on this machine,
-// consistent with whether this build has CUDA and whether a device answers.
+// consistent with whether this build has CUDA and whether a device answers; in a build without
+// CUDA, every GPU path refuses with --device cuda's message.
+#include "attnscope/analyses/confusion_cuda.hpp"
+#include "attnscope/analyses/locality.hpp"
+#include "attnscope/analyses/masking.hpp"
 #include "attnscope/device.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/gpu/attention.hpp"
 
 #include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace attnscope {
 namespace {
@@ -65,6 +75,52 @@ TEST(DeviceSelection, AnalysesWithoutACudaPathStayOnTheCpu) {
     EXPECT_EQ(a.description, "cpu (maps has no CUDA path)");
   }
   EXPECT_THROW((void)resolve_device(Device::Cuda, "maps", false), UsageError);
+}
+
+TEST(DeviceSelection, GpuPathsOfABuildWithoutCudaRefuseAsDeviceCudaDoes) {
+  if (built_with_cuda()) GTEST_SKIP() << "built with CUDA: tests/cuda/ runs the GPU paths";
+  const Variant v = parse_variant("softmax");
+  const MatD q = MatD::Constant(4, 2, 0.5), k = q, values = q;
+  const MatF qf = q.cast<float>(), kf = k.cast<float>();
+  const Mask mask = Mask::Constant(4, 4, true);
+  const TokenGrid grid{0, 2, 2};
+  std::string refusal;
+  try {
+    (void)resolve_device(Device::Cuda, "confusion");
+  } catch (const UsageError& e) {
+    refusal = e.what();
+  }
+  ASSERT_FALSE(refusal.empty())
+      << "negative control: --device cuda resolved in a build without CUDA";
+  const std::vector<std::pair<const char*, std::function<void()>>> paths = {
+      {"gpu::attention_weights", [&] { (void)gpu::attention_weights(v, q, k, 0.5); }},
+      {"gpu::attention_outputs", [&] { (void)gpu::attention_outputs(v, q, k, values, 0.5); }},
+      {"gpu::attention_weights_and_outputs",
+       [&] { (void)gpu::attention_weights_and_outputs(v, q, k, values, 0.5); }},
+      {"count_confusion_cuda",
+       [&] {
+         (void)analyses::count_confusion_cuda(v, qf, qf, kf, 0.5, analyses::ConfusionOptions{});
+       }},
+      {"count_confusion_cuda_batch",
+       [&] {
+         (void)analyses::count_confusion_cuda_batch(
+             v, {analyses::HeadInput{&qf, &qf, &kf, nullptr}}, 0.5, analyses::ConfusionOptions{});
+       }},
+      {"confusion_rows_cuda",
+       [&] {
+         (void)analyses::confusion_rows_cuda(analyses::ExactRows(v, qf, kf, 0.5), qf, kf, 0.5);
+       }},
+      {"local_mass_cuda", [&] { (void)analyses::local_mass_cuda(v, qf, kf, 0.5, grid, 1); }},
+      {"mask_head_cuda", [&] { (void)analyses::mask_head_cuda(v, q, k, values, 0.5, mask); }},
+  };
+  for (const auto& [name, call] : paths) {
+    try {
+      call();
+      ADD_FAILURE() << name << " ran in a build without CUDA";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), refusal) << name;
+    }
+  }
 }
 
 }  // namespace

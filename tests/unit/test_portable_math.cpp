@@ -247,7 +247,8 @@ TEST(PortableMath, NoSourceContractsMultiplyAdd) {
   EXPECT_EQ(portable::probe::portable_math(a, b, c), 0.0) << "portable_math.cpp contracts a * b + c";
   EXPECT_EQ(portable::probe::confusion_softmax(a, b, c), 0.0) << "confusion_softmax.cpp contracts a * b + c";
   EXPECT_EQ(portable::probe::confusion_lowrank(a, b, c), 0.0) << "confusion_lowrank.cpp contracts a * b + c";
-  EXPECT_EQ(portable::probe::candidate_margin(a, b, c), 0.0) << "cuda_paths.cpp contracts a * b + c";
+  EXPECT_EQ(portable::probe::candidate_margin(a, b, c), 0.0)
+      << "confusion_cuda.cpp contracts a * b + c";
   // This test's own file is compiled with the project's flags too.
   EXPECT_EQ(a * b + c, 0.0);
 }

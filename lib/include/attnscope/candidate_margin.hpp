@@ -83,8 +83,9 @@ inline constexpr double kUnderflow = 4.9406564584124654e-324;
 /// most gamma_{r+2} (|a_i| |f_q(i)| |F_k|_F + sqrt(N) |b_i|); twice that for the two sides,
 /// doubled for safety. Products that underflow (subnormal features: exp of a large negative
 /// number) err absolutely, by at most 2^-1074 each: (r + 1) of them per dot product, scaled by
-/// |a_i|, and one more for the product by a_i, per entry (none when a_i = 0: the row is b_i). The norms must not underflow either:
-/// take them scaled (cuda_paths.cpp), never as sqrt(sum x^2), whose squares of tiny features are 0.
+/// |a_i|, and one more for the product by a_i, per entry (none when a_i = 0: the row is b_i). The
+/// norms must not underflow either: take them scaled (confusion_cuda.cpp), never as sqrt(sum x^2),
+/// whose squares of tiny features are 0.
 ATTNSCOPE_HOST_DEVICE inline double row_bound_kernel(double a, double b, double fq_norm, double fk_frobenius,
                                                      int n, int r) {
   const double rounding = gamma(r + 2.0) * (std::fabs(a) * fq_norm * fk_frobenius + std::sqrt(double(n)) * std::fabs(b));

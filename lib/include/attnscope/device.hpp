@@ -25,6 +25,10 @@ struct ResolvedDevice {
 /// Whether this build has the CUDA paths.
 [[nodiscard]] bool built_with_cuda();
 
+/// Throws the UsageError of `--device cuda` in a build without CUDA: what every GPU path of such
+/// a build does when called.
+[[noreturn]] void refuse_without_cuda();
+
 /// Whether a CUDA device can be used; when not, `why` (if given) receives the reason
 /// ("built without CUDA" or the CUDA runtime's error string).
 [[nodiscard]] bool cuda_device_available(std::string* why = nullptr);

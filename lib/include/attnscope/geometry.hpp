@@ -9,7 +9,6 @@
 // k and v are laid out the same with key_tokens() rows per unit.
 #pragma once
 
-#include "attnscope/attention.hpp"
 #include "attnscope/layout.hpp"
 
 #include <memory>
@@ -63,7 +62,7 @@ struct LayerGeometry {
   [[nodiscard]] bool square() const { return windows == 0 && !reduced(); }
   /// Whether window w has a mask that forbids some pair.
   [[nodiscard]] bool masked(int w) const;
-  /// Window w's mask as the library takes it (attention.hpp's Mask: true = kept); all true
+  /// Window w's mask as the library takes it (layout.hpp's Mask: true = kept); all true
   /// without a mask; a single all-true mask for a layer without windows of its key count.
   [[nodiscard]] Mask unit_mask(int w) const;
   /// The grid cell (row, col) of query `i` of unit `w` (-1, -1 for a prefix token).

@@ -77,7 +77,7 @@ class CensusCollector {
   CensusCollector(std::vector<Variant> variants, const Selection& resolved, double scale,
                   double sum_tolerance);
   void add_head(const HeadView& head);
-  /// Cuda: each head's weights are computed on the GPU (cuda_paths.hpp), in double like the
+  /// Cuda: each head's weights are computed on the GPU (gpu/attention.hpp), in double like the
   /// CPU's; a weight within rounding of 0 or a row sum within rounding of the tolerance can then
   /// be counted differently.
   /// Heads of a layer that is not one square attention are counted on the CPU (census_units).

@@ -31,6 +31,7 @@
 #include "attnscope/variant.hpp"
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -97,7 +98,7 @@ double squared_distance(const double* a, const double* b, int n);
 struct ConfusionOptions {
   double eps = 1e-3;        ///< L2 radius on attention rows
   double query_eps = 1e-6;  ///< raw queries closer than this are the same query, not confusion
-  Device device = Device::Cpu;  ///< Cuda: the per-head counts run on the GPU (cuda_paths.hpp)
+  Device device = Device::Cpu;  ///< Cuda: the per-head counts run on the GPU (count_confusion_cuda)
   /// Tokens left out of every pair; confusion_images reads each image's (excluded_tokens).
   TokenFilter exclude;
 };
@@ -121,6 +122,36 @@ HeadConfusion count_confusion_reference(const Variant& v, const MatF& q, const M
                                         const MatF& k, double scale, const ConfusionOptions& opt,
                                         const ExcludedTokens* excluded = nullptr,
                                         std::vector<std::pair<int, int>>* pairs = nullptr);
+
+// The GPU path (confusion_cuda.cpp; its pieces, for tests, in confusion_cuda.hpp): the GPU
+// computes every row in double and proposes candidate pairs with the rigorous margin of
+// candidate_margin.hpp; the exact judge of count_confusion decides each one, so the counts are
+// count_confusion's, exactly. In a build without CUDA these throw UsageError.
+
+/// count_confusion on the GPU; equal to it on every input.
+HeadConfusion count_confusion_cuda(const Variant& v, const MatF& q, const MatF& q_raw,
+                                   const MatF& k, double scale, const ConfusionOptions& opt,
+                                   const ExcludedTokens* excluded = nullptr);
+
+/// One head of a batch: queries after the transform, raw queries, keys (N x d each), and the
+/// excluded tokens of its image (null: none).
+struct HeadInput {
+  const MatF* q = nullptr;
+  const MatF* q_raw = nullptr;
+  const MatF* k = nullptr;
+  const ExcludedTokens* excluded = nullptr;
+};
+
+/// Images whose heads the streaming confusion run sends to the GPU together (confusion_images).
+inline constexpr std::size_t kCudaImagesPerLaunch = 32;
+
+/// count_confusion_cuda of many heads (of any images) with as few launches as fit in device
+/// memory: heads of one shape go to the GPU together (one copy, strided-batched products, one
+/// candidate kernel per launch), the exact judging of their candidates runs on the OpenMP threads.
+/// Results in the order of `heads`. count_confusion_cuda is this with one head.
+std::vector<HeadConfusion> count_confusion_cuda_batch(const Variant& v,
+                                                      const std::vector<HeadInput>& heads,
+                                                      double scale, const ConfusionOptions& opt);
 
 /// The paper's bins of per-image counts: 0, 1, 2-3, 4-7, 8-15, 16-31, >=32.
 inline constexpr int kConfusionBins = 7;

@@ -36,6 +36,10 @@ struct RunningStats {
 std::vector<double> local_mass(const Variant& v, Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k,
                                double scale, const TokenGrid& grid, int window,
                                int* degenerate = nullptr);
+/// local_mass on the GPU (locality_cuda.cpp): double rows on the device, each query's window
+/// summed there; within 1e-6 of local_mass. UsageError in a build without CUDA.
+std::vector<double> local_mass_cuda(const Variant& v, const MatF& q, const MatF& k, double scale,
+                                    const TokenGrid& grid, int window, int* degenerate = nullptr);
 /// The same from the double rows of ExactRows, summed over a window found by scanning the grid.
 std::vector<double> local_mass_reference(const Variant& v, const MatF& q, const MatF& k, double scale,
                                          const TokenGrid& grid, int window, int* degenerate = nullptr);
@@ -77,7 +81,7 @@ struct LocalityImage {
 
 /// Streams the selection of a dump, calling `sink` after each image, in the selection's order.
 /// An image's part depends on that image only, whoever computes it.
-/// With device Cuda each head's mass is computed on the GPU (cuda_paths.hpp; `reference` wins).
+/// With device Cuda each head's mass is computed on the GPU (local_mass_cuda; `reference` wins).
 void locality_images(DumpReader& reader, const Selection& resolved,
                      const std::vector<Variant>& variants, int window, bool reference,
                      const std::function<void(LocalityImage&&)>& sink, Device device = Device::Cpu);

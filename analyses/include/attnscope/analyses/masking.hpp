@@ -77,6 +77,11 @@ struct MaskCell {
 [[nodiscard]] MaskCell mask_head(const Variant& v, const MatD& q, const MatD& k, const MatD& values,
                                  double scale, const Mask& mask);
 
+/// mask_head with the weights and both outputs computed on the GPU (gpu/attention.hpp): the same
+/// counts, the change and removed mass to rounding. UsageError in a build without CUDA.
+[[nodiscard]] MaskCell mask_head_cuda(const Variant& v, const MatD& q, const MatD& k,
+                                      const MatD& values, double scale, const Mask& mask);
+
 /// mask_head's statistics from the weights w (no mask), the outputs o = w V and o_masked (under
 /// the mask) and both runs' degenerate rows: shared by the CPU and GPU paths.
 [[nodiscard]] MaskCell mask_statistics(const MatD& w, const MatD& o, const MatD& o_masked, const Diagnostics& plain,
@@ -105,7 +110,7 @@ class MaskCollector {
   /// add the images in the selection's order, and the result is the same to the last bit however
   /// the images were split between processes.
   void add(const std::vector<MaskCell>& part);
-  /// Cuda: each head's weights and outputs are computed on the GPU (cuda_paths.hpp); heads of a
+  /// Cuda: each head's weights and outputs are computed on the GPU (mask_head_cuda); heads of a
   /// layer that is not one square attention go through mask_units on the CPU.
   void set_device(Device device) { device_ = device; }
 
