@@ -4,7 +4,10 @@
 
 #include "attnscope/error.hpp"
 
+#include <dlfcn.h>
+
 #include <cstring>
+#include <type_traits>
 
 namespace attnscope::cuda {
 
@@ -16,8 +19,37 @@ void check(cudaError_t err, const char* what) {
 
 void check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw NumericalError(std::string("cuda: ") + what + ": " + cublasGetStatusString(status));
+    throw NumericalError(std::string("cuda: ") + what + ": " + cublas().status_string(status));
   }
+}
+
+// A macro's expansion as a string: the symbol behind a cuBLAS name (cublasCreate -> "cublasCreate_v2").
+#define ATTNSCOPE_STR2(x) #x
+#define ATTNSCOPE_STR(x) ATTNSCOPE_STR2(x)
+
+const Cublas& cublas() {
+  static const Cublas loaded = [] {
+    const char* soname = "libcublas.so." ATTNSCOPE_STR(CUBLAS_VER_MAJOR);
+    void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      throw UsageError(std::string("--device cuda: cannot load ") + soname + " (" + (why ? why : "not found") +
+                       "): install the CUDA toolkit's cuBLAS or add its folder to LD_LIBRARY_PATH");
+    }
+    Cublas c;
+    const auto bind = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr) throw UsageError(std::string("--device cuda: ") + soname + " has no " + name);
+    };
+    bind(c.create, ATTNSCOPE_STR(cublasCreate));
+    bind(c.destroy, ATTNSCOPE_STR(cublasDestroy));
+    bind(c.set_stream, ATTNSCOPE_STR(cublasSetStream));
+    bind(c.set_math_mode, ATTNSCOPE_STR(cublasSetMathMode));
+    bind(c.status_string, ATTNSCOPE_STR(cublasGetStatusString));
+    bind(c.dgemm_strided_batched, ATTNSCOPE_STR(cublasDgemmStridedBatched));
+    return c;  // the library stays loaded for the process's lifetime
+  }();
+  return loaded;
 }
 
 namespace {
@@ -55,15 +87,15 @@ template class GrowingBuffer<Memory::Pinned>;
 Context::Context() {
   check(cudaSetDevice(0), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  check(cublasCreate(&blas), "cublasCreate");
-  check(cublasSetStream(blas, stream), "cublasSetStream");
+  check(cublas().create(&blas), "cublasCreate");
+  check(cublas().set_stream(blas, stream), "cublasSetStream");
   // Plain IEEE double products (FP64 tensor cores are IEEE fused multiply-adds): the error bounds
   // of candidate_margin.hpp assume nothing else.
-  check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  check(cublas().set_math_mode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
 Context::~Context() {
-  if (blas) cublasDestroy(blas);
+  if (blas) cublas().destroy(blas);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -96,7 +128,7 @@ void Context::synchronize() { check(cudaStreamSynchronize(stream), "cudaStreamSy
 void products(Context& ctx, const double* x, const double* y, double* p, int batch, int n, int c, double alpha) {
   const double beta = 0.0;
   const long long stride_in = static_cast<long long>(n) * c, stride_out = static_cast<long long>(n) * n;
-  check(cublasDgemmStridedBatched(ctx.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n, c, &alpha, y, c, stride_in, x, c,
+  check(cublas().dgemm_strided_batched(ctx.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n, c, &alpha, y, c, stride_in, x, c,
                                   stride_in, &beta, p, n, stride_out, batch),
         "cublasDgemmStridedBatched (products)");
 }

@@ -20,6 +20,21 @@ namespace attnscope::cuda {
 void check(cudaError_t err, const char* what);
 void check(cublasStatus_t status, const char* what);
 
+/// cuBLAS, loaded on first use (dlopen of libcublas.so.<major of the headers>), not linked:
+/// loading libcublas and libcublasLt costs every process about 0.1 s and 200 MB of resident
+/// memory, which a run on the CPU would pay for nothing. The functions the GPU paths call, under
+/// the headers' names (cublasCreate is cublasCreate_v2, ...). The first call throws UsageError
+/// naming the library when it cannot be loaded or lacks a function.
+struct Cublas {
+  decltype(&cublasCreate) create = nullptr;
+  decltype(&cublasDestroy) destroy = nullptr;
+  decltype(&cublasSetStream) set_stream = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  decltype(&cublasDgemmStridedBatched) dgemm_strided_batched = nullptr;
+};
+const Cublas& cublas();
+
 /// Where a GrowingBuffer lives: device memory, or page-locked host memory (the source and target
 /// of asynchronous copies).
 enum class Memory { Device, Pinned };

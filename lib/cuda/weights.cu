@@ -183,7 +183,7 @@ void outputs(Context& ctx, const DeviceRows& rows, const double* values, int dv,
   ctx.upload({{vd, values, std::size_t(in) * sizeof(double)}});
   // Row-major O = W V is column-major O^T = V^T W^T, with V^T and W^T as V and W are stored.
   const double one = 1.0, zero = 0.0;
-  check(cublasDgemmStridedBatched(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, dv, n, n, &one, vd, dv,
+  check(cublas().dgemm_strided_batched(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, dv, n, n, &one, vd, dv,
                                   static_cast<long long>(n) * dv, rows.data, n, static_cast<long long>(n) * n, &zero,
                                   od, dv, static_cast<long long>(n) * dv, rows.batch),
         "cublasDgemmStridedBatched (outputs)");

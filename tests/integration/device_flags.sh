@@ -5,6 +5,12 @@
 # write the same results as on the CPU (confusion's counts exactly), and auto says on stderr which
 # device it uses.
 expect_ok "$ATTNSCOPE" synth --out d.h5 --images 3 --layers 2 --heads 2 --plant-duplicates 1 --plant-collinear 1
+# cuBLAS is loaded when a GPU path first needs it, never linked: a run on the CPU does not pay for
+# loading it (0.1 s and 200 MB of resident memory per process).
+if ldd "$ATTNSCOPE" | grep -q 'libcublas'; then
+  echo "FAIL: the command links libcublas: $(ldd "$ATTNSCOPE" | grep libcublas | tr '\n' ' ')"
+  exit 1
+fi
 
 analyses=(
   "confusion"
