@@ -9,6 +9,7 @@
 #include "attnscope/candidate_margin.hpp"
 #include "attnscope/device.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/gpu/attention.hpp"
 #include "attnscope/portable_math.hpp"
 #include "confusion_search.hpp"
 
@@ -60,7 +61,7 @@ std::vector<double> candidate_row_bounds(const ExactRows& rows, const MatF& q, c
                                          double scale) {
   const int n = rows.tokens();
   std::vector<double> bound(static_cast<std::size_t>(n), 0.0);
-  if (rows.variant().form() == Form::Score) {
+  if (gpu::score_rows_on_gpu(rows.variant())) {
     softmax_row_bounds(q, k, scale, bound.data());
     return bound;
   }
@@ -143,7 +144,7 @@ std::vector<HeadConfusion> launch(const Variant& v, const std::vector<HeadInput>
   const HeadInput& first = heads[members.front()];
   const int n = static_cast<int>(first.k->rows());
   const auto per_head = static_cast<std::size_t>(n);
-  const bool softmax = v.form() == Form::Score;
+  const bool softmax = gpu::score_rows_on_gpu(v);
   const auto d = static_cast<std::size_t>(first.q->cols());
   cuda::Context& ctx = cuda::this_thread_context();
   // Softmax heads need no ExactRows before their candidates are known (the bounds come from q and

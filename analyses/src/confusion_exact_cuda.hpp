@@ -8,6 +8,7 @@
 #ifdef ATTNSCOPE_HAVE_CUDA
 
 #include "attnscope/analyses/confusion.hpp"
+#include "attnscope/gpu/attention.hpp"
 #include "weights.cuh"
 
 #include <cstddef>
@@ -29,7 +30,7 @@ inline cuda::DeviceRows device_rows(const ExactRows& rows, const MatF& q, const 
                                     double scale, const std::vector<unsigned char>& flags) {
   cuda::Context& ctx = cuda::this_thread_context();
   const int n = rows.tokens();
-  if (rows.variant().form() == Form::Score) {
+  if (gpu::score_rows_on_gpu(rows.variant())) {
     return cuda::softmax_rows(ctx, q.data(), k.data(), 1, n, static_cast<int>(q.cols()), scale);
   }
   std::vector<double> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));

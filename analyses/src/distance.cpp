@@ -193,7 +193,7 @@ DistanceRows attention_distance(const Variant& v, const MatF& q, const MatF& k, 
                                 const PatchGeometry& geometry, const DistanceOptions& opt) {
   check_head(geometry, q, k);
   const TokenGrid& grid = geometry.grid();
-  if (v.form() == Form::Score && v.supports()) {
+  if (detail::takes_float_softmax(v)) {
     detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
     if (detail::float_softmax_rows(q, k, scale, grid.prefix, false, ws))
       return float_distance(ws, geometry, opt);

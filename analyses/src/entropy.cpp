@@ -86,7 +86,7 @@ double max_entropy(int tokens) {
 EntropyRows attention_entropy(const Variant& v, const MatF& q, const MatF& k, double scale,
                               const EntropyOptions& opt, const Mask* mask) {
   check_options(opt);
-  if (mask == nullptr && opt.log_eps == 0.0 && v.form() == Form::Score && v.supports()) {
+  if (mask == nullptr && opt.log_eps == 0.0 && detail::takes_float_softmax(v)) {
     detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
     if (detail::float_softmax_rows(q, k, scale, 0, true, ws)) {
       EntropyRows out = float_entropy(ws);

@@ -1,6 +1,8 @@
 // Float softmax rows of the per-query diagnostics (float_softmax_rows.hpp).
 #include "float_softmax_rows.hpp"
 
+#include "attnscope/family.hpp"
+
 #include "attnscope/lane_sum.hpp"
 #include "confusion_search.hpp"
 
@@ -8,6 +10,11 @@
 #include <cmath>
 
 namespace attnscope::analyses::detail {
+
+bool takes_float_softmax(const Variant& v) {
+  const ScoreFamily* score = v.score();
+  return score != nullptr && score->rows_are_softmax() && v.supports();
+}
 
 FloatSoftmaxRows& thread_float_softmax_rows() {
   thread_local FloatSoftmaxRows ws;

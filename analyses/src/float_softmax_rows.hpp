@@ -19,6 +19,7 @@
 
 #include "attnscope/layout.hpp"
 #include "attnscope/portable_math.hpp"
+#include "attnscope/variant.hpp"
 
 #include <vector>
 
@@ -39,6 +40,11 @@ struct FloatSoftmaxRows {
 
 /// The calling thread's buffers.
 FloatSoftmaxRows& thread_float_softmax_rows();
+
+/// Whether v's rows are those these float rows compute, as its family says
+/// (ScoreFamily::rows_are_softmax), and v is supported: the diagnostics take their float path only
+/// then, and the family's own double rows otherwise.
+bool takes_float_softmax(const Variant& v);
 
 /// Fills ws for the rows r0.. of q (N x d) against k (N x d) with the head's scale, y too with
 /// keep_logits. False (nothing filled) when the head is outside the float range: delta above

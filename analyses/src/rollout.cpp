@@ -120,7 +120,7 @@ int rollout_head_weights(const Variant& v, const MatF& q, const MatF& k, double 
     for (int i = 0; i < rows.tokens(); ++i) rows.row(i, w.row(i).data());
     return rows.degenerate_count();
   }
-  if (v.form() == Form::Score && v.supports() && detail::float_softmax_weights(q, k, scale, w))
+  if (detail::takes_float_softmax(v) && detail::float_softmax_weights(q, k, scale, w))
     return 0;
   Diagnostics diag;
   const MatD qd = q.cast<double>(), kd = k.cast<double>();

@@ -92,7 +92,7 @@ HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scal
   // close to the threshold that their error bound could change the test (then the double path
   // decides). Softmax rows are never degenerate.
   thread_local MatD wf;
-  if (v.form() == Form::Score && v.supports() && detail::float_softmax_weights(q, k, scale, wf)) {
+  if (detail::takes_float_softmax(v) && detail::float_softmax_weights(q, k, scale, wf)) {
     HeadSinks out;
     const double margin =
         2.0 * detail::relative_weight_error(detail::thread_float_softmax_rows().delta);

@@ -7,6 +7,7 @@
 #include "attnscope/device.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/gpu/attention.hpp"
+#include "attnscope/variant.hpp"
 
 #include <gtest/gtest.h>
 
@@ -75,6 +76,16 @@ TEST(DeviceSelection, AnalysesWithoutACudaPathStayOnTheCpu) {
     EXPECT_EQ(a.description, "cpu (maps has no CUDA path)");
   }
   EXPECT_THROW((void)resolve_device(Device::Cuda, "maps", false), UsageError);
+}
+
+// The GPU paths ask the family how its rows are computed on the device (ScoreFamily's
+// rows_are_softmax): the score kernels for softmax, the features and row forms for every
+// kernel family; no family is named.
+TEST(DeviceSelection, TheFamilySaysHowTheGpuComputesItsRows) {
+  EXPECT_TRUE(gpu::score_rows_on_gpu(parse_variant("softmax")));
+  for (const char* spec : {"linear:relu", "inline", "mala", "efficient", "cosformer", "rala", "mlla"}) {
+    EXPECT_FALSE(gpu::score_rows_on_gpu(parse_variant(spec))) << spec;
+  }
 }
 
 TEST(DeviceSelection, GpuPathsOfABuildWithoutCudaRefuseAsDeviceCudaDoes) {

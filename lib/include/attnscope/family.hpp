@@ -213,6 +213,13 @@ class ScoreFamily : public AttentionFamily {
                                                 Eigen::Index ldv, Eigen::Index n, Eigen::Index d,
                                                 Eigen::Index dv, double scale, double* out,
                                                 Eigen::Index ldo) const = 0;
+  /// Whether this family's rows are softmax's: exp of the max-shifted scaled logits over their row
+  /// sums. The fast paths that compute that form themselves take a score family only when it
+  /// answers true: the GPU kernels (lib/cuda/weights.cuh's softmax_rows, with
+  /// candidate_margin.hpp's row_bound_softmax; gpu/attention.hpp's score_rows_on_gpu refuses the
+  /// others) and the diagnostics' float rows (analyses/src/float_softmax_rows.hpp; the others take
+  /// the family's own double rows).
+  [[nodiscard]] virtual bool rows_are_softmax() const = 0;
 };
 
 /// The row form of normalised kernels (linear attention, efficient, cosformer): a = 1/S, b = 0;

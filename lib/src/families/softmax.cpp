@@ -53,6 +53,7 @@ class Softmax final : public ScoreFamily {
                           Eigen::Index ldo) const override {
     return softmax_head_outputs_float(q, ldq, rows, k, ldk, v, ldv, n, d, dv, scale, out, ldo);
   }
+  bool rows_are_softmax() const override { return true; }
 };
 
 double dot(const double* a, const double* b, int n) {

@@ -6,6 +6,7 @@
 
 #include "attnscope/device.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/family.hpp"
 
 #ifdef ATTNSCOPE_HAVE_CUDA
 #include "weights.cuh"
@@ -16,6 +17,16 @@
 #include <vector>
 
 namespace attnscope::gpu {
+
+bool score_rows_on_gpu(const Variant& v) {
+  const ScoreFamily* score = v.score();
+  if (score == nullptr) return false;
+  if (!score->rows_are_softmax()) {
+    throw UsageError("--device cuda: " + v.name() + " has no GPU path (its score rows are not the GPU kernels' "
+                     "softmax rows); run it with --device cpu");
+  }
+  return true;
+}
 
 #ifdef ATTNSCOPE_HAVE_CUDA
 
@@ -82,7 +93,7 @@ cuda::DeviceRows device_weights(const Variant& v, const MatD& q, const MatD& k, 
     }
   }
   degenerate.clear();
-  if (v.form() == Form::Score) {
+  if (score_rows_on_gpu(v)) {
     for (int i = 0; mask && i < n; ++i) {
       if (!mask->row(i).any()) degenerate.push_back(i);
     }

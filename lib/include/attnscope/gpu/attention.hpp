@@ -17,6 +17,12 @@
 
 namespace attnscope::gpu {
 
+/// How the GPU computes v's rows, as the family says (ScoreFamily::rows_are_softmax): true for
+/// a score family whose rows are the GPU's softmax rows, false for a kernel family (its features
+/// and row forms from the registry); UsageError for a score family the GPU kernels do not
+/// compute. Plain host code, in every build.
+[[nodiscard]] bool score_rows_on_gpu(const Variant& v);
+
 /// attention_weights<double> on the GPU: explicit N x N weights, under `mask` or not.
 /// NumericalError when a weight overflows double.
 [[nodiscard]] MatD attention_weights(const Variant& v, const MatD& q, const MatD& k, double scale,
