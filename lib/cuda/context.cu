@@ -26,14 +26,30 @@ void check(cublasStatus_t status, const char* what) {
 // A macro's expansion as a string: the symbol behind a cuBLAS name (cublasCreate -> "cublasCreate_v2").
 #define ATTNSCOPE_STR2(x) #x
 #define ATTNSCOPE_STR(x) ATTNSCOPE_STR2(x)
+#ifndef ATTNSCOPE_CUBLAS_DIR
+#define ATTNSCOPE_CUBLAS_DIR "/usr/local/cuda/lib64"
+#endif
 
 const Cublas& cublas() {
   static const Cublas loaded = [] {
     const char* soname = "libcublas.so." ATTNSCOPE_STR(CUBLAS_VER_MAJOR);
-    void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    // The loader's own search first (LD_LIBRARY_PATH, ld.so.cache), then the toolkit's folder of
+    // the build and the usual toolkit folders.
+    const std::string tries[] = {soname, std::string(ATTNSCOPE_CUBLAS_DIR) + "/" + soname,
+                                 std::string("/usr/local/cuda/lib64/") + soname,
+                                 std::string("/usr/local/cuda/lib/") + soname};
+    void* lib = nullptr;
+    std::string why;
+    for (const std::string& path : tries) {
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) break;
+      if (why.empty()) {
+        const char* e = dlerror();
+        why = e ? e : "not found";
+      }
+    }
     if (lib == nullptr) {
-      const char* why = dlerror();
-      throw UsageError(std::string("--device cuda: cannot load ") + soname + " (" + (why ? why : "not found") +
+      throw UsageError(std::string("--device cuda: cannot load ") + soname + " (" + why +
                        "): install the CUDA toolkit's cuBLAS or add its folder to LD_LIBRARY_PATH");
     }
     Cublas c;
