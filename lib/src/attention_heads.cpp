@@ -119,13 +119,13 @@ namespace {
 struct FloatHeadScratch {
   portable::PackedMatrix<float> keys_t, values;
   std::vector<float, Eigen::aligned_allocator<float>> q, k, v, w;
-  std::vector<double, Eigen::aligned_allocator<double>> zeros;
+  std::vector<double, Eigen::aligned_allocator<double>> zeros, sums;
 };
 
 /// x (rows x cols, row stride ldx) rounded to float into `to` (row stride cols); false when a
 /// value rounds to an infinite (or is not finite).
 template <typename Alloc>
-bool to_floats(const double* x, Eigen::Index ldx, Eigen::Index rows, Eigen::Index cols,
+ATTNSCOPE_WIDE_VECTORS bool to_floats(const double* x, Eigen::Index ldx, Eigen::Index rows, Eigen::Index cols,
                std::vector<float, Alloc>& to) {
   if (static_cast<Eigen::Index>(to.size()) < rows * cols) to.resize(static_cast<std::size_t>(rows * cols));
   float* dst = to.data();
@@ -145,19 +145,6 @@ bool to_floats(const double* x, Eigen::Index ldx, Eigen::Index rows, Eigen::Inde
   return bad == 0;
 }
 
-/// Float rows' sums in double, in index order, G rows' chains interleaved (as row_sums).
-template <int G>
-ATTNSCOPE_WIDE_VECTORS void float_row_sums(const float* w, Eigen::Index ldw, Eigen::Index n, double* sum) {
-  double s[G];
-  for (int r = 0; r < G; ++r) s[r] = static_cast<double>(w[r * ldw]);
-  for (Eigen::Index t = 1; t < n; ++t)
-    for (int r = 0; r < G; ++r) s[r] += static_cast<double>(w[r * ldw + t]);
-  for (int r = 0; r < G; ++r) sum[r] = s[r];
-}
-
-ATTNSCOPE_WIDE_VECTORS void divide_row_float(float* x, Eigen::Index n, float s) {
-  for (Eigen::Index t = 0; t < n; ++t) x[t] /= s;
-}
 
 }  // namespace
 
@@ -176,29 +163,20 @@ bool softmax_head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index 
   float* w = s.w.data();
   detail::count_product(rows, d, n);
   portable::gemm_packed(s.q.data(), d, s.keys_t, w, n, rows);
-  constexpr int kGroup = 8;
-  for (Eigen::Index i0 = 0; i0 < rows; i0 += kGroup) {
-    const Eigen::Index g = std::min<Eigen::Index>(kGroup, rows - i0);
-    for (Eigen::Index r = 0; r < g; ++r) {
-      float* row = w + (i0 + r) * n;
-      const float top = portable::scale_and_max(row, n, sf);
-      if (!std::isfinite(top)) return false;  // a logit beyond float's range
-      portable::exp_floats(row, n, top);
-    }
-    double sum[kGroup];
-    if (g == kGroup) {
-      float_row_sums<kGroup>(w + i0 * n, n, n, sum);
-    } else {
-      for (Eigen::Index r = 0; r < g; ++r) float_row_sums<1>(w + (i0 + r) * n, n, n, sum + r);
-    }
-    for (Eigen::Index r = 0; r < g; ++r) {
-      divide_row_float(w + (i0 + r) * n, n, static_cast<float>(sum[r]));  // >= 1: exp(0) is a term
-    }
+  // Each row's exponentials and their sum in one pass (exp_floats_sum's fixed order); the rows of
+  // W V are divided by the sums afterwards: rows x dv divisions instead of rows x n.
+  if (static_cast<Eigen::Index>(s.sums.size()) < rows) s.sums.resize(static_cast<std::size_t>(rows));
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    float* row = w + i * n;
+    const float top = portable::max_scaled(row, n, sf);
+    if (!std::isfinite(top)) return false;  // a logit beyond float's range
+    s.sums[static_cast<std::size_t>(i)] = portable::exp_floats_sum(row, n, sf, top);  // >= 1: exp(0) is a term
   }
   s.values.pack(s.v.data(), dv, 1, n, dv);
   if (static_cast<Eigen::Index>(s.zeros.size()) < dv) s.zeros.assign(static_cast<std::size_t>(dv), 0.0);
   detail::count_product(rows, n, dv);
   portable::gemm_packed_widen(w, n, s.values, s.zeros.data(), out, ldo, rows, false);
+  for (Eigen::Index i = 0; i < rows; ++i) divide_row(out + i * ldo, dv, s.sums[static_cast<std::size_t>(i)]);
   return true;
 }
 

@@ -328,9 +328,10 @@ inline float exp_float_inline(float x0) {
 
 float exp_float(float x) { return exp_float_inline(x); }
 
-void exp_floats(float* x, Eigen::Index n, float shift) {
+ATTNSCOPE_WIDE_VECTORS void exp_floats(float* x, Eigen::Index n, float shift) {
   for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] - shift);
 }
+
 
 namespace {
 
@@ -701,7 +702,7 @@ ATTNSCOPE_WIDE_VECTORS double max_of(const double* x, Eigen::Index n) {
   return top;
 }
 
-float scale_and_max(float* x, Eigen::Index n, float s) {
+ATTNSCOPE_WIDE_VECTORS float scale_and_max(float* x, Eigen::Index n, float s) {
   using S = Simd<float>;
   for (Eigen::Index t = 0; t < n; ++t) x[t] *= s;
   // The largest value is the same in any order (the sign of a zero aside, which no use of it
@@ -715,6 +716,37 @@ float scale_and_max(float* x, Eigen::Index n, float s) {
   for (const float l : lane) top = l > top ? l : top;
   for (; t < n; ++t) top = x[t] > top ? x[t] : top;
   return top;
+}
+
+ATTNSCOPE_WIDE_VECTORS float max_scaled(const float* x, Eigen::Index n, float s) {
+  // fl(x[t] * s) is fma(x[t], s, 0) (an exact product rounded once; a zero's sign aside, which no
+  // use of the maximum sees), and the largest value is the same in any order of search.
+  using S = Simd<float>;
+  const S::V sv = S::set1(s), zero = S::zero();
+  S::V m = S::set1(-HUGE_VALF);
+  Eigen::Index t = 0;
+  for (; t + S::W <= n; t += S::W) m = S::max(m, S::fma(S::load(x + t), sv, zero));
+  float lane[S::W];
+  S::store(lane, m);
+  float top = -HUGE_VALF;
+  for (const float l : lane) top = l > top ? l : top;
+  for (; t < n; ++t) top = x[t] * s > top ? x[t] * s : top;
+  return top;
+}
+
+ATTNSCOPE_WIDE_VECTORS double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
+  for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] * s - shift);
+  // Sixteen chains in double, chain l adding the entries t = l (mod 16) in index order, then the
+  // chains in order and the tail: written out, so that no build sums in another order.
+  constexpr int kLanes = 16;
+  double lane[kLanes] = {};
+  Eigen::Index t = 0;
+  for (; t + kLanes <= n; t += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += static_cast<double>(x[t + l]);
+  double sum = 0.0;
+  for (const double l : lane) sum += l;
+  for (; t < n; ++t) sum += static_cast<double>(x[t]);
+  return sum;
 }
 
 double probe::portable_math(double a, double b, double c) { return a * b + c; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The same result files from every build and every CPU (docs/reliability.md, "Portability"): runs
-# the analyses that write results (confusion, locality, mask, census, recompute, replay, distance,
-# entropy, sinks, rank, rollout) on the committed models' dumps with each command given, plus
+# the analyses that write results (confusion, locality, mask, census, recompute, replay in double
+# and in float, distance, entropy, sinks, rank, rollout) on the committed models' dumps with each
+# command given, plus
 # spikiness, verify and a synthetic dump, then compares every result file byte for byte,
 # and the JSON records with the fields that are not results left out (times, paths, version,
 # build, reading statistics).
@@ -43,6 +44,9 @@ run() {
     "${a[@]}" recompute "${common[@]}" --out "$out/$name/recompute" >/dev/null
     "${a[@]}" replay --model "$REPO/data/models/$name.h5" --dump "$d" --images "$IMAGES" --threads "$THREADS" \
       --intervention none,local:3,family=linear:relu --out "$out/$name/replay" >/dev/null
+    # --attention float: the softmax heads in float (attention_heads.hpp), a fixed order too.
+    "${a[@]}" replay --model "$REPO/data/models/$name.h5" --dump "$d" --images "$IMAGES" --threads "$THREADS" \
+      --attention float --out "$out/$name/replay-float" >/dev/null
     # The per-head diagnostics: fixed-order float and double kernels, and (rank) singular_values.hpp's
     # fixed-order bidiagonalisation and dqds.
     "${a[@]}" distance "${common[@]}" --out "$out/$name/distance" --variant "$CODE4" >/dev/null

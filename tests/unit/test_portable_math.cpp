@@ -168,6 +168,43 @@ TEST(PortableMath, ScaleAndMaxIsThePlainLoop) {
   }
 }
 
+// max_scaled: the largest fl(x s) without writing, for either sign of s; exp_floats_sum: each
+// entry exp_float(fl(x s) - shift), what scale_and_max then exp_floats give, bit for bit, and the
+// sum in the documented order (sixteen chains, then the chains in order, then the tail).
+TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
+  std::mt19937_64 gen(6);
+  std::normal_distribution<float> z(0.0F, 30.0F);
+  for (const Eigen::Index n : {0, 1, 7, 15, 16, 17, 31, 33, 64, 197}) {
+    for (const float s : {0.125F, 0.3F, -0.7F}) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (float& v : x) v = z(gen);
+      std::vector<float> scaled = x;
+      const float top = portable::scale_and_max(scaled.data(), n, s);
+      EXPECT_EQ(portable::max_scaled(x.data(), n, s), top) << "n = " << n << " s = " << s;
+      if (n == 0) continue;
+      std::vector<float> want = scaled;
+      portable::exp_floats(want.data(), n, top);
+      double lane[16] = {};
+      Eigen::Index t = 0;
+      for (; t + 16 <= n; t += 16)
+        for (int l = 0; l < 16; ++l) lane[l] += static_cast<double>(want[static_cast<std::size_t>(t + l)]);
+      double want_sum = 0.0;
+      for (const double l : lane) want_sum += l;
+      for (; t < n; ++t) want_sum += static_cast<double>(want[static_cast<std::size_t>(t)]);
+      std::vector<float> got = x;
+      const double sum = portable::exp_floats_sum(got.data(), n, s, top);
+      EXPECT_EQ(got, want) << "n = " << n << " s = " << s;
+      EXPECT_EQ(sum, want_sum) << "n = " << n << " s = " << s;
+      EXPECT_GE(sum, 1.0) << "exp(0) is a term";
+    }
+  }
+  // The largest product in the last, partial vector is found too.
+  std::vector<float> x(33, -1.0F);
+  x.back() = 4.0F;
+  EXPECT_EQ(portable::max_scaled(x.data(), 33, 0.5F), 2.0F);
+  EXPECT_EQ(portable::max_scaled(x.data(), 33, -0.5F), 0.5F);
+}
+
 /// The documented order, one output at a time: c_ij = fma(a_it, b_jt, c) for t = 0, 1, ...
 template <typename T>
 std::vector<T> reference_nt(const std::vector<T>& a, const std::vector<T>& b, Eigen::Index m, Eigen::Index n,

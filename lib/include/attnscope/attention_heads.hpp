@@ -24,9 +24,10 @@ void softmax_head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, 
                           std::vector<int>* degenerate = nullptr);
 
 /// The same outputs in float, PyTorch's precision (`replay --attention float`): q, k and v rounded
-/// to float, W = softmax rows of scale * q k^T with gemm_packed<float>, exp_float and each row's sum
-/// in double (in index order) rounded to float for the division, then W V with gemm_packed<float>,
-/// widened into `out`. No mask. Every step has a fixed order, so the bits do not depend on the CPU,
+/// to float, E = exp_float(scale * q k^T - the row's largest) with gemm_packed<float> and each row's
+/// sum s_i in double (portable::exp_floats_sum's order), then E V with gemm_packed<float>, widened
+/// into `out`, row i divided by s_i in double (the division after the product: PyTorch divides the
+/// weights, the same value up to rounding). No mask. Every step has a fixed order, so the bits do not depend on the CPU,
 /// but they are not softmax_head_outputs': tests/unit/test_replay_fast.cpp bounds the difference.
 /// Returns false, having written nothing, when a value of q, k or v rounds to an infinite float
 /// or a scaled logit is not finite in float: the caller then computes the head in double.

@@ -71,6 +71,16 @@ struct Exp {
 /// x[t] = exp_float(x[t] - shift) for t < n (the softmax step, vectorised).
 void exp_floats(float* x, Eigen::Index n, float shift = 0.0F);
 
+/// The largest of x[t] * s for t < n (-inf for n = 0): fl(x[t] * s) as scale_and_max computes it,
+/// without writing the products.
+float max_scaled(const float* x, Eigen::Index n, float s);
+
+/// x[t] = exp_float(x[t] * s - shift) for t < n (the product rounded to float first, as
+/// scale_and_max then exp_floats give it), and the sum of the results in double: sixteen chains,
+/// chain l adding the entries t = l (mod 16) in index order from 0, then the chains in order, then
+/// the entries past the last multiple of 16 in order. A fixed order: the same bits on every CPU.
+double exp_floats_sum(float* x, Eigen::Index n, float s, float shift);
+
 /// x[t] = exp(x[t] - shift) for t < n: the same bits as portable::exp of each (its branches made
 /// selects, so that the loop vectorises; tests/unit/test_replay_fast.cpp compares them bit for bit
 /// on every range, edges, subnormal results, infinities and NaN included).
