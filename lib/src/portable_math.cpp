@@ -1,6 +1,8 @@
 // portable_math.hpp: exp and matrix products in a fixed order of plain IEEE operations.
 #include "attnscope/portable_math.hpp"
 
+#include "attnscope/lane_sum.hpp"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -736,17 +738,7 @@ ATTNSCOPE_WIDE_VECTORS float max_scaled(const float* x, Eigen::Index n, float s)
 
 ATTNSCOPE_WIDE_VECTORS double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
   for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] * s - shift);
-  // Sixteen chains in double, chain l adding the entries t = l (mod 16) in index order, then the
-  // chains in order and the tail: written out, so that no build sums in another order.
-  constexpr int kLanes = 16;
-  double lane[kLanes] = {};
-  Eigen::Index t = 0;
-  for (; t + kLanes <= n; t += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] += static_cast<double>(x[t + l]);
-  double sum = 0.0;
-  for (const double l : lane) sum += l;
-  for (; t < n; ++t) sum += static_cast<double>(x[t]);
-  return sum;
+  return lane_sum(n, [x](Eigen::Index t) { return static_cast<double>(x[t]); });
 }
 
 double probe::portable_math(double a, double b, double c) { return a * b + c; }

@@ -170,7 +170,7 @@ TEST(PortableMath, ScaleAndMaxIsThePlainLoop) {
 
 // max_scaled: the largest fl(x s) without writing, for either sign of s; exp_floats_sum: each
 // entry exp_float(fl(x s) - shift), what scale_and_max then exp_floats give, bit for bit, and the
-// sum in the documented order (sixteen chains, then the chains in order, then the tail).
+// sum in lane_sum's order.
 TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
   std::mt19937_64 gen(6);
   std::normal_distribution<float> z(0.0F, 30.0F);
@@ -184,13 +184,15 @@ TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
       if (n == 0) continue;
       std::vector<float> want = scaled;
       portable::exp_floats(want.data(), n, top);
+      // lane_sum's order written out: sixteen chains (entry t in chain t mod 16), the entries past
+      // the last multiple of 16 in order, then the chains in order.
       double lane[16] = {};
       Eigen::Index t = 0;
       for (; t + 16 <= n; t += 16)
         for (int l = 0; l < 16; ++l) lane[l] += static_cast<double>(want[static_cast<std::size_t>(t + l)]);
       double want_sum = 0.0;
-      for (const double l : lane) want_sum += l;
       for (; t < n; ++t) want_sum += static_cast<double>(want[static_cast<std::size_t>(t)]);
+      for (const double l : lane) want_sum += l;
       std::vector<float> got = x;
       const double sum = portable::exp_floats_sum(got.data(), n, s, top);
       EXPECT_EQ(got, want) << "n = " << n << " s = " << s;

@@ -75,10 +75,10 @@ void exp_floats(float* x, Eigen::Index n, float shift = 0.0F);
 /// without writing the products.
 float max_scaled(const float* x, Eigen::Index n, float s);
 
-/// x[t] = exp_float(x[t] * s - shift) for t < n (the product rounded to float first, as
-/// scale_and_max then exp_floats give it), and the sum of the results in double: sixteen chains,
-/// chain l adding the entries t = l (mod 16) in index order from 0, then the chains in order, then
-/// the entries past the last multiple of 16 in order. A fixed order: the same bits on every CPU.
+/// x[t] = exp_float(x[t] * s - shift) for t < n (the product rounded to float first: what
+/// scale_and_max then exp_floats give), and the sum of the results in double in lane_sum's fixed
+/// order (lane_sum.hpp): the same bits on every CPU. One pass fewer than scale_and_max, exp_floats
+/// and lane_sum, and the same values.
 double exp_floats_sum(float* x, Eigen::Index n, float s, float shift);
 
 /// x[t] = exp(x[t] - shift) for t < n: the same bits as portable::exp of each (its branches made

@@ -5,7 +5,6 @@
 
 #include "attnscope/attention_heads.hpp"
 #include "attnscope/family.hpp"
-#include "attnscope/lane_sum.hpp"
 #include "attnscope/portable_math.hpp"
 #include "attnscope/variant.hpp"
 
@@ -160,9 +159,8 @@ void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, doub
   const auto s = static_cast<float>(scale);
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
     float* row = w.row(i).data();
-    const float top = portable::scale_and_max(row, n, s);
-    portable::exp_floats(row, n, top);
-    const auto total = static_cast<float>(lane_sum(n, [row](Eigen::Index t) { return static_cast<double>(row[t]); }));
+    const float top = portable::max_scaled(row, n, s);
+    const auto total = static_cast<float>(portable::exp_floats_sum(row, n, s, top));
     for (Eigen::Index t = 0; t < n; ++t) row[t] /= total;
   }
 }
