@@ -3,7 +3,6 @@
 
 #include "attnscope/family.hpp"
 
-#include "attnscope/lane_sum.hpp"
 #include "confusion_search.hpp"
 
 #include <algorithm>
@@ -39,17 +38,12 @@ bool float_softmax_rows(const MatF& q, const MatF& k, double scale, Eigen::Index
   const auto s = static_cast<float>(scale);
   for (Eigen::Index i = 0; i < m; ++i) {
     float* row = ws.e.row(i).data();
-    if (!keep_logits) {
-      const float top = portable::max_scaled(row, n, s);
-      ws.sum[static_cast<std::size_t>(i)] = portable::exp_floats_sum(row, n, s, top);
-      continue;
+    const float top = portable::max_scaled(row, n, s);
+    if (keep_logits) {
+      float* y = ws.y.row(i).data();
+      for (Eigen::Index t = 0; t < n; ++t) y[t] = row[t] * s - top;  // what exp_floats_sum exponentiates
     }
-    const float top = portable::scale_and_max(row, n, s);
-    float* y = ws.y.row(i).data();
-    for (Eigen::Index t = 0; t < n; ++t) y[t] = row[t] - top;  // what exp_floats exponentiates
-    portable::exp_floats(row, n, top);
-    ws.sum[static_cast<std::size_t>(i)] =
-        lane_sum(n, [row](Eigen::Index t) { return static_cast<double>(row[t]); });
+    ws.sum[static_cast<std::size_t>(i)] = portable::exp_floats_sum(row, n, s, top);
   }
   return true;
 }

@@ -126,7 +126,7 @@ struct FloatHeadScratch {
 /// value rounds to an infinite (or is not finite).
 template <typename Alloc>
 ATTNSCOPE_WIDE_VECTORS bool to_floats(const double* x, Eigen::Index ldx, Eigen::Index rows, Eigen::Index cols,
-               std::vector<float, Alloc>& to) {
+                                      std::vector<float, Alloc>& to) {
   if (static_cast<Eigen::Index>(to.size()) < rows * cols) to.resize(static_cast<std::size_t>(rows * cols));
   float* dst = to.data();
   // An OR over the exponent bits (all ones: infinite or NaN), which the compiler vectorises.
@@ -144,7 +144,6 @@ ATTNSCOPE_WIDE_VECTORS bool to_floats(const double* x, Eigen::Index ldx, Eigen::
   }
   return bad == 0;
 }
-
 
 }  // namespace
 

@@ -334,7 +334,6 @@ ATTNSCOPE_WIDE_VECTORS void exp_floats(float* x, Eigen::Index n, float shift) {
   for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] - shift);
 }
 
-
 namespace {
 
 /// One vector register of the build's CPU, and the fused multiply-add on it: the same operation,

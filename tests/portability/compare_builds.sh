@@ -2,10 +2,9 @@
 # The same result files from every build and every CPU (docs/reliability.md, "Portability"): runs
 # the analyses that write results (confusion, locality, mask, census, recompute, replay in double
 # and in float, distance, entropy, sinks, rank, rollout) on the committed models' dumps with each
-# command given, plus
-# spikiness, verify and a synthetic dump, then compares every result file byte for byte,
-# and the JSON records with the fields that are not results left out (times, paths, version,
-# build, reading statistics).
+# command given, plus spikiness, verify and a synthetic dump, then compares every result file byte
+# for byte, and the JSON records with the fields that are not results left out (times, paths,
+# version, build, reading statistics).
 #
 # Usage: tests/portability/compare_builds.sh WORK LABEL=COMMAND [LABEL=COMMAND ...]
 #   e.g. native=build/apps/attnscope v2=build-v2/apps/attnscope

@@ -1,6 +1,7 @@
 // portable_math.hpp: exp within its stated ulps of a long-double reference, products bit for bit
 // equal to a plain loop in the documented order on awkward sizes and magnitudes, and the build's
 // floating-point model (no contraction) in every source whose margins rely on it.
+#include "attnscope/lane_sum.hpp"
 #include "attnscope/layout.hpp"
 #include "attnscope/portable_math.hpp"
 
@@ -184,15 +185,8 @@ TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
       if (n == 0) continue;
       std::vector<float> want = scaled;
       portable::exp_floats(want.data(), n, top);
-      // lane_sum's order written out: sixteen chains (entry t in chain t mod 16), the entries past
-      // the last multiple of 16 in order, then the chains in order.
-      double lane[16] = {};
-      Eigen::Index t = 0;
-      for (; t + 16 <= n; t += 16)
-        for (int l = 0; l < 16; ++l) lane[l] += static_cast<double>(want[static_cast<std::size_t>(t + l)]);
-      double want_sum = 0.0;
-      for (; t < n; ++t) want_sum += static_cast<double>(want[static_cast<std::size_t>(t)]);
-      for (const double l : lane) want_sum += l;
+      const double want_sum =
+          lane_sum(n, [&want](Eigen::Index t) { return static_cast<double>(want[static_cast<std::size_t>(t)]); });
       std::vector<float> got = x;
       const double sum = portable::exp_floats_sum(got.data(), n, s, top);
       EXPECT_EQ(got, want) << "n = " << n << " s = " << s;

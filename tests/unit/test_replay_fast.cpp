@@ -247,8 +247,9 @@ TEST(ReplayFastKernels, SoftmaxHeadWithMasksEqualsAttentionOutputsBitForBit) {
 /// allows. With e = 2^-24, each logit s q.k moves by at most
 /// delta = s (sum_t |q_t||k_t|) (d + 3) e + |s q.k| e (q and k rounded, d fused steps, the scale);
 /// a weight then by at most w (e^(2 delta) - 1 + 5 e) (exp_float's ulp, the sum's and the
-/// division's roundings; the division now after the product, in double), and an output by max |v| (that + (n + 2) e) plus n 2^-126 max |v|
-/// (exponentials under float's smallest normal); the bound is taken over every row.
+/// division's roundings; the division now after the product, in double), and an output by
+/// max |v| (that + (n + 2) e) plus n 2^-126 max |v| (exponentials under float's smallest normal);
+/// the bound is taken over every row.
 void check_float_head(int n, int d, Eigen::Index rows, std::uint64_t seed, double sd) {
   const int width = 3 * d + 5;
   const MatD qkv = test::random_matrix(n, width, seed, 0.0, sd);

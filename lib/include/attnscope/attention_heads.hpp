@@ -27,8 +27,9 @@ void softmax_head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, 
 /// to float, E = exp_float(scale * q k^T - the row's largest) with gemm_packed<float> and each row's
 /// sum s_i in double (portable::exp_floats_sum's order), then E V with gemm_packed<float>, widened
 /// into `out`, row i divided by s_i in double (the division after the product: PyTorch divides the
-/// weights, the same value up to rounding). No mask. Every step has a fixed order, so the bits do not depend on the CPU,
-/// but they are not softmax_head_outputs': tests/unit/test_replay_fast.cpp bounds the difference.
+/// weights, the same value up to rounding). No mask. Every step has a fixed order, so the bits do
+/// not depend on the CPU, but they are not softmax_head_outputs': tests/unit/test_replay_fast.cpp
+/// bounds the difference.
 /// Returns false, having written nothing, when a value of q, k or v rounds to an infinite float
 /// or a scaled logit is not finite in float: the caller then computes the head in double.
 [[nodiscard]] bool softmax_head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
