@@ -703,22 +703,6 @@ ATTNSCOPE_WIDE_VECTORS double max_of(const double* x, Eigen::Index n) {
   return top;
 }
 
-ATTNSCOPE_WIDE_VECTORS float scale_and_max(float* x, Eigen::Index n, float s) {
-  using S = Simd<float>;
-  for (Eigen::Index t = 0; t < n; ++t) x[t] *= s;
-  // The largest value is the same in any order (the sign of a zero aside, which no use of it
-  // sees: x - top and exp then give the same values).
-  S::V m = S::set1(-HUGE_VALF);
-  Eigen::Index t = 0;
-  for (; t + S::W <= n; t += S::W) m = S::max(m, S::load(x + t));
-  float lane[S::W];
-  S::store(lane, m);
-  float top = -HUGE_VALF;
-  for (const float l : lane) top = l > top ? l : top;
-  for (; t < n; ++t) top = x[t] > top ? x[t] : top;
-  return top;
-}
-
 ATTNSCOPE_WIDE_VECTORS float max_scaled(const float* x, Eigen::Index n, float s) {
   // fl(x[t] * s) is fma(x[t], s, 0) (an exact product rounded once; a zero's sign aside, which no
   // use of the maximum sees), and the largest value is the same in any order of search.

@@ -149,29 +149,28 @@ TEST(PortableMath, FloatExpIsWithinItsBoundAndFlushesOnlyBelowTheRange) {
   for (std::size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(ys[i], portable::exp_float(xs[i]));
 }
 
-TEST(PortableMath, ScaleAndMaxIsThePlainLoop) {
+TEST(PortableMath, MaxScaledIsThePlainLoop) {
   std::mt19937_64 gen(5);
   std::normal_distribution<float> z(0.0F, 30.0F);
   for (const Eigen::Index n : {0, 1, 7, 15, 16, 17, 64, 197}) {
     std::vector<float> x(static_cast<std::size_t>(n));
     for (float& v : x) v = z(gen);
-    std::vector<float> want = x;
+    const std::vector<float> before = x;
     float top = -HUGE_VALF;
-    for (float& v : want) top = std::max(top, v *= 0.125F);
-    const float got = portable::scale_and_max(x.data(), n, 0.125F);
-    EXPECT_EQ(got, top) << "n = " << n;
-    EXPECT_EQ(x, want) << "n = " << n;
+    for (const float v : x) top = std::max(top, v * 0.125F);
+    EXPECT_EQ(portable::max_scaled(x.data(), n, 0.125F), top) << "n = " << n;
+    EXPECT_EQ(x, before) << "n = " << n << ": nothing written";
     // The largest entry in the last, partial vector is found too.
     if (n > 0) {
       x.back() = 1e30F;
-      EXPECT_EQ(portable::scale_and_max(x.data(), n, 1.0F), 1e30F) << "n = " << n;
+      EXPECT_EQ(portable::max_scaled(x.data(), n, 1.0F), 1e30F) << "n = " << n;
     }
   }
 }
 
-// max_scaled: the largest fl(x s) without writing, for either sign of s; exp_floats_sum: each
-// entry exp_float(fl(x s) - shift), what scale_and_max then exp_floats give, bit for bit, and the
-// sum in lane_sum's order.
+// max_scaled: the largest fl(x s), for either sign of s; exp_floats_sum: each entry
+// exp_float(fl(x s) - shift), what scaling then exp_floats give, bit for bit, and the sum in
+// lane_sum's order.
 TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
   std::mt19937_64 gen(6);
   std::normal_distribution<float> z(0.0F, 30.0F);
@@ -180,7 +179,8 @@ TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
       std::vector<float> x(static_cast<std::size_t>(n));
       for (float& v : x) v = z(gen);
       std::vector<float> scaled = x;
-      const float top = portable::scale_and_max(scaled.data(), n, s);
+      float top = -HUGE_VALF;
+      for (float& v : scaled) top = std::max(top, v *= s);
       EXPECT_EQ(portable::max_scaled(x.data(), n, s), top) << "n = " << n << " s = " << s;
       if (n == 0) continue;
       std::vector<float> want = scaled;

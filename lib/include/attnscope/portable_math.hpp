@@ -71,14 +71,13 @@ struct Exp {
 /// x[t] = exp_float(x[t] - shift) for t < n (the softmax step, vectorised).
 void exp_floats(float* x, Eigen::Index n, float shift = 0.0F);
 
-/// The largest of x[t] * s for t < n (-inf for n = 0): fl(x[t] * s) as scale_and_max computes it,
-/// without writing the products.
+/// The largest of fl(x[t] * s) for t < n (-inf for n = 0), without writing the products. The
+/// largest value does not depend on the order it is searched in: searched in vector lanes.
 float max_scaled(const float* x, Eigen::Index n, float s);
 
-/// x[t] = exp_float(x[t] * s - shift) for t < n (the product rounded to float first: what
-/// scale_and_max then exp_floats give), and the sum of the results in double in lane_sum's fixed
-/// order (lane_sum.hpp): the same bits on every CPU. One pass fewer than scale_and_max, exp_floats
-/// and lane_sum, and the same values.
+/// x[t] = exp_float(x[t] * s - shift) for t < n (the product rounded to float first), and the sum
+/// of the results in double in lane_sum's fixed order (lane_sum.hpp): the same bits on every CPU.
+/// The softmax step of every float row (with shift = max_scaled(x, n, s)).
 double exp_floats_sum(float* x, Eigen::Index n, float s, float shift);
 
 /// x[t] = exp(x[t] - shift) for t < n: the same bits as portable::exp of each (its branches made
@@ -93,9 +92,6 @@ bool all_finite(const double* x, Eigen::Index n);
 /// so searched in vector lanes.
 double max_of(const double* x, Eigen::Index n);
 
-/// x[t] *= s for t < n, and the largest of the products (-inf for n = 0). The largest value does
-/// not depend on the order it is searched in; 16 lanes let the compiler vectorise the search.
-float scale_and_max(float* x, Eigen::Index n, float s);
 
 /// C (m x n, row stride ldc) = A B^T: A is m x k (row stride lda), B is n x k (row stride ldb),
 /// all row-major. Every c_ij = fma(a_i,k-1, b_j,k-1, ... fma(a_i1, b_j1, fma(a_i0, b_j0, 0))), in
