@@ -73,6 +73,7 @@ struct ScoreWorkspace {
   bool double_rows = false;     // this head's rows are in wd (the judge copies them from there)
   std::vector<double> q_norm;   // |q_i| in double
   MatD dist;                    // N x pivots
+  std::vector<double> to_pivot; // squared distances to the pivot being added
   VecD nearest;
   std::vector<double> rho;
   std::vector<Eigen::Index> pivots;

@@ -48,6 +48,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace attnscope::analyses::detail {
@@ -65,26 +66,25 @@ constexpr Eigen::Index kCheckEvery = 64;  // entries between early-exit checks o
 /// stop_above it sums kCheckEvery entries at a time and returns the partial sum as soon as that
 /// exceeds stop_above (partial sums of squares only grow).
 template <typename R>
+double chunk_distance2(const R* a, const R* b, Eigen::Index n) {
+  if constexpr (std::is_same_v<R, float>) {
+    return portable::distance2(a, b, n);  // lane_sum's order, in vectors
+  } else {
+    return lane_sum(n, [a, b](Eigen::Index t) {
+      const double diff = static_cast<double>(a[t]) - static_cast<double>(b[t]);
+      return diff * diff;
+    });
+  }
+}
+
+template <typename R>
 double row_distance2(const R* a, const R* b, Eigen::Index n, double stop_above = HUGE_VAL) {
   const Eigen::Index step = stop_above < HUGE_VAL ? kCheckEvery : n;
   double s = 0.0;
   for (Eigen::Index t0 = 0; t0 < n && s <= stop_above; t0 += step) {
-    const R *pa = a + t0, *pb = b + t0;
-    s += lane_sum(std::min(step, n - t0), [pa, pb](Eigen::Index t) {
-      const double diff = static_cast<double>(pa[t]) - static_cast<double>(pb[t]);
-      return diff * diff;
-    });
+    s += chunk_distance2(a + t0, b + t0, std::min(step, n - t0));
   }
   return s;
-}
-
-/// Squared Euclidean norm of a float row in double.
-template <typename R>
-double row_norm2(const R* a, Eigen::Index n) {
-  return lane_sum(n, [a](Eigen::Index t) {
-    const double x = static_cast<double>(a[t]);
-    return x * x;
-  });
 }
 
 }  // namespace
@@ -103,6 +103,9 @@ void row_error_bounds(const std::vector<double>& q_norm, double k_max, Eigen::In
                       double scale, const MatF& w, std::vector<double>& rho) {
   const Eigen::Index n = w.rows();
   rho.resize(static_cast<std::size_t>(n));
+  // The rows' squared norms in double (lane_sum's order), into rho's storage before the bounds.
+  std::vector<double>& norm2 = rho;
+  portable::sums_of_squares(w.data(), w.cols(), n, w.cols(), norm2.data());
   for (Eigen::Index i = 0; i < n; ++i) {
     const double delta = logit_error(scale, q_norm[static_cast<std::size_t>(i)], k_max, d);
     // expm1(x) <= x + x^2 for 0 <= x <= 1 (the series' tail is x^2 (e - 2) at most), and far
@@ -110,7 +113,7 @@ void row_error_bounds(const std::vector<double>& q_norm, double k_max, Eigen::In
     const double x = 2.0 * delta;
     const double bound_expm1 = x <= 1.0 ? x + x * x : std::expm1(x);
     const double rel = (1.0 + bound_expm1) * (1.0 + 16.0 * kFloatUnit) - 1.0;
-    const double norm_w = std::sqrt(row_norm2(w.row(i).data(), w.cols())) * (1.0 + kSlack);
+    const double norm_w = std::sqrt(norm2[static_cast<std::size_t>(i)]) * (1.0 + kSlack);
     rho[static_cast<std::size_t>(i)] = rel < 1.0 ? rel * std::min(1.0, norm_w / (1.0 - rel)) : rel;
   }
 }
@@ -130,8 +133,18 @@ void add_pivots(const Mat<R>& w, ScoreWorkspace& ws, Eigen::Index count) {
     Eigen::Index p = 0;
     if (c > 0) ws.nearest.maxCoeff(&p);
     ws.pivots.push_back(p);
+    // Squared distances to the pivot (dist's rows are strided: through `to_pivot`).
+    std::vector<double>& to_pivot = ws.to_pivot;
+    to_pivot.resize(static_cast<std::size_t>(n));
+    if constexpr (std::is_same_v<R, float>) {
+      portable::distances2(w.data(), w.cols(), n, w.row(p).data(), w.cols(), to_pivot.data());
+    } else {
+      for (Eigen::Index i = 0; i < n; ++i) {
+        to_pivot[static_cast<std::size_t>(i)] = row_distance2(w.row(i).data(), w.row(p).data(), w.cols());
+      }
+    }
     for (Eigen::Index i = 0; i < n; ++i) {
-      ws.dist(i, c) = std::sqrt(row_distance2(w.row(i).data(), w.row(p).data(), w.cols()));
+      ws.dist(i, c) = std::sqrt(to_pivot[static_cast<std::size_t>(i)]);
       ws.nearest(i) = std::min(ws.nearest(i), ws.dist(i, c));
     }
   }
@@ -240,13 +253,20 @@ bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double s
     return x;
   };
   double q_max = 0.0;
+  portable::sums_of_squares(q.data(), q.outerStride(), q.rows(), d, q_norm.data());
   for (Eigen::Index i = 0; i < q.rows(); ++i) {
-    q_norm[static_cast<std::size_t>(i)] = finite(std::sqrt(row_norm2(q.row(i).data(), d)), "query", i);
+    q_norm[static_cast<std::size_t>(i)] = finite(std::sqrt(q_norm[static_cast<std::size_t>(i)]), "query", i);
     q_max = std::max(q_max, q_norm[static_cast<std::size_t>(i)]);
   }
   k_max = 0.0;
-  for (Eigen::Index j = 0; j < k.rows(); ++j) {
-    k_max = std::max(k_max, finite(row_norm2(k.row(j).data(), d), "key", j));
+  constexpr Eigen::Index kBlock = 64;  // keys' squared norms a block at a time
+  std::array<double, kBlock> k_norm2{};
+  for (Eigen::Index j0 = 0; j0 < k.rows(); j0 += kBlock) {
+    const Eigen::Index count = std::min(kBlock, k.rows() - j0);
+    portable::sums_of_squares(k.row(j0).data(), k.outerStride(), count, d, k_norm2.data());
+    for (Eigen::Index j = 0; j < count; ++j) {
+      k_max = std::max(k_max, finite(k_norm2[static_cast<std::size_t>(j)], "key", j0 + j));
+    }
   }
   k_max = std::sqrt(k_max);
   const double s = std::abs(scale);

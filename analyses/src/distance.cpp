@@ -8,7 +8,7 @@
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
-#include "attnscope/lane_sum.hpp"
+#include "attnscope/portable_math.hpp"
 #include "float_softmax_rows.hpp"
 
 #include <algorithm>
@@ -63,7 +63,7 @@ RowSums grid_row_sums(const double* w, const PatchGeometry& g, int query) {
 }
 
 /// Softmax rows from float exponentials: grid queries are rows prefix.. of ws (the float rows
-/// start there), their sums in double over kLanes fixed lanes.
+/// start there), their sums in double in lane_sum's fixed order (portable::dot_widened, sum_widened).
 DistanceRows float_distance(const detail::FloatSoftmaxRows& ws, const PatchGeometry& g,
                             const DistanceOptions& opt) {
   const TokenGrid& grid = g.grid();
@@ -84,9 +84,8 @@ DistanceRows float_distance(const detail::FloatSoftmaxRows& ws, const PatchGeome
     const Eigen::Index row = i - grid.prefix;
     const float* e = ws.e.row(row).data() + grid.prefix;
     const double* dd = dist.data();
-    const double weighted =
-        lane_sum(cells, [e, dd](Eigen::Index t) { return static_cast<double>(e[t]) * dd[t]; });
-    const double mass = lane_sum(cells, [e](Eigen::Index t) { return static_cast<double>(e[t]); });
+    const double weighted = portable::dot_widened(e, dd, cells);  // lane_sum's order
+    const double mass = portable::sum_widened(e, cells);
     const double total = ws.sum[static_cast<std::size_t>(row)];
     const auto ui = static_cast<std::size_t>(i);
     out.grid_mass[ui] = mass / total;

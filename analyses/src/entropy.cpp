@@ -7,7 +7,6 @@
 
 #include "attnscope/attention.hpp"
 #include "attnscope/error.hpp"
-#include "attnscope/lane_sum.hpp"
 #include "attnscope/portable_math.hpp"
 #include "float_softmax_rows.hpp"
 
@@ -53,12 +52,11 @@ EntropyRows float_entropy(const detail::FloatSoftmaxRows& ws) {
   EntropyRows out;
   out.entropy.resize(static_cast<std::size_t>(n));
   out.negative_mass.assign(static_cast<std::size_t>(n), 0.0);
+  // sum_t e_t y_t per row in double, lane_sum's order (several rows at once).
+  portable::dots_widened(ws.e.data(), ws.e.outerStride(), ws.y.data(), ws.y.outerStride(), n, keys,
+                         out.entropy.data());
   for (Eigen::Index i = 0; i < n; ++i) {
-    const float* e = ws.e.row(i).data();
-    const float* y = ws.y.row(i).data();
-    const double ey = lane_sum(keys, [e, y](Eigen::Index t) {
-      return static_cast<double>(e[t]) * static_cast<double>(y[t]);
-    });
+    const double ey = out.entropy[static_cast<std::size_t>(i)];
     const double z = ws.sum[static_cast<std::size_t>(i)];
     out.entropy[static_cast<std::size_t>(i)] = portable::log(z) - ey / z;
   }

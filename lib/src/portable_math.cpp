@@ -364,6 +364,10 @@ struct Simd<double> {
   static V set1(double x) { return _mm512_set1_pd(x); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
   static V max(V a, V b) { return _mm512_max_pd(a, b); }
+  static V widen(const float* p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+  static V add(V a, V b) { return _mm512_add_pd(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_pd(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
 };
 #elif defined(__AVX2__) && defined(__FMA__)
 template <>
@@ -387,6 +391,10 @@ struct Simd<double> {
   static V set1(double x) { return _mm256_set1_pd(x); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
   static V max(V a, V b) { return _mm256_max_pd(a, b); }
+  static V widen(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+  static V add(V a, V b) { return _mm256_add_pd(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_pd(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
 };
 #else
 template <typename T>
@@ -399,6 +407,10 @@ struct Simd {
   static V set1(T x) { return x; }
   static V fma(V a, V b, V c) { return std::fma(a, b, c); }
   static V max(V a, V b) { return a > b ? a : b; }
+  static V widen(const float* p) { return static_cast<V>(*p); }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
 };
 #endif
 
@@ -719,9 +731,143 @@ ATTNSCOPE_WIDE_VECTORS float max_scaled(const float* x, Eigen::Index n, float s)
   return top;
 }
 
+namespace {
+
+/// The terms of the widened sums (portable_math.hpp), in double: x[t], x[t]^2, (x[t] - y[t])^2
+/// or x[t] y[t] (y float or double).
+enum class Term { widened, square, difference_square, product };
+
+template <typename Y>
+inline Simd<double>::V widen_vector(const Y* p) {
+  if constexpr (std::is_same_v<Y, float>) {
+    return Simd<double>::widen(p);
+  } else {
+    return Simd<double>::load(p);
+  }
+}
+
+template <Term K, typename Y>
+inline Simd<double>::V term_vector(const float* x, const Y* y) {
+  using S = Simd<double>;
+  const S::V a = S::widen(x);
+  if constexpr (K == Term::widened) {
+    return a;
+  } else if constexpr (K == Term::square) {
+    return S::mul(a, a);
+  } else if constexpr (K == Term::difference_square) {
+    const S::V diff = S::sub(a, widen_vector(y));
+    return S::mul(diff, diff);
+  } else {
+    return S::mul(a, widen_vector(y));
+  }
+}
+
+template <Term K, typename Y>
+inline double term_scalar(const float* x, const Y* y, Eigen::Index t) {
+  const auto a = static_cast<double>(x[t]);
+  if constexpr (K == Term::widened) {
+    return a;
+  } else if constexpr (K == Term::square) {
+    return a * a;
+  } else if constexpr (K == Term::difference_square) {
+    const double diff = a - static_cast<double>(y[t]);
+    return diff * diff;
+  } else {
+    return a * static_cast<double>(y[t]);
+  }
+}
+
+/// Vectors of Simd<double> per kLanes lanes; rows summed at once (their accumulators all in
+/// registers, and their final chains of additions interleaved).
+constexpr Eigen::Index kLaneVectors = kLanes / Simd<double>::W;
+static_assert(kLanes % Simd<double>::W == 0, "lane_sum's lanes fill whole vectors");
+constexpr int kRowsAtOnce = kLaneVectors <= 2 ? 4 : (kLaneVectors <= 4 ? 2 : 1);
+
+/// out[r] = lane_sum(n, term of row r) for r < R: row r's x at x[r], its y at y[r].
+template <Term K, int R, typename Y>
+inline void lane_sums(const float* const* x, const Y* const* y, Eigen::Index n, double* out) {
+  using S = Simd<double>;
+  constexpr Eigen::Index W = S::W;
+  S::V acc[R][kLaneVectors];
+  for (int r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < kLaneVectors; ++v) acc[r][v] = S::zero();
+  }
+  Eigen::Index t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    for (int r = 0; r < R; ++r) {
+      for (Eigen::Index v = 0; v < kLaneVectors; ++v) {
+        acc[r][v] = S::add(acc[r][v], term_vector<K>(x[r] + t + v * W, y[r] + t + v * W));
+      }
+    }
+  }
+  alignas(64) double lane[R][kLanes];
+  double s[R];
+  for (int r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < kLaneVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
+    s[r] = 0.0;
+  }
+  // lane_sum's end: the tail in order, then the lanes in order, each row on its own.
+  for (Eigen::Index u = t; u < n; ++u) {
+    for (int r = 0; r < R; ++r) s[r] += term_scalar<K>(x[r], y[r], u);
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    for (int r = 0; r < R; ++r) s[r] += lane[r][l];
+  }
+  for (int r = 0; r < R; ++r) out[r] = s[r];
+}
+
+template <Term K, typename Y = float>
+double lane_sum_of(const float* x, const Y* y, Eigen::Index n) {
+  double out = 0.0;
+  lane_sums<K, 1>(&x, &y, n, &out);
+  return out;
+}
+
+/// out[r] = lane_sum of row r (x + r ld, and y + r y_ld) for r < rows.
+template <Term K>
+void lane_sums_of_rows(const float* x, Eigen::Index ld, const float* y, Eigen::Index y_ld, Eigen::Index rows,
+                       Eigen::Index n, double* out) {
+  Eigen::Index r0 = 0;
+  for (; r0 + kRowsAtOnce <= rows; r0 += kRowsAtOnce) {
+    const float* xs[kRowsAtOnce];
+    const float* ys[kRowsAtOnce];
+    for (int r = 0; r < kRowsAtOnce; ++r) {
+      xs[r] = x + (r0 + r) * ld;
+      ys[r] = y + (r0 + r) * y_ld;
+    }
+    lane_sums<K, kRowsAtOnce>(xs, ys, n, out + r0);
+  }
+  for (; r0 < rows; ++r0) out[r0] = lane_sum_of<K>(x + r0 * ld, y + r0 * y_ld, n);
+}
+
+}  // namespace
+
+double sum_widened(const float* x, Eigen::Index n) { return lane_sum_of<Term::widened>(x, x, n); }
+
+double sum_of_squares(const float* x, Eigen::Index n) { return lane_sum_of<Term::square>(x, x, n); }
+
+double distance2(const float* x, const float* y, Eigen::Index n) {
+  return lane_sum_of<Term::difference_square>(x, y, n);
+}
+
+double dot_widened(const float* x, const double* y, Eigen::Index n) { return lane_sum_of<Term::product>(x, y, n); }
+
+void sums_of_squares(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, double* out) {
+  lane_sums_of_rows<Term::square>(x, ld, x, ld, rows, n, out);
+}
+
+void distances2(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n, double* out) {
+  lane_sums_of_rows<Term::difference_square>(x, ld, y, 0, rows, n, out);
+}
+
+void dots_widened(const float* x, Eigen::Index ld, const float* y, Eigen::Index y_ld, Eigen::Index rows,
+                  Eigen::Index n, double* out) {
+  lane_sums_of_rows<Term::product>(x, ld, y, y_ld, rows, n, out);
+}
+
 ATTNSCOPE_WIDE_VECTORS double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
   for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] * s - shift);
-  return lane_sum(n, [x](Eigen::Index t) { return static_cast<double>(x[t]); });
+  return sum_widened(x, n);
 }
 
 double probe::portable_math(double a, double b, double c) { return a * b + c; }

@@ -252,6 +252,62 @@ void check_products(double magnitude) {
       }
 }
 
+// The widened sums in vectors: bit for bit lane_sum of the same terms, for one row and for many
+// rows at once (every count of rows around the kernel's group sizes), on lengths around the
+// lanes, magnitudes from subnormal to huge, and mixed signs. A sum in another order is told
+// apart (negative control), so the comparison sees the order.
+TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
+  std::mt19937_64 gen(19);
+  std::normal_distribution<float> z(0.0F, 1.0F);
+  std::uniform_int_distribution<int> exponent(-140, 60);
+  bool order_seen = false;
+  for (const Eigen::Index n : {0, 1, 5, 15, 16, 17, 31, 32, 33, 64, 65, 197, 200}) {
+    for (const Eigen::Index rows : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+      const Eigen::Index ld = n + 3;
+      std::vector<float> x(static_cast<std::size_t>(rows * ld + 1)), y(static_cast<std::size_t>(n + 1));
+      for (float& v : x) v = std::ldexp(z(gen), exponent(gen) / 4);
+      for (float& v : y) v = std::ldexp(z(gen), exponent(gen) / 4);
+      if (n > 3) x[2] = std::ldexp(1.0F, -140);  // a subnormal term
+      std::vector<double> squares(static_cast<std::size_t>(rows)), distances(squares.size()), dots(squares.size());
+      portable::sums_of_squares(x.data(), ld, rows, n, squares.data());
+      portable::distances2(x.data(), ld, rows, y.data(), n, distances.data());
+      // Each row against the row after it (x's rows overlap y's: y_ld = ld).
+      portable::dots_widened(x.data(), ld, x.data() + 1, ld, rows, n, dots.data());
+      std::vector<double> yd(y.begin(), y.end());
+      for (Eigen::Index r = 0; r < rows; ++r) {
+        const float* a = x.data() + r * ld;
+        const double want_widened = lane_sum(n, [a](Eigen::Index t) { return static_cast<double>(a[t]); });
+        const double want_square = lane_sum(n, [a](Eigen::Index t) {
+          const auto v = static_cast<double>(a[t]);
+          return v * v;
+        });
+        const double want_distance = lane_sum(n, [a, &y](Eigen::Index t) {
+          const double diff = static_cast<double>(a[t]) - static_cast<double>(y[static_cast<std::size_t>(t)]);
+          return diff * diff;
+        });
+        const std::string at = "n = " + std::to_string(n) + " rows = " + std::to_string(rows) + " r = " + std::to_string(r);
+        EXPECT_EQ(portable::sum_widened(a, n), want_widened) << at;
+        EXPECT_EQ(portable::sum_of_squares(a, n), want_square) << at;
+        EXPECT_EQ(portable::distance2(a, y.data(), n), want_distance) << at;
+        const double want_dot = lane_sum(n, [a](Eigen::Index t) {
+          return static_cast<double>(a[t]) * static_cast<double>(a[t + 1]);
+        });
+        const double want_dot_double = lane_sum(n, [a, &yd](Eigen::Index t) {
+          return static_cast<double>(a[t]) * yd[static_cast<std::size_t>(t)];
+        });
+        EXPECT_EQ(dots[static_cast<std::size_t>(r)], want_dot) << at;
+        EXPECT_EQ(portable::dot_widened(a, yd.data(), n), want_dot_double) << at;
+        EXPECT_EQ(squares[static_cast<std::size_t>(r)], want_square) << at;
+        EXPECT_EQ(distances[static_cast<std::size_t>(r)], want_distance) << at;
+        double chain = 0.0;  // one running sum in index order
+        for (Eigen::Index t = 0; t < n; ++t) chain += static_cast<double>(a[t]);
+        order_seen = order_seen || chain != want_widened;
+      }
+    }
+  }
+  EXPECT_TRUE(order_seen) << "no case where the order of the sum changes it: the comparison would not see a wrong order";
+}
+
 TEST(PortableMath, ProductsAreTheDocumentedOrderBitForBit) {
   check_products<float>(1.0);
   check_products<double>(1.0);

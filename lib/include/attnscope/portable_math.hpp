@@ -80,6 +80,26 @@ float max_scaled(const float* x, Eigen::Index n, float s);
 /// The softmax step of every float row (with shift = max_scaled(x, n, s)).
 double exp_floats_sum(float* x, Eigen::Index n, float s, float shift);
 
+/// Sums of float rows widened to double, each in lane_sum's fixed order (lane_sum.hpp: kLanes
+/// lanes, lane l summing the terms t = l mod kLanes in increasing t, then the tail and the lanes
+/// added in order) and so the same bits as lane_sum of the same terms, on every CPU; in vector
+/// registers, several rows at once where the rows are many (their final additions interleaved).
+/// sum_widened: x[t]; sum_of_squares: x[t]^2; distance2: (x[t] - y[t])^2; the dots: x[t] y[t]
+/// (differences and products each rounded once in double, added without contraction).
+double sum_widened(const float* x, Eigen::Index n);
+double sum_of_squares(const float* x, Eigen::Index n);
+double distance2(const float* x, const float* y, Eigen::Index n);
+/// out[r] = sum_of_squares of row r, r < rows, rows of length n at x + r ld.
+void sums_of_squares(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, double* out);
+/// out[r] = distance2 of row r (at x + r ld) and y, r < rows.
+void distances2(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n, double* out);
+/// The sum of x[t] y[t] (the product of the two in double), for a double y.
+double dot_widened(const float* x, const double* y, Eigen::Index n);
+/// out[r] = the sum of x_r[t] y_r[t] (both widened, their product in double), row r of x at
+/// x + r ld and of y at y + r y_ld, r < rows.
+void dots_widened(const float* x, Eigen::Index ld, const float* y, Eigen::Index y_ld, Eigen::Index rows,
+                  Eigen::Index n, double* out);
+
 /// x[t] = exp(x[t] - shift) for t < n: the same bits as portable::exp of each (its branches made
 /// selects, so that the loop vectorises; tests/unit/test_replay_fast.cpp compares them bit for bit
 /// on every range, edges, subnormal results, infinities and NaN included).
