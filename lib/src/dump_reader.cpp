@@ -6,7 +6,12 @@
 #include "attnscope/half.hpp"
 #include "attnscope/variant.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -21,8 +26,24 @@ using dump_detail::read_floats;
 
 namespace {
 
+/// Where the images of an uncompressed float32 dataset lie in the file, for reads that bypass
+/// HDF5: pread straight into the head matrices, one copy (the kernel's) where HDF5's read into a
+/// buffer and the copy from it into the heads were two. Known for contiguous datasets and for
+/// chunked ones whose chunks hold whole images; every other dataset (filters, another dtype or
+/// byte order, chunks that split an image, external storage, a user block) is read by HDF5.
+struct DirectLayout {
+  bool examined = false;
+  bool direct = false;
+  bool chunked = false;
+  haddr_t address = HADDR_UNDEF;  // contiguous: where the data starts
+  int rank = 0;
+  hsize_t chunk_images = 0;       // chunked: images per chunk
+  std::size_t image_bytes = 0;    // one image's block
+};
+
 struct LayerSets {
   h5::Handle q, k, v, attn, out, local;
+  DirectLayout direct[3];  // of q, k and v
 };
 
 constexpr const char* kQkvLayout = "[images, heads, tokens, dim]";
@@ -268,8 +289,20 @@ struct FileReader {
   h5::Handle labels, logits, images;
   ReadScratch* scratch = nullptr;
   int shard_first_image = -1;  // the optional attribute of a shard (-1: absent)
+  int fd = -1;                 // the file opened again for direct reads (-1: HDF5 reads all)
+  bool user_block = false;     // addresses are then not file offsets: no direct reads
+  std::size_t direct_blocks = 0;  // image blocks read directly (DumpReader::direct_reads)
 
   FileReader(const std::string& path, ReadScratch& s);
+  ~FileReader();
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+  /// Reads image `image`'s block of `ds` straight into `heads` matrices of rows x d each (its
+  /// first `heads` heads, the block's order): false, reading nothing, when the dataset is not
+  /// laid out for it (DirectLayout) or this image's chunk is not allocated; then HDF5 reads it.
+  bool read_direct(hid_t ds, DirectLayout& layout, const std::string& name, int image,
+                   const std::vector<hsize_t>& dims, const std::vector<const char*>& dim_names,
+                   MatF* const* heads, int count, int rows, int d);
   /// The shape of /layers/L/`name` past the image axis, in the layer's geometry, and its names.
   struct LayerShape {
     std::vector<hsize_t> dims;
@@ -478,6 +511,105 @@ FileReader::FileReader(const std::string& path, ReadScratch& s) : scratch(&s) {
   open_layers();
   open_optional();
   schema.file_images = {schema.num_images};
+  h5::Handle fcpl = h5::plist(H5Fget_create_plist(file.get()));
+  hsize_t block = 0;
+  user_block = !fcpl.valid() || H5Pget_userblock(fcpl.get(), &block) < 0 || block != 0;
+  H5Eclear2(H5E_DEFAULT);
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // failing, HDF5 reads everything
+}
+
+FileReader::~FileReader() {
+  if (fd >= 0) ::close(fd);
+}
+
+namespace {
+
+DirectLayout examine_layout(hid_t ds, std::size_t image_bytes) {
+  DirectLayout d;
+  d.examined = true;
+  d.image_bytes = image_bytes;
+  h5::Handle t = h5::type(H5Dget_type(ds));
+  h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
+  h5::Handle space = h5::space(H5Dget_space(ds));
+  if (!t.valid() || !dcpl.valid() || !space.valid() || H5Tequal(t.get(), H5T_NATIVE_FLOAT) <= 0 ||
+      H5Pget_nfilters(dcpl.get()) != 0 || H5Pget_external_count(dcpl.get()) != 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return d;
+  }
+  d.rank = H5Sget_simple_extent_ndims(space.get());
+  if (d.rank < 1) return d;
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_CONTIGUOUS) {
+    d.address = H5Dget_offset(ds);
+    H5Eclear2(H5E_DEFAULT);
+    d.direct = d.address != HADDR_UNDEF;  // undefined: no storage yet
+  } else if (layout == H5D_CHUNKED) {
+    std::vector<hsize_t> dims(static_cast<std::size_t>(d.rank)), chunk(dims.size());
+    if (H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) < 0 ||
+        H5Pget_chunk(dcpl.get(), d.rank, chunk.data()) != d.rank) {
+      H5Eclear2(H5E_DEFAULT);
+      return d;
+    }
+    // Each chunk must hold whole images: every axis past the first is whole in it.
+    d.direct = chunk[0] >= 1 && std::equal(dims.begin() + 1, dims.end(), chunk.begin() + 1);
+    d.chunked = true;
+    d.chunk_images = chunk[0];
+  }
+  return d;
+}
+
+}  // namespace
+
+bool FileReader::read_direct(hid_t ds, DirectLayout& layout, const std::string& name, int image,
+                             const std::vector<hsize_t>& dims, const std::vector<const char*>& dim_names,
+                             MatF* const* heads, int count, int rows, int d) {
+  if (fd < 0 || user_block) return false;
+  if (!layout.examined) {
+    std::size_t bytes = sizeof(float);
+    for (hsize_t x : dims) bytes *= static_cast<std::size_t>(x);
+    layout = examine_layout(ds, bytes);
+  }
+  if (!layout.direct) return false;
+  const auto head_bytes = static_cast<std::size_t>(rows) * static_cast<std::size_t>(d) * sizeof(float);
+  if (head_bytes * static_cast<std::size_t>(count) > layout.image_bytes) return false;
+  haddr_t at = HADDR_UNDEF;
+  if (!layout.chunked) {
+    at = layout.address + static_cast<haddr_t>(image) * layout.image_bytes;
+  } else {
+    std::vector<hsize_t> coord(static_cast<std::size_t>(layout.rank), 0);
+    const auto within = static_cast<hsize_t>(image) % layout.chunk_images;
+    coord[0] = static_cast<hsize_t>(image) - within;
+    unsigned filters = 0;
+    haddr_t chunk = HADDR_UNDEF;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info_by_coord(ds, coord.data(), &filters, &chunk, &size) < 0 ||
+        chunk == HADDR_UNDEF || filters != 0 || size < (within + 1) * layout.image_bytes) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;  // not allocated (fill values): HDF5 knows what to read
+    }
+    at = chunk + within * layout.image_bytes;
+  }
+  for (int h = 0; h < count; ++h) {
+    auto* dst = reinterpret_cast<char*>(heads[h]->data());
+    std::size_t done = 0;
+    while (done < head_bytes) {
+      const ssize_t got = ::pread(fd, dst + done, head_bytes - done,
+                                  static_cast<off_t>(at + h * head_bytes + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        throw InputError(schema.path, name, "readable data at image " + std::to_string(image),
+                         got < 0 ? std::string("a read error (") + std::strerror(errno) + ")"
+                                 : std::string("the end of the file (truncated?)"));
+      }
+      done += static_cast<std::size_t>(got);
+    }
+    std::vector<hsize_t> start(dims.size(), 0), one(dims);
+    start[0] = static_cast<hsize_t>(h);
+    one[0] = 1;
+    check_finite(heads[h]->data(), start, one, dim_names, schema.path, name, image);
+  }
+  ++direct_blocks;
+  return true;
 }
 
 void FileReader::reopen_datasets() {
@@ -546,17 +678,26 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
       const std::vector<const char*> dim_names =
           g.windows > 0 ? std::vector<const char*>{"head", "window", "token", "dim"}
                         : std::vector<const char*>{"head", "token", "dim"};
-      const float* p = read_block(sets[t].first->get(), layer_path(layer, names[t]), image, start,
-                                  shape.dims, dim_names);
+      std::vector<MatF*> heads;
       for (int h = 0; h < stride; ++h) {
         MatF& m = (*sets[t].second)[s * static_cast<std::size_t>(stride) + static_cast<std::size_t>(h)];
         if (h >= H) {
           m.resize(0, 0);
           continue;
         }
-        // MatF is row-major, as the block: one memcpy (Eigen's element loop cost twice as much).
         m.resize(rows, d);
-        std::copy_n(p + static_cast<std::ptrdiff_t>(h) * rows * d, static_cast<std::ptrdiff_t>(rows) * d, m.data());
+        heads.push_back(&m);
+      }
+      const std::string name = layer_path(layer, names[t]);
+      if (read_direct(sets[t].first->get(), layers[static_cast<std::size_t>(layer)].direct[t], name, image,
+                      shape.dims, dim_names, heads.data(), H, rows, d)) {
+        continue;
+      }
+      const float* p = read_block(sets[t].first->get(), name, image, start, shape.dims, dim_names);
+      for (int h = 0; h < H; ++h) {
+        // MatF is row-major, as the block: one memcpy (Eigen's element loop cost twice as much).
+        std::copy_n(p + static_cast<std::ptrdiff_t>(h) * rows * d, static_cast<std::ptrdiff_t>(rows) * d,
+                    heads[static_cast<std::size_t>(h)]->data());
       }
     }
   }
@@ -857,6 +998,12 @@ void DumpReader::set_chunk_cache(std::size_t bytes) {
 }
 
 std::size_t DumpReader::chunk_cache() const { return impl_->chunk_cache; }
+
+std::size_t DumpReader::direct_reads() const {
+  std::size_t n = 0;
+  for (const auto& f : impl_->files) n += f->direct_blocks;
+  return n;
+}
 
 std::size_t read_buffer_bytes(const DumpAttributes& a) {
   const auto H = static_cast<std::size_t>(a.num_heads), N = static_cast<std::size_t>(a.num_tokens),

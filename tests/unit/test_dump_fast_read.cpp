@@ -4,6 +4,7 @@
 #include "scratch_dir.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/error.hpp"
 #include "attnscope/half.hpp"
 
 #include "random_inputs.hpp"
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -193,11 +195,12 @@ TEST_F(DumpFastRead, EveryFiniteHalfReadsAsHdf5ConvertsIt) {
   }
 }
 
-/// A random dump (N = 50, d = 7) in the given dtype.
-std::string random_dump(const std::string& p, DType dtype, int images) {
+/// A random dump (N = 50, d = 7) in the given dtype, gzip level `compression` (0: none).
+std::string random_dump(const std::string& p, DType dtype, int images, int compression = 1) {
   const DumpAttributes a = attrs(3, 2, 7, 7, 7);
   DumpWriterOptions o;
   o.dtype = dtype;
+  o.compression = compression;
   DumpWriter w(p, a, o);
   test::Normal rng(11);
   for (int i = 0; i < images; ++i) {
@@ -261,6 +264,141 @@ TEST_F(DumpFastRead, ForEachHeadHonoursNeedV) {
                                                  << " head " << head << ": Q";
     EXPECT_TRUE(qk.second == full.K(layer, head)) << "image " << image << " layer " << layer
                                                   << " head " << head << ": K";
+  }
+}
+
+
+/// Rewrites /layers/L/q, k and v of a dump with another layout or file type (`dcpl` decides the
+/// layout; `file_type` the stored type), keeping their values; `images_written` < the dataset's
+/// images leaves the chunks of the rest unallocated (an extensible dataset read as fill values).
+void relayout(const std::string& p, int layers, hid_t file_type, const std::function<void(hid_t, const std::vector<hsize_t>&)>& dcpl_of,
+              hsize_t images_written = 0) {
+  const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << p;
+  for (int l = 0; l < layers; ++l) {
+    for (const char* kind : {"q", "k", "v"}) {
+      const std::string name = "/layers/" + std::to_string(l) + "/" + kind;
+      const hid_t ds = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+      const hid_t space = H5Dget_space(ds);
+      std::vector<hsize_t> dims(static_cast<std::size_t>(H5Sget_simple_extent_ndims(space)));
+      H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+      std::size_t n = 1;
+      for (hsize_t x : dims) n *= static_cast<std::size_t>(x);
+      std::vector<float> values(n);
+      ASSERT_GE(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0) << name;
+      H5Sclose(space);
+      H5Dclose(ds);
+      ASSERT_GE(H5Ldelete(f, name.c_str(), H5P_DEFAULT), 0) << name;
+      const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      dcpl_of(dcpl, dims);
+      std::vector<hsize_t> maxdims(dims);
+      if (images_written > 0) maxdims[0] = H5S_UNLIMITED;
+      const hid_t new_space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data());
+      const hid_t out = H5Dcreate2(f, name.c_str(), file_type, new_space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      ASSERT_GE(out, 0) << name;
+      hid_t file_sel = H5S_ALL, mem_sel = H5S_ALL;
+      if (images_written > 0) {
+        std::vector<hsize_t> count(dims);
+        count[0] = images_written;
+        std::vector<hsize_t> start(dims.size(), 0);
+        file_sel = H5Scopy(new_space);
+        H5Sselect_hyperslab(file_sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+        mem_sel = H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr);
+      }
+      ASSERT_GE(H5Dwrite(out, H5T_NATIVE_FLOAT, mem_sel, file_sel, H5P_DEFAULT, values.data()), 0) << name;
+      if (images_written > 0) {
+        H5Sclose(file_sel);
+        H5Sclose(mem_sel);
+      }
+      H5Sclose(new_space);
+      H5Pclose(dcpl);
+      H5Dclose(out);
+    }
+  }
+  H5Fclose(f);
+}
+
+// Uncompressed float32 blocks are read straight from the file (DumpReader::direct_reads), every
+// other layout through HDF5: both give exactly the values written, and each layout takes the path
+// it should (so that the comparison compares the direct reads themselves).
+TEST_F(DumpFastRead, DirectReadsGiveHdf5sValuesAndOnlyWhereTheLayoutAllows) {
+  constexpr int kImages = 3, kLayers = 3;
+  const std::string original = random_dump(path("direct_original.h5"), DType::F32, kImages, 0);
+  std::vector<ImageQKV> want;
+  {
+    DumpReader r(original);
+    for (int i = 0; i < kImages; ++i) want.push_back(r.read_image(i));
+  }
+  const auto chunk = [](hsize_t images, bool split) {
+    return [images, split](hid_t dcpl, const std::vector<hsize_t>& dims) {
+      std::vector<hsize_t> c(dims);
+      c[0] = images;
+      if (split) c[1] = 1;  // one head per chunk: an image's block spans chunks
+      H5Pset_chunk(dcpl, static_cast<int>(c.size()), c.data());
+    };
+  };
+  const auto contiguous = [](hid_t dcpl, const std::vector<hsize_t>&) { H5Pset_layout(dcpl, H5D_CONTIGUOUS); };
+  const auto gzip = [](hid_t dcpl, const std::vector<hsize_t>& dims) {
+    std::vector<hsize_t> c(dims);
+    c[0] = 1;
+    H5Pset_chunk(dcpl, static_cast<int>(c.size()), c.data());
+    H5Pset_deflate(dcpl, 1);
+  };
+  struct Case {
+    const char* name;
+    std::function<void(hid_t, const std::vector<hsize_t>&)> dcpl;
+    hid_t type;
+    hsize_t images_written;
+    int direct_images;  // images whose blocks are read directly
+  };
+  const std::vector<Case> cases = {
+      {"as written (a chunk per image)", nullptr, H5T_IEEE_F32LE, 0, kImages},
+      {"contiguous", contiguous, H5T_IEEE_F32LE, 0, kImages},
+      {"two images per chunk, the last chunk half used", chunk(2, false), H5T_IEEE_F32LE, 0, kImages},
+      {"a chunk per head", chunk(1, true), H5T_IEEE_F32LE, 0, 0},
+      {"gzip", gzip, H5T_IEEE_F32LE, 0, 0},
+      {"big-endian float32", contiguous, H5T_IEEE_F32BE, 0, 0},
+      {"the last image's chunk never written", chunk(1, false), H5T_IEEE_F32LE, 2, 2},
+  };
+  for (const Case& c : cases) {
+    const std::string p = path(std::string("direct_") + std::to_string(&c - cases.data()) + ".h5");
+    fs::copy_file(original, p, fs::copy_options::overwrite_existing);
+    if (c.dcpl) relayout(p, kLayers, c.type, c.dcpl, c.images_written);
+    DumpReader r(p);
+    for (int i = 0; i < kImages; ++i) {
+      const ImageQKV got = r.read_image(i);
+      for (std::size_t s = 0; s < want[static_cast<std::size_t>(i)].q.size(); ++s) {
+        const bool unwritten = c.images_written > 0 && i >= static_cast<int>(c.images_written);
+        const ImageQKV& w = want[static_cast<std::size_t>(i)];
+        const std::string where = std::string(c.name) + ": image " + std::to_string(i) + " slot " + std::to_string(s);
+        if (unwritten) {  // HDF5's fill value
+          EXPECT_TRUE(got.q[s].isZero(0.0F) && got.k[s].isZero(0.0F) && got.v[s].isZero(0.0F)) << where;
+          continue;
+        }
+        EXPECT_TRUE(got.q[s] == w.q[s]) << where << ": Q";
+        EXPECT_TRUE(got.k[s] == w.k[s]) << where << ": K";
+        EXPECT_TRUE(got.v[s] == w.v[s]) << where << ": V";
+      }
+    }
+    EXPECT_EQ(r.direct_reads(), static_cast<std::size_t>(c.direct_images) * kLayers * 3) << c.name;
+  }
+}
+
+// A file cut short while a reader has it open (another process truncating it): the direct read
+// finds the end of the file and says so, naming the file and dataset; nothing crashes.
+TEST_F(DumpFastRead, AFileTruncatedUnderTheReaderIsAnInputError) {
+  const std::string p = random_dump(path("truncated_later.h5"), DType::F32, 3, 0);
+  DumpReader r(p);
+  ASSERT_NO_THROW((void)r.read_image(0));
+  ASSERT_GT(r.direct_reads(), 0U) << "the direct path is the one under test";
+  fs::resize_file(p, fs::file_size(p) / 3);
+  try {
+    (void)r.read_image(2);
+    FAIL() << "reading past the end of the truncated file succeeded";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(p), std::string::npos) << what;
+    EXPECT_NE(what.find("/layers/"), std::string::npos) << what;
   }
 }
 
