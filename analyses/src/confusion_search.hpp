@@ -4,6 +4,7 @@
 
 #include "attnscope/analyses/confusion.hpp"
 
+#include <array>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -74,6 +75,9 @@ struct ScoreWorkspace {
   std::vector<double> q_norm;   // |q_i| in double
   MatD dist;                    // N x pivots
   std::vector<double> to_pivot; // squared distances to the pivot being added
+  std::vector<float> to_pivot_float;  // the same summed in float (float_pivots)
+  bool float_pivots = false;    // this head's pivot distances are summed in float
+  std::array<double, 4> pivot_slack{};  // what float sums add to each pivot's comparisons
   VecD nearest;
   std::vector<double> rho;
   std::vector<Eigen::Index> pivots;
@@ -94,6 +98,12 @@ struct ScoreWorkspace {
 /// exact double rows (they could overflow, and their error bound would make the float filter
 /// useless anyway). On real dumps the bound is below 1e-2.
 inline constexpr double kFloatLogitErrorLimit = 1.0 / 16.0;
+
+/// What summing the pivot distances of rows of length n in float adds to every comparison of
+/// two rows' distances to one pivot, given the largest float-summed distance `farthest` of that
+/// pivot's column: 2 kappa / (1 - kappa) farthest + 2 sqrt(n 2^-149), kappa = gamma_(n+2) + 2^-50
+/// (confusion_softmax.cpp's margin argument), rounded up.
+double float_pivot_slack(Eigen::Index n, double farthest);
 
 /// The float logits' absolute error bound for a query of norm q_norm against keys of largest
 /// norm k_max: |s| (q_norm k_max (d + 6) 2^-24 + d 2^-149) (dot product, scaling, the max

@@ -23,7 +23,11 @@
 // below 1, which shrinks the first-pivot window to little more than eps on real dumps. Pivot
 // distances are then accumulated in double from W~, so
 // |d~(i,p) - d(i,p)| <= rho_i + rho_p + 1e-12, and a confused pair (|W_i - W_j| <= eps) has
-// |d~(i,p) - d~(j,p)| <= eps + rho_i + rho_j + 2 rho_p + 2e-12 for every pivot. We keep a pair
+// |d~(i,p) - d~(j,p)| <= eps + rho_i + rho_j + 2 rho_p + 2e-12 for every pivot. Where eps is
+// large enough (pivots_in_float), the pivot distances d^ are summed in float instead, three
+// times faster: |d^ - d~| <= kappa d~ (+ an underflow term), so two rows' d^ differ by at most
+// their d~'s difference plus float_pivot_slack of that pivot, which every comparison of that
+// pivot's distances adds. We keep a pair
 // whenever that holds with the rho terms doubled, then again only if the distance of the float
 // rows themselves (accumulated in double) is <= eps + 2 (rho_i + rho_j) + slack: no confused
 // pair is ever discarded, and few unconfused ones reach the exact judge.
@@ -58,6 +62,7 @@ namespace {
 constexpr double kFloatUnit = 5.9604644775390625e-8;  // 2^-24
 constexpr double kSlack = 1e-9;                       // double rounding of distances, generous
 constexpr int kPivots = 4;
+static_assert(kPivots <= std::tuple_size_v<decltype(ScoreWorkspace::pivot_slack)>, "a slack per pivot");
 
 // Float-row reductions in double: lane_sum (lane_sum.hpp).
 constexpr Eigen::Index kCheckEvery = 64;  // entries between early-exit checks of a row distance
@@ -118,6 +123,27 @@ void row_error_bounds(const std::vector<double>& q_norm, double k_max, Eigen::In
   }
 }
 
+}  // namespace
+
+// float_pivot_slack (confusion_search.hpp): d^ = sqrt of the float sum, against d = |W~_i - W~_p|_2
+// of the same float rows, obeys |d^ - d| <= kappa d + sqrt(n 2^-149), kappa = gamma_(n+2) + 2^-50
+// (the float sum within gamma_(n+2) relative, the square root of 1 +- gamma within 1 +- gamma, the
+// double sqrt's rounding); d <= d^ / (1 - kappa).
+double float_pivot_slack(Eigen::Index n, double farthest) {
+  const double nu = static_cast<double>(n + 2) * kFloatUnit;
+  const double kappa = nu / (1.0 - nu) + 0x1.0p-50;
+  const double underflow = std::sqrt(static_cast<double>(n) * 0x1.0p-149);
+  return (2.0 * kappa / (1.0 - kappa) * farthest + 2.0 * underflow) * (1.0 + kSlack);
+}
+
+namespace {
+
+/// Whether the pivots' distances are summed in float: when their slack (float_pivot_slack, at
+/// most for distances of 2, the largest between two probability rows, plus rounding) stays
+/// below a tenth of the comparison's base (about eps), so that it widens the windows by at most
+/// a tenth; with a smaller eps, or rows much longer, they are summed in double.
+bool pivots_in_float(Eigen::Index n, double base) { return float_pivot_slack(n, 2.1) <= 0.1 * base; }
+
 /// Farthest-first pivots: each new pivot is the row farthest from the pivots chosen so far.
 /// Adds pivots to ws.pivots and their columns to ws.dist (distances accumulated in double) until
 /// there are `count`; ws.nearest holds each row's distance to its nearest pivot.
@@ -136,17 +162,31 @@ void add_pivots(const Mat<R>& w, ScoreWorkspace& ws, Eigen::Index count) {
     // Squared distances to the pivot (dist's rows are strided: through `to_pivot`).
     std::vector<double>& to_pivot = ws.to_pivot;
     to_pivot.resize(static_cast<std::size_t>(n));
+    double slack = 0.0;
     if constexpr (std::is_same_v<R, float>) {
-      portable::distances2(w.data(), w.cols(), n, w.row(p).data(), w.cols(), to_pivot.data());
+      if (ws.float_pivots) {
+        std::vector<float>& sums = ws.to_pivot_float;
+        sums.resize(static_cast<std::size_t>(n));
+        portable::distances2_float(w.data(), w.cols(), n, w.row(p).data(), w.cols(), sums.data());
+        std::copy(sums.begin(), sums.end(), to_pivot.begin());
+      } else {
+        portable::distances2(w.data(), w.cols(), n, w.row(p).data(), w.cols(), to_pivot.data());
+      }
     } else {
       for (Eigen::Index i = 0; i < n; ++i) {
         to_pivot[static_cast<std::size_t>(i)] = row_distance2(w.row(i).data(), w.row(p).data(), w.cols());
       }
     }
+    double farthest = 0.0;
     for (Eigen::Index i = 0; i < n; ++i) {
       ws.dist(i, c) = std::sqrt(to_pivot[static_cast<std::size_t>(i)]);
       ws.nearest(i) = std::min(ws.nearest(i), ws.dist(i, c));
+      farthest = std::max(farthest, ws.dist(i, c));
     }
+    if constexpr (std::is_same_v<R, float>) {
+      if (ws.float_pivots) slack = float_pivot_slack(w.cols(), farthest);
+    }
+    ws.pivot_slack[static_cast<std::size_t>(c)] = slack;
   }
 }
 
@@ -173,11 +213,12 @@ HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJu
                          ScoreWorkspace& ws) {
   HeadConfusion out;
   const Eigen::Index n = w.rows(), row_length = w.cols();
+  const double base = judge.eps() * (1.0 + kSlack) + kSlack;
+  ws.float_pivots = std::is_same_v<R, float> && pivots_in_float(row_length, base);
   ws.pivots.clear();
   add_pivots(w, ws, 1);
   const std::vector<Eigen::Index>& pivots = ws.pivots;
   const double rho_max = *std::max_element(rho.begin(), rho.end());
-  const double base = judge.eps() * (1.0 + kSlack) + kSlack;
 
   // Sweep in order of the distance to the first pivot: only pairs within the window of that
   // lower bound are looked at. When that window holds more pairs than a few row distances per
@@ -197,7 +238,8 @@ HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJu
     keyed[static_cast<std::size_t>(i)] = {ws.dist(i, 0), i};
   }
   std::sort(keyed.begin(), keyed.end());
-  const double window = base + 2.0 * (2.0 * rho_max + 2.0 * rho[static_cast<std::size_t>(pivots[0])]);
+  const double window =
+      base + 2.0 * (2.0 * rho_max + 2.0 * rho[static_cast<std::size_t>(pivots[0])]) + ws.pivot_slack[0];
   if (window_pairs(keyed, window) > (kPivots - 1) * n) add_pivots(w, ws, kPivots);
   const auto np = static_cast<Eigen::Index>(pivots.size());
   MatD& sd = ws.sorted_dist;
@@ -210,8 +252,10 @@ HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJu
   }
   const std::vector<double>& srho = ws.sorted_rho;
   std::array<double, kPivots> rho_pivot{};  // 2 rho_p of each pivot
+  std::array<double, kPivots> pivot_base{};  // base plus the float pivot distances' slack
   for (std::size_t c = 0; c < pivots.size(); ++c) {
     rho_pivot[c] = 2.0 * rho[static_cast<std::size_t>(pivots[c])];
+    pivot_base[c] = base + ws.pivot_slack[c];
   }
 
   for (Eigen::Index a = 0; a < n; ++a) {
@@ -221,7 +265,7 @@ HeadConfusion sweep_rows(const Mat<R>& w, const std::vector<double>& rho, PairJu
       bool keep = true;
       for (Eigen::Index c = 0; c < np && keep; ++c) {
         const double margin = 2.0 * (rho_ab + rho_pivot[static_cast<std::size_t>(c)]);
-        keep = std::abs(sd(a, c) - sd(b, c)) <= base + margin;
+        keep = std::abs(sd(a, c) - sd(b, c)) <= pivot_base[static_cast<std::size_t>(c)] + margin;
       }
       if (!keep) continue;
       const Eigen::Index i = keyed[static_cast<std::size_t>(a)].second;

@@ -353,6 +353,9 @@ struct Simd<float> {
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
 };
 template <>
 struct Simd<double> {
@@ -380,6 +383,9 @@ struct Simd<float> {
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
 };
 template <>
 struct Simd<double> {
@@ -840,7 +846,62 @@ void lane_sums_of_rows(const float* x, Eigen::Index ld, const float* y, Eigen::I
   for (; r0 < rows; ++r0) out[r0] = lane_sum_of<K>(x + r0 * ld, y + r0 * y_ld, n);
 }
 
+/// out[r] = sum over t of (x_r[t] - y[t])^2 in float, in lane_sum's order (kLanes float lanes):
+/// R rows at once.
+template <int R>
+inline void float_distances2(const float* const* x, const float* y, Eigen::Index n, float* out) {
+  using S = Simd<float>;
+  constexpr Eigen::Index W = S::W;
+  constexpr Eigen::Index kVectors = kLanes / W;
+  static_assert(kLanes % W == 0, "lane_sum's lanes fill whole vectors");
+  S::V acc[R][kVectors];
+  for (int r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = S::zero();
+  }
+  Eigen::Index t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    for (Eigen::Index v = 0; v < kVectors; ++v) {
+      const S::V b = S::load(y + t + v * W);
+      for (int r = 0; r < R; ++r) {
+        const S::V diff = S::sub(S::load(x[r] + t + v * W), b);
+        acc[r][v] = S::add(acc[r][v], S::mul(diff, diff));
+      }
+    }
+  }
+  alignas(64) float lane[R][kLanes];
+  float s[R];
+  for (int r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < kVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
+    s[r] = 0.0F;
+  }
+  for (Eigen::Index u = t; u < n; ++u) {
+    for (int r = 0; r < R; ++r) {
+      const float diff = x[r][u] - y[u];
+      s[r] += diff * diff;
+    }
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    for (int r = 0; r < R; ++r) s[r] += lane[r][l];
+  }
+  for (int r = 0; r < R; ++r) out[r] = s[r];
+}
+
 }  // namespace
+
+void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n,
+                      float* out) {
+  constexpr int kAtOnce = 4;
+  Eigen::Index r0 = 0;
+  for (; r0 + kAtOnce <= rows; r0 += kAtOnce) {
+    const float* xs[kAtOnce];
+    for (int r = 0; r < kAtOnce; ++r) xs[r] = x + (r0 + r) * ld;
+    float_distances2<kAtOnce>(xs, y, n, out + r0);
+  }
+  for (; r0 < rows; ++r0) {
+    const float* xr = x + r0 * ld;
+    float_distances2<1>(&xr, y, n, out + r0);
+  }
+}
 
 double sum_widened(const float* x, Eigen::Index n) { return lane_sum_of<Term::widened>(x, x, n); }
 

@@ -9,10 +9,12 @@
 #include "random_inputs.hpp"
 
 #include "attnscope/family.hpp"
+#include "attnscope/portable_math.hpp"
 #include "attnscope/softmax.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -142,6 +144,98 @@ TEST(ConfusionSearch, TransposedExactRowsAreTheSameBits) {
   }
   // (d = 1 has one order only, and rows of one dominant key round alike in any order.)
   EXPECT_GT(differing_orders, cases / 20) << "the inputs should be sensitive to the order of the sums";
+}
+
+
+/// The search as `searched` runs it, with its workspace left for inspection.
+std::int64_t searched_with(const MatF& q, const MatF& k, double scale, const ConfusionOptions& opt,
+                           detail::ScoreWorkspace& ws) {
+  const int nk = static_cast<int>(k.rows()), d = static_cast<int>(k.cols());
+  const MatD kd = k.cast<double>();
+  detail::PairJudge judge;
+  judge.reset(static_cast<int>(q.rows()), nk, q, opt, [&](int i, double* out) {
+    const VecD qi = q.row(i).cast<double>().transpose();
+    softmax_exact_row(qi.data(), kd.data(), nk, d, scale, out);
+  });
+  return detail::search_scores(*find_family("softmax").score(), q, k, scale, judge, ws).pairs;
+}
+
+// With eps large enough the pivot distances are summed in float (three times faster), and the
+// sweep widens every comparison of them by the float sums' rigorous slack. Pairs planted at the
+// threshold, just inside it and just outside (eps the exact distance of a planted pair, and the
+// double below it), at DeiT-T's shape and on short rows: the count is the brute force's every
+// time, with float pivots in use; below the eps where they pay, the search sums in double.
+TEST(ConfusionSearch, FloatPivotDistancesKeepThePairsAtTheThreshold) {
+  int float_heads = 0, thresholds = 0;
+  for (auto [n, d] : {std::pair{197, 64}, {60, 16}, {33, 7}}) {
+    for (std::uint64_t seed : {11U, 12U, 13U}) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      MatD qd = test::random_matrix(n, d, seed);
+      for (int i = 1; i < n; i += 2) {  // pairs whose rows lie about 1e-3 apart
+        qd.row(i) = qd.row(i - 1);
+        qd(i, static_cast<int>(seed) % d) += 0.05 * static_cast<double>(1 + i % 5);
+      }
+      const MatF q = qd.cast<float>();
+      const MatF k = test::random_matrix(n, d, seed + 100).cast<float>();
+      // The exact distance of each planted pair, as the judge decides it.
+      const MatD qe = q.cast<double>(), ke = k.cast<double>();
+      MatD w(n, n);
+      for (int i = 0; i < n; ++i) softmax_exact_row(qe.row(i).data(), ke.data(), n, d, scale, w.row(i).data());
+      std::vector<double> planted;
+      for (int i = 1; i < n; i += 2) planted.push_back(std::sqrt(squared_distance(w.row(i - 1).data(), w.row(i).data(), n)));
+      std::sort(planted.begin(), planted.end());
+      const double at = planted[planted.size() / 2];
+      ASSERT_GT(at, 6e-4) << "planted pairs too close for the float path";
+      std::vector<std::int64_t> counts;
+      for (const double eps : {std::nextafter(at, 1.0), at, std::nextafter(at, 0.0), at * 2.0}) {
+        ConfusionOptions opt;
+        opt.eps = eps;
+        detail::ScoreWorkspace ws;
+        const std::string what = "N=" + std::to_string(n) + " d=" + std::to_string(d) + " seed=" +
+                                 std::to_string(seed) + " eps=" + std::to_string(eps);
+        const std::int64_t want = brute_force(q, k, scale, opt);
+        counts.push_back(want);
+        EXPECT_EQ(searched_with(q, k, scale, opt, ws), want) << what;
+        EXPECT_TRUE(ws.float_pivots) << what << ": the float pivot distances are the path under test";
+        float_heads += ws.float_pivots ? 1 : 0;
+        ++thresholds;
+      }
+      EXPECT_GT(counts[0], counts[2]) << "the planted pair at the threshold is in just above it and out just below";
+      ConfusionOptions tight;
+      tight.eps = 1e-5;
+      detail::ScoreWorkspace ws;
+      EXPECT_EQ(searched_with(q, k, scale, tight, ws), brute_force(q, k, scale, tight));
+      EXPECT_FALSE(ws.float_pivots) << "eps 1e-5: the float sums' slack would be a tenth of the window";
+    }
+  }
+  EXPECT_EQ(float_heads, thresholds);
+}
+
+// The bound the slack rests on: each float-summed pivot distance is within kappa d + the underflow
+// term of the double-summed distance of the same float rows (half the slack, which covers two
+// rows), on rows of probabilities, of tiny and of huge entries. Negative control: the float sums
+// do differ from the double ones, so the slack is needed.
+TEST(ConfusionSearch, FloatPivotDistancesAreWithinTheirSlack) {
+  int differ = 0;
+  for (const Eigen::Index n : {5, 16, 17, 197, 1000}) {
+    for (const double magnitude : {1.0 / static_cast<double>(n), 1e-20, 1e-3, 1.0, 1e15}) {
+      const MatF x = (test::random_matrix(9, n, static_cast<std::uint64_t>(n)).cwiseAbs() * magnitude).cast<float>();
+      std::vector<float> fsum(9);
+      std::vector<double> dsum(9);
+      portable::distances2_float(x.data(), n, 9, x.row(4).data(), n, fsum.data());
+      portable::distances2(x.data(), n, 9, x.row(4).data(), n, dsum.data());
+      double farthest = 0.0;
+      for (int r = 0; r < 9; ++r) farthest = std::max(farthest, std::sqrt(static_cast<double>(fsum[static_cast<std::size_t>(r)])));
+      const double slack = detail::float_pivot_slack(n, farthest);
+      for (int r = 0; r < 9; ++r) {
+        const double got = std::sqrt(static_cast<double>(fsum[static_cast<std::size_t>(r)]));
+        const double want = std::sqrt(dsum[static_cast<std::size_t>(r)]);
+        EXPECT_LE(std::abs(got - want), slack / 2.0) << "n=" << n << " magnitude=" << magnitude << " row " << r;
+        differ += got != want ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(differ, 0) << "no float sum differed from the double one";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -271,6 +272,8 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
       std::vector<double> squares(static_cast<std::size_t>(rows)), distances(squares.size()), dots(squares.size());
       portable::sums_of_squares(x.data(), ld, rows, n, squares.data());
       portable::distances2(x.data(), ld, rows, y.data(), n, distances.data());
+      std::vector<float> float_distances(static_cast<std::size_t>(rows));
+      portable::distances2_float(x.data(), ld, rows, y.data(), n, float_distances.data());
       // Each row against the row after it (x's rows overlap y's: y_ld = ld).
       portable::dots_widened(x.data(), ld, x.data() + 1, ld, rows, n, dots.data());
       std::vector<double> yd(y.begin(), y.end());
@@ -296,11 +299,27 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
           return static_cast<double>(a[t]) * yd[static_cast<std::size_t>(t)];
         });
         EXPECT_EQ(dots[static_cast<std::size_t>(r)], want_dot) << at;
+        // The float distances: lane_sum's order with float lanes, written out plainly.
+        std::array<float, kLanes> lanes{};
+        Eigen::Index t = 0;
+        for (; t + kLanes <= n; t += kLanes) {
+          for (int l = 0; l < kLanes; ++l) {
+            const float diff = a[t + l] - y[static_cast<std::size_t>(t + l)];
+            lanes[static_cast<std::size_t>(l)] += diff * diff;
+          }
+        }
+        float want_float = 0.0F;
+        for (; t < n; ++t) {
+          const float diff = a[t] - y[static_cast<std::size_t>(t)];
+          want_float += diff * diff;
+        }
+        for (const float l : lanes) want_float += l;
+        EXPECT_EQ(float_distances[static_cast<std::size_t>(r)], want_float) << at;
         EXPECT_EQ(portable::dot_widened(a, yd.data(), n), want_dot_double) << at;
         EXPECT_EQ(squares[static_cast<std::size_t>(r)], want_square) << at;
         EXPECT_EQ(distances[static_cast<std::size_t>(r)], want_distance) << at;
         double chain = 0.0;  // one running sum in index order
-        for (Eigen::Index t = 0; t < n; ++t) chain += static_cast<double>(a[t]);
+        for (Eigen::Index u = 0; u < n; ++u) chain += static_cast<double>(a[u]);
         order_seen = order_seen || chain != want_widened;
       }
     }

@@ -93,6 +93,12 @@ double distance2(const float* x, const float* y, Eigen::Index n);
 void sums_of_squares(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, double* out);
 /// out[r] = distance2 of row r (at x + r ld) and y, r < rows.
 void distances2(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n, double* out);
+/// out[r] = the sum over t < n of (x_r[t] - y[t])^2 in float (row r at x + r ld), in lane_sum's
+/// order with float lanes: the same bits on every CPU. Any order of a float sum of squares of
+/// rounded differences is within gamma_(n+2) = (n + 2) u / (1 - (n + 2) u) (u = 2^-24) of the exact
+/// sum relative to it, plus n 2^-149 absolute for squares that underflow.
+void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n,
+                      float* out);
 /// The sum of x[t] y[t] (the product of the two in double), for a double y.
 double dot_widened(const float* x, const double* y, Eigen::Index n);
 /// out[r] = the sum of x_r[t] y_r[t] (both widened, their product in double), row r of x at
