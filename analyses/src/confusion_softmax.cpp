@@ -13,8 +13,8 @@
 // scaling, the max subtraction; u = 2^-24; the last term covers products that underflow), which
 // exp turns into a relative error <= expm1(2 delta_i) on each
 // entry; the exp itself (a few ulp), the sum (accumulated in double, then rounded to float) and
-// the division add less than 16 u relative. So every entry has W~_ij = W_ij (1 + a_ij) with
-// |a_ij| <= r_i = (1 + expm1(2 delta_i))(1 + 16 u) - 1, hence |W~_i - W_i|_2 <= r_i |W_i|_2. The
+// the multiplication by the sum's rounded reciprocal add less than 16 u relative. So every entry
+// has W~_ij = W_ij (1 + a_ij) with |a_ij| <= r_i = (1 + expm1(2 delta_i))(1 + 16 u) - 1, hence |W~_i - W_i|_2 <= r_i |W_i|_2. The
 // exact norm is unknown, but |W_i|_2 <= |W~_i|_2 + r_i |W_i|_2 gives
 // |W_i|_2 <= |W~_i|_2 / (1 - r_i) when r_i < 1, and |W_i|_2 <= 1 always (probability vector), so
 // rho_i = r_i min(1, |W~_i|_2 / (1 - r_i)), the norm of the float row taken in double and
