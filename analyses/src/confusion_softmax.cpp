@@ -17,8 +17,9 @@
 // has W~_ij = W_ij (1 + a_ij) with |a_ij| <= r_i = (1 + expm1(2 delta_i))(1 + 16 u) - 1, hence |W~_i - W_i|_2 <= r_i |W_i|_2. The
 // exact norm is unknown, but |W_i|_2 <= |W~_i|_2 + r_i |W_i|_2 gives
 // |W_i|_2 <= |W~_i|_2 / (1 - r_i) when r_i < 1, and |W_i|_2 <= 1 always (probability vector), so
-// rho_i = r_i min(1, |W~_i|_2 / (1 - r_i)), the norm of the float row taken in double and
-// rounded up by kSlack (relative); entries that underflow in float are off by less than 1e-37
+// rho_i = r_i min(1, |W~_i|_2 / (1 - r_i)), with an upper bound of the float row's norm (its
+// float sum of squares raised by that sum's error, squared_norm_bounds; the same for |q_i| and
+// max |k_j| in the logit bound) rounded up by kSlack (relative); entries that underflow in float are off by less than 1e-37
 // each, which the absolute kSlack in every comparison covers. Spread-out rows have |W_i|_2 well
 // below 1, which shrinks the first-pivot window to little more than eps on real dumps. Pivot
 // distances are then accumulated in double from W~, so
@@ -92,6 +93,26 @@ double row_distance2(const R* a, const R* b, Eigen::Index n, double stop_above =
   return s;
 }
 
+/// Upper bounds of the squared norms of `rows` float rows of length n (row r at x + r ld): the
+/// float sums of squares by fused steps (portable::sums_of_squares_float, within gamma_n relative
+/// plus n 2^-149) raised to (sum + n 2^-149) / (1 - gamma_n), rounded up; a row whose float sum is
+/// not finite (an entry above about 1.8e19, an Inf or a NaN) takes the double sum instead, NaN and
+/// Inf included (the callers test it).
+void squared_norm_bounds(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, double* out) {
+  thread_local std::vector<float> sums;
+  sums.resize(static_cast<std::size_t>(rows));
+  portable::sums_of_squares_float(x, ld, rows, n, sums.data());
+  const double nu = static_cast<double>(n) * kFloatUnit;
+  const double gamma = nu < 0.5 ? nu / (1.0 - nu) : HUGE_VAL;
+  const double underflow = static_cast<double>(n) * 0x1.0p-149;
+  for (Eigen::Index r = 0; r < rows; ++r) {
+    const float sum = sums[static_cast<std::size_t>(r)];
+    out[r] = std::isfinite(sum) && gamma < 0.5
+                 ? (static_cast<double>(sum) + underflow) / (1.0 - gamma) * (1.0 + 0x1.0p-50)
+                 : portable::sum_of_squares(x + r * ld, n);
+  }
+}
+
 }  // namespace
 
 double logit_error(double scale, double q_norm, double k_max, Eigen::Index d) {
@@ -108,9 +129,9 @@ void row_error_bounds(const std::vector<double>& q_norm, double k_max, Eigen::In
                       double scale, const MatF& w, std::vector<double>& rho) {
   const Eigen::Index n = w.rows();
   rho.resize(static_cast<std::size_t>(n));
-  // The rows' squared norms in double (lane_sum's order), into rho's storage before the bounds.
+  // Upper bounds of the rows' squared norms, into rho's storage before the bounds.
   std::vector<double>& norm2 = rho;
-  portable::sums_of_squares(w.data(), w.cols(), n, w.cols(), norm2.data());
+  squared_norm_bounds(w.data(), w.cols(), n, w.cols(), norm2.data());
   for (Eigen::Index i = 0; i < n; ++i) {
     const double delta = logit_error(scale, q_norm[static_cast<std::size_t>(i)], k_max, d);
     // expm1(x) <= x + x^2 for 0 <= x <= 1 (the series' tail is x^2 (e - 2) at most), and far
@@ -297,7 +318,7 @@ bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double s
     return x;
   };
   double q_max = 0.0;
-  portable::sums_of_squares(q.data(), q.outerStride(), q.rows(), d, q_norm.data());
+  squared_norm_bounds(q.data(), q.outerStride(), q.rows(), d, q_norm.data());
   for (Eigen::Index i = 0; i < q.rows(); ++i) {
     q_norm[static_cast<std::size_t>(i)] = finite(std::sqrt(q_norm[static_cast<std::size_t>(i)]), "query", i);
     q_max = std::max(q_max, q_norm[static_cast<std::size_t>(i)]);
@@ -307,7 +328,7 @@ bool float_rows_fit(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double s
   std::array<double, kBlock> k_norm2{};
   for (Eigen::Index j0 = 0; j0 < k.rows(); j0 += kBlock) {
     const Eigen::Index count = std::min(kBlock, k.rows() - j0);
-    portable::sums_of_squares(k.row(j0).data(), k.outerStride(), count, d, k_norm2.data());
+    squared_norm_bounds(k.row(j0).data(), k.outerStride(), count, d, k_norm2.data());
     for (Eigen::Index j = 0; j < count; ++j) {
       k_max = std::max(k_max, finite(k_norm2[static_cast<std::size_t>(j)], "key", j0 + j));
     }

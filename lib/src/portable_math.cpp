@@ -886,7 +886,56 @@ inline void float_distances2(const float* const* x, const float* y, Eigen::Index
   for (int r = 0; r < R; ++r) out[r] = s[r];
 }
 
+/// out[r] = sum over t of x_r[t]^2 in float by fused steps (acc = fma(x, x, acc)), lane_sum's
+/// order with float lanes: R rows at once.
+template <int R>
+inline void float_squares(const float* const* x, Eigen::Index n, float* out) {
+  using S = Simd<float>;
+  constexpr Eigen::Index W = S::W;
+  constexpr Eigen::Index kVectors = kLanes / W;
+  S::V acc[R][kVectors];
+  for (int r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = S::zero();
+  }
+  Eigen::Index t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    for (int r = 0; r < R; ++r) {
+      for (Eigen::Index v = 0; v < kVectors; ++v) {
+        const S::V a = S::load(x[r] + t + v * W);
+        acc[r][v] = S::fma(a, a, acc[r][v]);
+      }
+    }
+  }
+  alignas(64) float lane[R][kLanes];
+  float s[R];
+  for (int r = 0; r < R; ++r) {
+    for (Eigen::Index v = 0; v < kVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
+    s[r] = 0.0F;
+  }
+  for (Eigen::Index u = t; u < n; ++u) {
+    for (int r = 0; r < R; ++r) s[r] = std::fma(x[r][u], x[r][u], s[r]);
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    for (int r = 0; r < R; ++r) s[r] += lane[r][l];
+  }
+  for (int r = 0; r < R; ++r) out[r] = s[r];
+}
+
 }  // namespace
+
+void sums_of_squares_float(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float* out) {
+  constexpr int kAtOnce = 4;
+  Eigen::Index r0 = 0;
+  for (; r0 + kAtOnce <= rows; r0 += kAtOnce) {
+    const float* xs[kAtOnce];
+    for (int r = 0; r < kAtOnce; ++r) xs[r] = x + (r0 + r) * ld;
+    float_squares<kAtOnce>(xs, n, out + r0);
+  }
+  for (; r0 < rows; ++r0) {
+    const float* xr = x + r0 * ld;
+    float_squares<1>(&xr, n, out + r0);
+  }
+}
 
 void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n,
                       float* out) {

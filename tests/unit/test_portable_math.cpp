@@ -272,8 +272,9 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
       std::vector<double> squares(static_cast<std::size_t>(rows)), distances(squares.size()), dots(squares.size());
       portable::sums_of_squares(x.data(), ld, rows, n, squares.data());
       portable::distances2(x.data(), ld, rows, y.data(), n, distances.data());
-      std::vector<float> float_distances(static_cast<std::size_t>(rows));
+      std::vector<float> float_distances(static_cast<std::size_t>(rows)), float_squares(float_distances.size());
       portable::distances2_float(x.data(), ld, rows, y.data(), n, float_distances.data());
+      portable::sums_of_squares_float(x.data(), ld, rows, n, float_squares.data());
       // Each row against the row after it (x's rows overlap y's: y_ld = ld).
       portable::dots_widened(x.data(), ld, x.data() + 1, ld, rows, n, dots.data());
       std::vector<double> yd(y.begin(), y.end());
@@ -315,6 +316,25 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
         }
         for (const float l : lanes) want_float += l;
         EXPECT_EQ(float_distances[static_cast<std::size_t>(r)], want_float) << at;
+        // The float squares by fused steps: the same order with std::fma, and within gamma_n of
+        // the double sum plus the underflow term (confusion's norm bounds rest on it).
+        std::array<float, kLanes> square_lanes{};
+        for (t = 0; t + kLanes <= n; t += kLanes) {
+          for (int l = 0; l < kLanes; ++l) {
+            float& lane = square_lanes[static_cast<std::size_t>(l)];
+            lane = std::fma(a[t + l], a[t + l], lane);
+          }
+        }
+        float want_squares = 0.0F;
+        for (; t < n; ++t) want_squares = std::fma(a[t], a[t], want_squares);
+        for (const float l : square_lanes) want_squares += l;
+        EXPECT_EQ(float_squares[static_cast<std::size_t>(r)], want_squares) << at;
+        if (std::isfinite(want_squares)) {
+          const double nu = static_cast<double>(n) * 0x1.0p-24;
+          EXPECT_LE(std::abs(static_cast<double>(want_squares) - want_square),
+                    nu / (1.0 - nu) * want_square + static_cast<double>(n) * 0x1.0p-149)
+              << at;
+        }
         EXPECT_EQ(portable::dot_widened(a, yd.data(), n), want_dot_double) << at;
         EXPECT_EQ(squares[static_cast<std::size_t>(r)], want_square) << at;
         EXPECT_EQ(distances[static_cast<std::size_t>(r)], want_distance) << at;
@@ -325,6 +345,13 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
     }
   }
   EXPECT_TRUE(order_seen) << "no case where the order of the sum changes it: the comparison would not see a wrong order";
+  // Entries above about 1.8e19 overflow the float squares: +inf, which the norm bounds replace by
+  // the double sum.
+  const std::vector<float> big(20, 1e20F);
+  float big_squares = 0.0F;
+  portable::sums_of_squares_float(big.data(), 20, 1, 20, &big_squares);
+  EXPECT_EQ(big_squares, HUGE_VALF);
+  EXPECT_EQ(portable::sum_of_squares(big.data(), 20), 20.0 * static_cast<double>(1e20F) * static_cast<double>(1e20F));
 }
 
 TEST(PortableMath, ProductsAreTheDocumentedOrderBitForBit) {

@@ -99,6 +99,10 @@ void distances2(const float* x, Eigen::Index ld, Eigen::Index rows, const float*
 /// sum relative to it, plus n 2^-149 absolute for squares that underflow.
 void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n,
                       float* out);
+/// out[r] = the sum over t < n of x_r[t]^2 in float by fused steps (row r at x + r ld), lane_sum's
+/// order with float lanes: the same bits on every CPU. Within gamma_n relative of the exact sum,
+/// plus n 2^-149 for steps that round in the subnormal range; +inf when it overflows.
+void sums_of_squares_float(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float* out);
 /// The sum of x[t] y[t] (the product of the two in double), for a double y.
 double dot_widened(const float* x, const double* y, Eigen::Index n);
 /// out[r] = the sum of x_r[t] y_r[t] (both widened, their product in double), row r of x at
