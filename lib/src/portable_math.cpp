@@ -783,43 +783,62 @@ inline double term_scalar(const float* x, const Y* y, Eigen::Index t) {
   }
 }
 
-/// Vectors of Simd<double> per kLanes lanes; rows summed at once (their accumulators all in
-/// registers, and their final chains of additions interleaved).
-constexpr Eigen::Index kLaneVectors = kLanes / Simd<double>::W;
-static_assert(kLanes % Simd<double>::W == 0, "lane_sum's lanes fill whole vectors");
-constexpr int kRowsAtOnce = kLaneVectors <= 2 ? 4 : (kLaneVectors <= 4 ? 2 : 1);
-
-/// out[r] = lane_sum(n, term of row r) for r < R: row r's x at x[r], its y at y[r].
-template <Term K, int R, typename Y>
-inline void lane_sums(const float* const* x, const Y* const* y, Eigen::Index n, double* out) {
-  using S = Simd<double>;
+/// R rows' sums over t < n in lane_sum's order (lane_sum.hpp), in T's vector registers: lane l of
+/// row r accumulates acc = step(acc, r, t) for t = l mod kLanes in increasing t (whole vectors of
+/// lanes at a time), then the row's sum starts at 0, takes s = tail(s, r, t) for the t past the last
+/// whole group of kLanes in order, then adds the lanes in order. The rows' final chains of
+/// additions are interleaved; each row's operations are its own, in that order.
+template <typename T, int R, typename Step, typename Tail>
+inline void lanes_of_rows(Eigen::Index n, Step step, Tail tail, T* out) {
+  using S = Simd<T>;
   constexpr Eigen::Index W = S::W;
-  S::V acc[R][kLaneVectors];
+  constexpr Eigen::Index kVectors = kLanes / W;
+  static_assert(kLanes % W == 0, "lane_sum's lanes fill whole vectors");
+  typename S::V acc[R][kVectors];
   for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kLaneVectors; ++v) acc[r][v] = S::zero();
+    for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = S::zero();
   }
   Eigen::Index t = 0;
   for (; t + kLanes <= n; t += kLanes) {
     for (int r = 0; r < R; ++r) {
-      for (Eigen::Index v = 0; v < kLaneVectors; ++v) {
-        acc[r][v] = S::add(acc[r][v], term_vector<K>(x[r] + t + v * W, y[r] + t + v * W));
-      }
+      for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = step(acc[r][v], r, t + v * W);
     }
   }
-  alignas(64) double lane[R][kLanes];
-  double s[R];
+  alignas(64) T lane[R][kLanes];
+  T s[R];
   for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kLaneVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
-    s[r] = 0.0;
+    for (Eigen::Index v = 0; v < kVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
+    s[r] = T(0);
   }
-  // lane_sum's end: the tail in order, then the lanes in order, each row on its own.
   for (Eigen::Index u = t; u < n; ++u) {
-    for (int r = 0; r < R; ++r) s[r] += term_scalar<K>(x[r], y[r], u);
+    for (int r = 0; r < R; ++r) s[r] = tail(s[r], r, u);
   }
   for (int l = 0; l < kLanes; ++l) {
     for (int r = 0; r < R; ++r) s[r] += lane[r][l];
   }
   for (int r = 0; r < R; ++r) out[r] = s[r];
+}
+
+/// kernel(r0, std::integral_constant<int, C>) for groups of C = R rows from r0, then one row at a
+/// time (C = 1) for the rest.
+template <int R, typename Kernel>
+void by_row_groups(Eigen::Index rows, Kernel kernel) {
+  Eigen::Index r0 = 0;
+  for (; r0 + R <= rows; r0 += R) kernel(r0, std::integral_constant<int, R>{});
+  for (; r0 < rows; ++r0) kernel(r0, std::integral_constant<int, 1>{});
+}
+
+/// Rows summed at once: four on AVX-512 (two vectors of lanes each), two on AVX2, one otherwise.
+constexpr Eigen::Index kLaneVectors = kLanes / Simd<double>::W;
+constexpr int kRowsAtOnce = kLaneVectors <= 2 ? 4 : (kLaneVectors <= 4 ? 2 : 1);
+
+/// out[r] = lane_sum(n, term K of row r) in double: row r's x at x[r], its y at y[r].
+template <Term K, int R, typename Y>
+inline void lane_sums(const float* const* x, const Y* const* y, Eigen::Index n, double* out) {
+  using V = Simd<double>::V;
+  lanes_of_rows<double, R>(
+      n, [&](V acc, int r, Eigen::Index at) { return Simd<double>::add(acc, term_vector<K>(x[r] + at, y[r] + at)); },
+      [&](double s, int r, Eigen::Index u) { return s + term_scalar<K>(x[r], y[r], u); }, out);
 }
 
 template <Term K, typename Y = float>
@@ -829,128 +848,31 @@ double lane_sum_of(const float* x, const Y* y, Eigen::Index n) {
   return out;
 }
 
-/// out[r] = lane_sum of row r (x + r ld, and y + r y_ld) for r < rows.
+/// Row r of x at x + r ld (and of y at y + r y_ld; y_ld = 0: one y for every row).
+template <int C>
+struct RowPointers {
+  const float* x[C];
+  const float* y[C];
+  RowPointers(const float* x0, Eigen::Index ld, const float* y0, Eigen::Index y_ld, Eigen::Index r0) {
+    for (int r = 0; r < C; ++r) {
+      x[r] = x0 + (r0 + r) * ld;
+      y[r] = y0 + (r0 + r) * y_ld;
+    }
+  }
+};
+
+/// out[r] = lane_sum of row r's term K for r < rows.
 template <Term K>
 void lane_sums_of_rows(const float* x, Eigen::Index ld, const float* y, Eigen::Index y_ld, Eigen::Index rows,
                        Eigen::Index n, double* out) {
-  Eigen::Index r0 = 0;
-  for (; r0 + kRowsAtOnce <= rows; r0 += kRowsAtOnce) {
-    const float* xs[kRowsAtOnce];
-    const float* ys[kRowsAtOnce];
-    for (int r = 0; r < kRowsAtOnce; ++r) {
-      xs[r] = x + (r0 + r) * ld;
-      ys[r] = y + (r0 + r) * y_ld;
-    }
-    lane_sums<K, kRowsAtOnce>(xs, ys, n, out + r0);
-  }
-  for (; r0 < rows; ++r0) out[r0] = lane_sum_of<K>(x + r0 * ld, y + r0 * y_ld, n);
-}
-
-/// out[r] = sum over t of (x_r[t] - y[t])^2 in float, in lane_sum's order (kLanes float lanes):
-/// R rows at once.
-template <int R>
-inline void float_distances2(const float* const* x, const float* y, Eigen::Index n, float* out) {
-  using S = Simd<float>;
-  constexpr Eigen::Index W = S::W;
-  constexpr Eigen::Index kVectors = kLanes / W;
-  static_assert(kLanes % W == 0, "lane_sum's lanes fill whole vectors");
-  S::V acc[R][kVectors];
-  for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = S::zero();
-  }
-  Eigen::Index t = 0;
-  for (; t + kLanes <= n; t += kLanes) {
-    for (Eigen::Index v = 0; v < kVectors; ++v) {
-      const S::V b = S::load(y + t + v * W);
-      for (int r = 0; r < R; ++r) {
-        const S::V diff = S::sub(S::load(x[r] + t + v * W), b);
-        acc[r][v] = S::add(acc[r][v], S::mul(diff, diff));
-      }
-    }
-  }
-  alignas(64) float lane[R][kLanes];
-  float s[R];
-  for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
-    s[r] = 0.0F;
-  }
-  for (Eigen::Index u = t; u < n; ++u) {
-    for (int r = 0; r < R; ++r) {
-      const float diff = x[r][u] - y[u];
-      s[r] += diff * diff;
-    }
-  }
-  for (int l = 0; l < kLanes; ++l) {
-    for (int r = 0; r < R; ++r) s[r] += lane[r][l];
-  }
-  for (int r = 0; r < R; ++r) out[r] = s[r];
-}
-
-/// out[r] = sum over t of x_r[t]^2 in float by fused steps (acc = fma(x, x, acc)), lane_sum's
-/// order with float lanes: R rows at once.
-template <int R>
-inline void float_squares(const float* const* x, Eigen::Index n, float* out) {
-  using S = Simd<float>;
-  constexpr Eigen::Index W = S::W;
-  constexpr Eigen::Index kVectors = kLanes / W;
-  S::V acc[R][kVectors];
-  for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = S::zero();
-  }
-  Eigen::Index t = 0;
-  for (; t + kLanes <= n; t += kLanes) {
-    for (int r = 0; r < R; ++r) {
-      for (Eigen::Index v = 0; v < kVectors; ++v) {
-        const S::V a = S::load(x[r] + t + v * W);
-        acc[r][v] = S::fma(a, a, acc[r][v]);
-      }
-    }
-  }
-  alignas(64) float lane[R][kLanes];
-  float s[R];
-  for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
-    s[r] = 0.0F;
-  }
-  for (Eigen::Index u = t; u < n; ++u) {
-    for (int r = 0; r < R; ++r) s[r] = std::fma(x[r][u], x[r][u], s[r]);
-  }
-  for (int l = 0; l < kLanes; ++l) {
-    for (int r = 0; r < R; ++r) s[r] += lane[r][l];
-  }
-  for (int r = 0; r < R; ++r) out[r] = s[r];
+  by_row_groups<kRowsAtOnce>(rows, [&](Eigen::Index r0, auto count) {
+    constexpr int C = decltype(count)::value;
+    const RowPointers<C> p(x, ld, y, y_ld, r0);
+    lane_sums<K, C>(p.x, p.y, n, out + r0);
+  });
 }
 
 }  // namespace
-
-void sums_of_squares_float(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float* out) {
-  constexpr int kAtOnce = 4;
-  Eigen::Index r0 = 0;
-  for (; r0 + kAtOnce <= rows; r0 += kAtOnce) {
-    const float* xs[kAtOnce];
-    for (int r = 0; r < kAtOnce; ++r) xs[r] = x + (r0 + r) * ld;
-    float_squares<kAtOnce>(xs, n, out + r0);
-  }
-  for (; r0 < rows; ++r0) {
-    const float* xr = x + r0 * ld;
-    float_squares<1>(&xr, n, out + r0);
-  }
-}
-
-void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n,
-                      float* out) {
-  constexpr int kAtOnce = 4;
-  Eigen::Index r0 = 0;
-  for (; r0 + kAtOnce <= rows; r0 += kAtOnce) {
-    const float* xs[kAtOnce];
-    for (int r = 0; r < kAtOnce; ++r) xs[r] = x + (r0 + r) * ld;
-    float_distances2<kAtOnce>(xs, y, n, out + r0);
-  }
-  for (; r0 < rows; ++r0) {
-    const float* xr = x + r0 * ld;
-    float_distances2<1>(&xr, y, n, out + r0);
-  }
-}
 
 double sum_widened(const float* x, Eigen::Index n) { return lane_sum_of<Term::widened>(x, x, n); }
 
@@ -973,6 +895,42 @@ void distances2(const float* x, Eigen::Index ld, Eigen::Index rows, const float*
 void dots_widened(const float* x, Eigen::Index ld, const float* y, Eigen::Index y_ld, Eigen::Index rows,
                   Eigen::Index n, double* out) {
   lane_sums_of_rows<Term::product>(x, ld, y, y_ld, rows, n, out);
+}
+
+void sums_of_squares_float(const float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float* out) {
+  using S = Simd<float>;
+  by_row_groups<4>(rows, [&](Eigen::Index r0, auto count) {
+    constexpr int C = decltype(count)::value;
+    const RowPointers<C> p(x, ld, x, ld, r0);
+    // Fused steps: acc = fma(x, x, acc), in the lanes and in the tail alike.
+    lanes_of_rows<float, C>(
+        n,
+        [&](S::V acc, int r, Eigen::Index at) {
+          const S::V a = S::load(p.x[r] + at);
+          return S::fma(a, a, acc);
+        },
+        [&](float s, int r, Eigen::Index u) { return std::fma(p.x[r][u], p.x[r][u], s); }, out + r0);
+  });
+}
+
+void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const float* y, Eigen::Index n,
+                      float* out) {
+  using S = Simd<float>;
+  by_row_groups<4>(rows, [&](Eigen::Index r0, auto count) {
+    constexpr int C = decltype(count)::value;
+    const RowPointers<C> p(x, ld, y, 0, r0);
+    lanes_of_rows<float, C>(
+        n,
+        [&](S::V acc, int r, Eigen::Index at) {
+          const S::V diff = S::sub(S::load(p.x[r] + at), S::load(y + at));
+          return S::add(acc, S::mul(diff, diff));
+        },
+        [&](float s, int r, Eigen::Index u) {
+          const float diff = p.x[r][u] - y[u];
+          return s + diff * diff;
+        },
+        out + r0);
+  });
 }
 
 ATTNSCOPE_WIDE_VECTORS double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
