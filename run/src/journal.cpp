@@ -131,6 +131,30 @@ std::size_t parse_frames(const char* bytes, std::size_t n, const std::string& wh
   return at;
 }
 
+namespace {
+
+/// Whether the two headers' input fingerprints name their files' hashes by other keys (a journal
+/// of an attnscope from before the SHA-256 tree holds "sha256"): then their difference says
+/// nothing about the files.
+bool other_fingerprint_scheme(const nlohmann::json& mine, const nlohmann::json& theirs) {
+  const auto dumps = [](const nlohmann::json& h) -> const nlohmann::json* {
+    if (!h.is_object() || !h.contains("run") || !h["run"].is_object()) return nullptr;
+    const nlohmann::json& run = h["run"];
+    if (!run.contains("fingerprint") || !run["fingerprint"].is_object()) return nullptr;
+    const nlohmann::json& f = run["fingerprint"];
+    return f.contains("dumps") && f["dumps"].is_array() && !f["dumps"].empty() ? &f["dumps"] : nullptr;
+  };
+  const nlohmann::json* a = dumps(mine);
+  const nlohmann::json* b = dumps(theirs);
+  if (a == nullptr || b == nullptr || !(*a)[0].is_object() || !(*b)[0].is_object()) return false;
+  for (const auto& [key, value] : (*a)[0].items()) {
+    if (!(*b)[0].contains(key)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool resume,
                              const std::function<void(nlohmann::json&&)>& seen)
     : path_(std::move(path)) {
@@ -153,6 +177,7 @@ JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool r
   if (st.st_size > 0) {
     bool first = true;
     std::string mismatch;
+    nlohmann::json journal_header;
     keep = scan(fd_, path_, [&](nlohmann::json&& j) {
       if (first) {
         first = false;
@@ -161,6 +186,7 @@ JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool r
         if (a.is_object()) a.erase("args");
         if (b.is_object()) b.erase("args");
         mismatch = header_difference(a, b);
+        journal_header = std::move(b);
         return;
       }
       if (resume && mismatch.empty()) seen(std::move(j));
@@ -170,7 +196,10 @@ JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool r
       ::close(fd_);
       fd_ = -1;
       if (mismatch.rfind("run.fingerprint.dumps", 0) == 0) {
-        mismatch = "an input file (dump or weights) is not the one it was written for: " + mismatch;
+        mismatch = (other_fingerprint_scheme(header, journal_header)
+                        ? "it was written by an attnscope that fingerprinted its inputs another way: "
+                        : "an input file (dump or weights) is not the one it was written for: ") +
+                   mismatch;
       }
       throw UsageError("--resume: " + path_.string() +
                        " belongs to a different run (" + mismatch +

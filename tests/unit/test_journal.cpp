@@ -121,6 +121,31 @@ TEST_F(JournalTest, AJournalOfAnotherRunIsRefusedOnResumeAndReplacedWithout) {
   EXPECT_TRUE(read_back(p).empty());
 }
 
+// A changed input is named as such; a journal whose inputs were fingerprinted another way (an
+// older attnscope's plain SHA-256) is refused as that, not as a changed file.
+TEST_F(JournalTest, AnInputFingerprintedAnotherWayIsNotCalledAChangedFile) {
+  const auto header = [](const char* key, const char* sum) {
+    return json{{"run", {{"fingerprint", {{"dumps", json::array({{{"bytes", 10}, {key, sum}}})}}}}}};
+  };
+  const std::string p = path("j");
+  { JournalWriter w(p, header("sha256", "aa"), false, [](json&&) {}); }
+  const auto refusal = [&](const json& h) {
+    try {
+      JournalWriter w(p, h, true, [](json&&) {});
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string older = refusal(header("sha256_tree_64mib", "aa"));
+  EXPECT_NE(older.find("written by an attnscope that fingerprinted its inputs another way"), std::string::npos)
+      << older;
+  EXPECT_EQ(older.find("is not the one it was written for"), std::string::npos) << older;
+  const std::string changed = refusal(header("sha256", "bb"));
+  EXPECT_NE(changed.find("an input file (dump or weights) is not the one it was written for"), std::string::npos)
+      << changed;
+}
+
 TEST_F(JournalTest, CorruptionInsideIsNamedWithItsOffset) {
   const std::string p = path("j");
   {

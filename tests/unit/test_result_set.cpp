@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <set>
@@ -100,6 +101,59 @@ TEST(Sha256, FeedingInPiecesGivesTheSameDigest) {
     piece = piece * 3 + 1;
   }
   EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+using Sha256TreeTest = attnscope::test::ScratchDirTest;
+
+// The input fingerprint's tree (sha256_tree_file): a file of two whole 64 MiB chunks and a short
+// one, hashed by 1, 2, 3 and 8 threads, gives the SHA-256 of its chunks' digests taken one after
+// the other here; the small cases against values from Python's hashlib
+// (hashlib.sha256(hashlib.sha256(b"abc").digest()).hexdigest(), and of b"" for the empty file).
+TEST_F(Sha256TreeTest, ChunksHashedByAnyNumberOfThreadsGiveTheDigestOfTheirDigests) {
+  const fs::path small = dir_ / "abc", empty = dir_ / "empty", big = dir_ / "big";
+  std::ofstream(small, std::ios::binary) << "abc";
+  std::ofstream(empty, std::ios::binary).close();
+  std::uintmax_t bytes = 99;
+  EXPECT_EQ(attnscope::run::sha256_tree_file(small, 4, &bytes),
+            "4f8b42c22dd3729b519ba6f68d2da7cc5b2d606d05daed5ad5128cc03e6c6358");
+  EXPECT_EQ(bytes, 3U);
+  EXPECT_EQ(attnscope::run::sha256_tree_file(empty, 2, &bytes),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(bytes, 0U);
+
+  const std::uintmax_t chunk = attnscope::run::kTreeChunkBytes;
+  std::string data(2 * chunk + 12345, '\0');
+  std::mt19937_64 rng(11);
+  for (std::size_t i = 0; i + 8 <= data.size(); i += 8) {
+    const std::uint64_t r = rng();
+    std::memcpy(&data[i], &r, 8);
+  }
+  std::ofstream(big, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  Sha256 top;
+  for (std::uintmax_t at = 0; at < data.size(); at += chunk) {
+    Sha256 piece;
+    piece.update(data.data() + at, static_cast<std::size_t>(std::min<std::uintmax_t>(chunk, data.size() - at)));
+    const auto d = piece.digest();
+    top.update(d.data(), d.size());
+  }
+  const std::string want = top.hex_digest();
+  for (int threads : {1, 2, 3, 8}) {
+    EXPECT_EQ(attnscope::run::sha256_tree_file(big, threads, &bytes), want) << threads << " threads";
+    EXPECT_EQ(bytes, data.size());
+  }
+  // One bit flipped in the middle chunk changes the tree.
+  data[chunk + chunk / 2] ^= 1;
+  std::ofstream(big, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  EXPECT_NE(attnscope::run::sha256_tree_file(big, 2, &bytes), want);
+}
+
+TEST_F(Sha256TreeTest, AMissingFileIsAnErrorNamingIt) {
+  try {
+    attnscope::run::sha256_tree_file(dir_ / "absent.h5", 2);
+    FAIL() << "no error";
+  } catch (const attnscope::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("absent.h5: cannot read"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ResultSetTest, PublishesEveryFileAndAManifestListingThem) {

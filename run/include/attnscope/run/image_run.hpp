@@ -39,8 +39,8 @@ struct RunControl {
 };
 
 /// What identifies the inputs of a run for --resume and merge: each input file's size and the
-/// SHA-256 of all its bytes (so a moved or copied file still matches, one changed anywhere does
-/// not).
+/// SHA-256 tree of all its bytes (sha256_tree_file: 64 MiB chunks hashed by the run's threads at
+/// once), so a moved or copied file still matches, one changed anywhere does not.
 nlohmann::json dump_fingerprint(const std::vector<std::string>& files);
 
 /// The fingerprint of a run: its command, attnscope's version, the dumps, and the parameters
