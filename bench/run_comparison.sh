@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark of `attnscope confusion` / `locality` against the PyTorch CPU script a
 # researcher would write (bench/torch_baseline.py) and our brute-force reference, on the same cores.
-# Prints a markdown table (ms per image: median / min / max, speed ratio, count agreement, peak RSS).
+# Prints a markdown table (ms per image: median / min / max, speed ratio, the whole run's wall time,
+# count agreement, peak RSS).
 #
 # Usage: bench/run_comparison.sh   (env: BUILD=build DATA=$BUILD/bench-data CORES=0,1 IMAGES=256
 #                                   REF_IMAGES=16 DTYPE=f32 COMPRESSION=0)
@@ -92,8 +93,11 @@ echo "attnscope arch: $("$A" --version | sed -n 's/^arch: //p'); torch CPU capab
   "$("$PYTHON" -c 'import torch; print(torch.__version__, [l.split(":")[1].strip() for l in torch.__config__.show().splitlines() if "CPU capability" in l])' 2>/dev/null || echo unknown)" \
   "${ATEN_CPU_CAPABILITY:+(ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
 echo
-echo "| case | tool | ms/image median / min / max | ratio vs PyTorch | peak RSS (MiB) |"
-echo "|---|---|---|---|---|"
+# wall NAME: the whole process's wall time in seconds (start-up, attnscope's input fingerprint and
+# PyTorch's import included), from /usr/bin/time -v.
+wall() { awk -F': ' '/Elapsed \(wall clock\)/ { n = split($2, p, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + p[i]; printf "%.2f", s }' "$OUT/$1.time"; }
+echo "| case | tool | ms/image median / min / max | ratio vs PyTorch | whole run, s (wall) | peak RSS (MiB) |"
+echo "|---|---|---|---|---|---|"
 for pair in "conf:confusion softmax, DeiT-T" "loc:locality softmax, DeiT-T"; do
   key=${pair%%:*} label=${pair#*:}
   t=$("$PYTHON" -c "import json; print(json.load(open('$OUT/${key}_torch.out'))['ms_per_image']['median'])")
@@ -101,11 +105,11 @@ for pair in "conf:confusion softmax, DeiT-T" "loc:locality softmax, DeiT-T"; do
     if [ $tool = torch ]; then m=$("$PYTHON" -c "import json; m=json.load(open('$OUT/${key}_torch.out'))['ms_per_image']; print('%.2f / %.2f / %.2f' % (m['median'], m['min'], m['max']))"); r=1
     else m=$(ms "$OUT/${key}_$tool/$( [ $key = conf ] && echo confusion || echo locality ).json" "['$j']")
       r=$("$PYTHON" -c "print('%.1fx' % ($t / $(med "$OUT/${key}_$tool/$( [ $key = conf ] && echo confusion || echo locality ).json" "['$j']")))"); fi
-    echo "| $label | $tool | $m | $r | $(( $(cat "$OUT/${key}_$tool.rss") / 1024 )) |"
+    echo "| $label | $tool | $m | $r | $(wall "${key}_$tool") | $(( $(cat "$OUT/${key}_$tool.rss") / 1024 )) |"
   done
 done
 for n in swin_fast swin_fast1 swin_ref swin_soft; do
-  echo "| N=3136 $(grep -o '"variants": \[[^]]*\]' "$OUT/$n/confusion.json" | tr -d '"' | sed 's/variants: //') ($n) | attnscope | $(ms "$OUT/$n/confusion.json" "['$j']") | - | $(( $(cat "$OUT/$n.rss") / 1024 )) |"
+  echo "| N=3136 $(grep -o '"variants": \[[^]]*\]' "$OUT/$n/confusion.json" | tr -d '"' | sed 's/variants: //') ($n) | attnscope | $(ms "$OUT/$n/confusion.json" "['$j']") | - | $(wall "$n") | $(( $(cat "$OUT/$n.rss") / 1024 )) |"
 done
 echo
 echo "Counts: $(cat "$OUT/conf_agree.txt")"
