@@ -352,7 +352,9 @@ struct Simd<float> {
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  // The masked form with every lane set: the same instruction, without _mm512_max_ps's undefined
+  // pass-through operand, which GCC 12 reports as uninitialised once inlined into some loops.
+  static V max(V a, V b) { return _mm512_mask_max_ps(a, static_cast<__mmask16>(0xFFFF), a, b); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -366,7 +368,7 @@ struct Simd<double> {
   static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
   static V set1(double x) { return _mm512_set1_pd(x); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-  static V max(V a, V b) { return _mm512_max_pd(a, b); }
+  static V max(V a, V b) { return _mm512_mask_max_pd(a, static_cast<__mmask8>(0xFF), a, b); }
   static V widen(const float* p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
   static V add(V a, V b) { return _mm512_add_pd(a, b); }
   static V sub(V a, V b) { return _mm512_sub_pd(a, b); }
@@ -723,16 +725,23 @@ ATTNSCOPE_WIDE_VECTORS double max_of(const double* x, Eigen::Index n) {
 
 ATTNSCOPE_WIDE_VECTORS float max_scaled(const float* x, Eigen::Index n, float s) {
   // fl(x[t] * s) is fma(x[t], s, 0) (an exact product rounded once; a zero's sign aside, which no
-  // use of the maximum sees), and the largest value is the same in any order of search.
+  // use of the maximum sees), and the largest value is the same in any order of search: four
+  // running maxima (the chain of one would wait on each step), then the lanes halved in a tree.
   using S = Simd<float>;
+  constexpr Eigen::Index W = S::W;
   const S::V sv = S::set1(s), zero = S::zero();
-  S::V m = S::set1(-HUGE_VALF);
+  S::V m[4] = {S::set1(-HUGE_VALF), S::set1(-HUGE_VALF), S::set1(-HUGE_VALF), S::set1(-HUGE_VALF)};
   Eigen::Index t = 0;
-  for (; t + S::W <= n; t += S::W) m = S::max(m, S::fma(S::load(x + t), sv, zero));
-  float lane[S::W];
-  S::store(lane, m);
-  float top = -HUGE_VALF;
-  for (const float l : lane) top = l > top ? l : top;
+  for (; t + 4 * W <= n; t += 4 * W) {
+    for (int a = 0; a < 4; ++a) m[a] = S::max(m[a], S::fma(S::load(x + t + a * W), sv, zero));
+  }
+  for (; t + W <= n; t += W) m[0] = S::max(m[0], S::fma(S::load(x + t), sv, zero));
+  float lane[W];
+  S::store(lane, S::max(S::max(m[0], m[1]), S::max(m[2], m[3])));
+  for (Eigen::Index half = W / 2; half >= 1; half /= 2) {
+    for (Eigen::Index l = 0; l < half; ++l) lane[l] = lane[l + half] > lane[l] ? lane[l + half] : lane[l];
+  }
+  float top = lane[0];
   for (; t < n; ++t) top = x[t] * s > top ? x[t] * s : top;
   return top;
 }
@@ -936,6 +945,21 @@ void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const 
 ATTNSCOPE_WIDE_VECTORS double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
   for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] * s - shift);
   return sum_widened(x, n);
+}
+
+ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s,
+                                            const float* shifts, double* sums) {
+  // Each row exactly as exp_floats_sum does it; the sums of kRowsAtOnce rows at a time, so that
+  // their final chains of additions interleave (lane_sums_of_rows: each row's order its own).
+  for (Eigen::Index r0 = 0; r0 < rows; r0 += kRowsAtOnce) {
+    const Eigen::Index count = std::min<Eigen::Index>(kRowsAtOnce, rows - r0);
+    for (Eigen::Index r = r0; r < r0 + count; ++r) {
+      float* row = x + r * ld;
+      const float shift = shifts[r];
+      for (Eigen::Index t = 0; t < n; ++t) row[t] = exp_float_inline(row[t] * s - shift);
+    }
+    lane_sums_of_rows<Term::widened>(x + r0 * ld, ld, x + r0 * ld, ld, count, n, sums + r0);
+  }
 }
 
 double probe::portable_math(double a, double b, double c) { return a * b + c; }

@@ -153,10 +153,16 @@ TEST(PortableMath, FloatExpIsWithinItsBoundAndFlushesOnlyBelowTheRange) {
 TEST(PortableMath, MaxScaledIsThePlainLoop) {
   std::mt19937_64 gen(5);
   std::normal_distribution<float> z(0.0F, 30.0F);
-  for (const Eigen::Index n : {0, 1, 7, 15, 16, 17, 64, 197}) {
+  for (const Eigen::Index n : {0, 1, 7, 15, 16, 17, 63, 64, 65, 127, 128, 129, 197, 257}) {
     std::vector<float> x(static_cast<std::size_t>(n));
     for (float& v : x) v = z(gen);
     const std::vector<float> before = x;
+    // The largest entry in every position: every running maximum, lane and the tail are searched.
+    for (Eigen::Index p = 0; p < n; ++p) {
+      std::vector<float> y = x;
+      y[static_cast<std::size_t>(p)] = 1e4F;
+      EXPECT_EQ(portable::max_scaled(y.data(), n, 0.5F), 5e3F) << "n = " << n << " at " << p;
+    }
     float top = -HUGE_VALF;
     for (const float v : x) top = std::max(top, v * 0.125F);
     EXPECT_EQ(portable::max_scaled(x.data(), n, 0.125F), top) << "n = " << n;
@@ -200,6 +206,35 @@ TEST(PortableMath, MaxScaledAndExpFloatsSumAreTheirPlainLoops) {
   x.back() = 4.0F;
   EXPECT_EQ(portable::max_scaled(x.data(), 33, 0.5F), 2.0F);
   EXPECT_EQ(portable::max_scaled(x.data(), 33, -0.5F), 0.5F);
+}
+
+// exp_floats_sums: every row the bits of exp_floats_sum on it, its entries and its sum, for any
+// number of rows (groups of several and the rest) and row lengths around the vector widths; rows
+// at a stride longer than their length leave the entries between them alone.
+TEST(PortableMath, ExpFloatsSumsAreExpFloatsSumRowByRow) {
+  std::mt19937_64 gen(8);
+  std::normal_distribution<float> z(0.0F, 20.0F);
+  for (const Eigen::Index rows : {1, 2, 3, 4, 5, 8, 9}) {
+    for (const Eigen::Index n : {1, 5, 16, 17, 63, 197, 200}) {
+      const Eigen::Index ld = n + 3;
+      std::vector<float> x(static_cast<std::size_t>(rows * ld));
+      for (float& v : x) v = z(gen);
+      const float s = 0.3F;
+      std::vector<float> shifts(static_cast<std::size_t>(rows));
+      for (Eigen::Index r = 0; r < rows; ++r) shifts[static_cast<std::size_t>(r)] = portable::max_scaled(x.data() + r * ld, n, s);
+      std::vector<float> want = x;
+      std::vector<double> want_sums(static_cast<std::size_t>(rows));
+      for (Eigen::Index r = 0; r < rows; ++r) {
+        want_sums[static_cast<std::size_t>(r)] =
+            portable::exp_floats_sum(want.data() + r * ld, n, s, shifts[static_cast<std::size_t>(r)]);
+      }
+      std::vector<float> got = x;
+      std::vector<double> sums(static_cast<std::size_t>(rows), -1.0);
+      portable::exp_floats_sums(got.data(), ld, rows, n, s, shifts.data(), sums.data());
+      EXPECT_EQ(got, want) << rows << " rows of " << n;
+      EXPECT_EQ(sums, want_sums) << rows << " rows of " << n;
+    }
+  }
 }
 
 /// The documented order, one output at a time: c_ij = fma(a_it, b_jt, c) for t = 0, 1, ...

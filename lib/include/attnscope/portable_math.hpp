@@ -80,6 +80,11 @@ float max_scaled(const float* x, Eigen::Index n, float s);
 /// The softmax step of every float row (with shift = max_scaled(x, n, s)).
 double exp_floats_sum(float* x, Eigen::Index n, float s, float shift);
 
+/// exp_floats_sum of rows r < rows (row r at x + r ld, length n, shifted by shifts[r]) into
+/// sums[r]: the same bits as one call per row, several rows' sums at once.
+void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s, const float* shifts,
+                     double* sums);
+
 /// Sums of float rows widened to double, each in lane_sum's fixed order (lane_sum.hpp: kLanes
 /// lanes, lane l summing the terms t = l mod kLanes in increasing t, then the tail and the lanes
 /// added in order) and so the same bits as lane_sum of the same terms, on every CPU; in vector
