@@ -580,12 +580,19 @@ struct WidenTile {
   }
 };
 
+/// Vectors in the panel of B's columns from j on: kPackedVectors, but one for a last panel of at
+/// most one vector's columns (a full-width panel there would multiply mostly padding).
+template <typename T>
+Eigen::Index panel_vectors(Eigen::Index j, Eigen::Index n) {
+  return n - j <= Simd<T>::W ? 1 : kPackedVectors;
+}
+
 /// C rows [0, R) x the panel's columns [0, cols) = A P: A's R rows at ap (row stride lda), P one
 /// packed panel (k x V W, contiguous).
-template <typename T, Eigen::Index R, typename Out>
+template <typename T, Eigen::Index R, Eigen::Index V, typename Out>
 void packed_tile(const T* ap, Eigen::Index lda, const T* panel, const Out& out, Eigen::Index k, Eigen::Index cols) {
   using S = Simd<T>;
-  constexpr Eigen::Index W = S::W, V = kPackedVectors;
+  constexpr Eigen::Index W = S::W;
   typename S::V acc[R][V];
   for (Eigen::Index r = 0; r < R; ++r)
     for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::zero();
@@ -625,8 +632,12 @@ void packed_rows(Eigen::Index rows, const T* ap, Eigen::Index lda, const PackedM
       return;
     }
   }
-  const Eigen::Index k = b.rows();
-  packed_tile<T, R>(ap, lda, b.data() + j * k, out, k, std::min(PackedMatrix<T>::panel_width(), b.cols() - j));
+  const Eigen::Index k = b.rows(), cols = std::min(PackedMatrix<T>::panel_width(), b.cols() - j);
+  if (panel_vectors<T>(j, b.cols()) == 1) {
+    packed_tile<T, R, 1>(ap, lda, b.data() + j * k, out, k, cols);
+  } else {
+    packed_tile<T, R, kPackedVectors>(ap, lda, b.data() + j * k, out, k, cols);
+  }
 }
 
 /// Panel by panel of b, every block of kPackedRows rows of A against it, A read in place (its rows
@@ -644,9 +655,12 @@ void packed_product(const T* a, Eigen::Index lda, const PackedMatrix<T>& b, cons
   for (Eigen::Index j = 0; j < b.cols(); j += J) {
     const char* next = reinterpret_cast<const char*>(b.data() + (j + J) * k);
     const bool has_next = j + J < b.cols();
+    // The next panel's lines (a narrow last panel has fewer).
+    const Eigen::Index next_lines =
+        has_next ? panel_bytes / kPackedVectors * panel_vectors<T>(j + J, b.cols()) / 64 : 0;
     for (Eigen::Index i0 = 0, blk = 0; i0 < m; i0 += kPackedRows, ++blk) {
       if (has_next) {
-        for (Eigen::Index l = blk * slice; l < std::min((blk + 1) * slice, panel_bytes / 64); ++l) {
+        for (Eigen::Index l = blk * slice; l < std::min((blk + 1) * slice, next_lines); ++l) {
           __builtin_prefetch(next + l * 64, 0, 2);
         }
       }
@@ -665,15 +679,18 @@ Eigen::Index PackedMatrix<T>::panel_width() {
 template <typename T>
 void PackedMatrix<T>::pack(const T* b, Eigen::Index b_row, Eigen::Index b_col, Eigen::Index k, Eigen::Index n) {
   const Eigen::Index J = panel_width();
-  const Eigen::Index n_pad = (n + J - 1) / J * J;
+  // Full panels of J columns, the last one J wide or, when it holds at most one vector's columns,
+  // one vector wide (panel_vectors).
+  const Eigen::Index last = n > 0 ? (n - 1) / J * J : 0;
+  const Eigen::Index n_pad = n > 0 ? last + panel_vectors<T>(last, n) * Simd<T>::W : 0;
   k_ = k, n_ = n;
   data_.resize(static_cast<std::size_t>(std::max<Eigen::Index>(k * n_pad, 1)));  // reused: no zero fill
   for (Eigen::Index j0 = 0; j0 < n; j0 += J) {
     T* panel = data_.data() + j0 * k;
-    const Eigen::Index cols = std::min(J, n - j0);
+    const Eigen::Index cols = std::min(J, n - j0), width = panel_vectors<T>(j0, n) * Simd<T>::W;
     for (Eigen::Index t = 0; t < k; ++t) {
-      for (Eigen::Index jj = 0; jj < cols; ++jj) panel[t * J + jj] = b[t * b_row + (j0 + jj) * b_col];
-      for (Eigen::Index jj = cols; jj < J; ++jj) panel[t * J + jj] = T(0);  // the last panel's padding
+      for (Eigen::Index jj = 0; jj < cols; ++jj) panel[t * width + jj] = b[t * b_row + (j0 + jj) * b_col];
+      for (Eigen::Index jj = cols; jj < width; ++jj) panel[t * width + jj] = T(0);  // the last panel's padding
     }
   }
 }
