@@ -36,22 +36,18 @@ bool float_softmax_rows(const MatF& q, const MatF& k, double scale, Eigen::Index
   portable::gemm_packed(q.data() + r0 * d, d, ws.keys, ws.e.data(), n, m);
   if (keep_logits) ws.y.resize(m, n);
   const auto s = static_cast<float>(scale);
-  // Four rows at a time: their maxima (and logits), then their exponentials and sums
-  // (exp_floats_sums: each row's bits exp_floats_sum's, the four sums' final additions interleaved).
-  constexpr Eigen::Index kGroup = 4;
-  float tops[kGroup];
-  for (Eigen::Index i0 = 0; i0 < m; i0 += kGroup) {
-    const Eigen::Index count = std::min(kGroup, m - i0);
-    for (Eigen::Index r = 0; r < count; ++r) {
-      const float* row = ws.e.row(i0 + r).data();
-      tops[r] = portable::max_scaled(row, n, s);
-      if (keep_logits) {
-        float* y = ws.y.row(i0 + r).data();
-        for (Eigen::Index t = 0; t < n; ++t) y[t] = row[t] * s - tops[r];  // what exp_floats_sum exponentiates
-      }
+  // The rows' maxima (and logits), then their exponentials and sums (exp_floats_sums: each row's
+  // bits exp_floats_sum's, several rows' sums at once).
+  ws.top.resize(static_cast<std::size_t>(m));
+  for (Eigen::Index i = 0; i < m; ++i) {
+    const float* row = ws.e.row(i).data();
+    const float top = ws.top[static_cast<std::size_t>(i)] = portable::max_scaled(row, n, s);
+    if (keep_logits) {
+      float* y = ws.y.row(i).data();
+      for (Eigen::Index t = 0; t < n; ++t) y[t] = row[t] * s - top;  // what exp_floats_sums exponentiates
     }
-    portable::exp_floats_sums(ws.e.row(i0).data(), n, count, n, s, tops, ws.sum.data() + i0);
   }
+  portable::exp_floats_sums(ws.e.data(), n, m, n, s, ws.top.data(), ws.sum.data());
   return true;
 }
 

@@ -33,6 +33,7 @@ struct FloatSoftmaxRows {
   MatF e;                   ///< rows r0..N-1: exp(y_ij), y_ij = s q_i.k_j - max_j (float)
   MatF y;                   ///< y_ij, when asked for
   std::vector<double> sum;  ///< sum_j e_ij in double, per row of e
+  std::vector<float> top;   ///< max_j of s q_i.k_j (float), per row of e
   std::vector<double> q_norm;
   portable::PackedMatrix<float> keys;
   double delta = 0.0;  ///< the largest logit error bound of the head

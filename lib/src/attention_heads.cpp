@@ -120,6 +120,7 @@ struct FloatHeadScratch {
   portable::PackedMatrix<float> keys_t, values;
   std::vector<float, Eigen::aligned_allocator<float>> q, k, v, w;
   std::vector<double, Eigen::aligned_allocator<double>> zeros, sums;
+  std::vector<float> tops;
 };
 
 /// x (rows x cols, row stride ldx) rounded to float into `to` (row stride cols); false when a
@@ -165,17 +166,13 @@ bool softmax_head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index 
   // Each row's exponentials and their sum in one pass (exp_floats_sum's fixed order); the rows of
   // W V are divided by the sums afterwards: rows x dv divisions instead of rows x n.
   if (static_cast<Eigen::Index>(s.sums.size()) < rows) s.sums.resize(static_cast<std::size_t>(rows));
-  constexpr Eigen::Index kGroup = 4;  // rows whose sums' final additions interleave
-  float tops[kGroup];
-  for (Eigen::Index i0 = 0; i0 < rows; i0 += kGroup) {
-    const Eigen::Index count = std::min(kGroup, rows - i0);
-    for (Eigen::Index r = 0; r < count; ++r) {
-      tops[r] = portable::max_scaled(w + (i0 + r) * n, n, sf);
-      if (!std::isfinite(tops[r])) return false;  // a logit beyond float's range
-    }
-    // Each sum >= 1 (exp(0) is a term); each row's bits exp_floats_sum's.
-    portable::exp_floats_sums(w + i0 * n, n, count, n, sf, tops, s.sums.data() + i0);
+  if (static_cast<Eigen::Index>(s.tops.size()) < rows) s.tops.resize(static_cast<std::size_t>(rows));
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    const float top = s.tops[static_cast<std::size_t>(i)] = portable::max_scaled(w + i * n, n, sf);
+    if (!std::isfinite(top)) return false;  // a logit beyond float's range
   }
+  // Each sum >= 1 (exp(0) is a term).
+  portable::exp_floats_sums(w, n, rows, n, sf, s.tops.data(), s.sums.data());
   s.values.pack(s.v.data(), dv, 1, n, dv);
   if (static_cast<Eigen::Index>(s.zeros.size()) < dv) s.zeros.assign(static_cast<std::size_t>(dv), 0.0);
   detail::count_product(rows, n, dv);

@@ -959,15 +959,11 @@ void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const 
   });
 }
 
-ATTNSCOPE_WIDE_VECTORS double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
-  for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(x[t] * s - shift);
-  return sum_widened(x, n);
-}
-
 ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s,
                                             const float* shifts, double* sums) {
-  // Each row exactly as exp_floats_sum does it; the sums of kRowsAtOnce rows at a time, so that
-  // their final chains of additions interleave (lane_sums_of_rows: each row's order its own).
+  // Each row's exponentials in place, then its sum in lane_sum's order; the sums of kRowsAtOnce
+  // rows at a time, so that their final chains of additions interleave (lane_sums_of_rows: each
+  // row's order its own, the same bits as sum_widened of the row).
   for (Eigen::Index r0 = 0; r0 < rows; r0 += kRowsAtOnce) {
     const Eigen::Index count = std::min<Eigen::Index>(kRowsAtOnce, rows - r0);
     for (Eigen::Index r = r0; r < r0 + count; ++r) {
@@ -977,6 +973,12 @@ ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::In
     }
     lane_sums_of_rows<Term::widened>(x + r0 * ld, ld, x + r0 * ld, ld, count, n, sums + r0);
   }
+}
+
+double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {
+  double sum = 0.0;
+  exp_floats_sums(x, n, 1, n, s, &shift, &sum);
+  return sum;
 }
 
 double probe::portable_math(double a, double b, double c) { return a * b + c; }

@@ -157,23 +157,21 @@ void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, doub
   keys.pack(k.data(), 1, k.outerStride(), d, n);  // B = k^T: element (t, j) at k[j * stride + t]
   portable::gemm_packed(q.data(), q.outerStride(), keys, w.data(), n, q.rows());
   const auto s = static_cast<float>(scale);
-  // Four rows at a time (their sums' final additions interleave; each row's bits are
-  // exp_floats_sum's): the rows' maxima, their exponentials and sums, then the scaling.
-  constexpr Eigen::Index kGroup = 4;
-  float tops[kGroup];
-  double sums[kGroup];
-  for (Eigen::Index i0 = 0; i0 < w.rows(); i0 += kGroup) {
-    const Eigen::Index count = std::min(kGroup, w.rows() - i0);
-    for (Eigen::Index r = 0; r < count; ++r) tops[r] = portable::max_scaled(w.row(i0 + r).data(), n, s);
-    portable::exp_floats_sums(w.row(i0).data(), n, count, n, s, tops, sums);
-    for (Eigen::Index r = 0; r < count; ++r) {
-      // Times the rounded reciprocal, not a division per entry (a vector division costs about
-      // ten multiplications): within 1.5 u of the quotient, inside the float rows' 16 u budget
-      // (confusion_softmax.cpp's margin argument).
-      const float inverse = 1.0F / static_cast<float>(sums[r]);
-      float* row = w.row(i0 + r).data();
-      for (Eigen::Index t = 0; t < n; ++t) row[t] *= inverse;
-    }
+  // The rows' maxima, then their exponentials and sums (exp_floats_sums: each row's bits
+  // exp_floats_sum's, several rows' sums at once), then the scaling.
+  thread_local std::vector<float> tops;
+  thread_local std::vector<double> sums;
+  tops.resize(static_cast<std::size_t>(w.rows()));
+  sums.resize(static_cast<std::size_t>(w.rows()));
+  for (Eigen::Index i = 0; i < w.rows(); ++i) tops[static_cast<std::size_t>(i)] = portable::max_scaled(w.row(i).data(), n, s);
+  portable::exp_floats_sums(w.data(), n, w.rows(), n, s, tops.data(), sums.data());
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    // Times the rounded reciprocal, not a division per entry (a vector division costs about ten
+    // multiplications): within 1.5 u of the quotient, inside the float rows' 16 u budget
+    // (confusion_softmax.cpp's margin argument).
+    const float inverse = 1.0F / static_cast<float>(sums[static_cast<std::size_t>(i)]);
+    float* row = w.row(i).data();
+    for (Eigen::Index t = 0; t < n; ++t) row[t] *= inverse;
   }
 }
 
