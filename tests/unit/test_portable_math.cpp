@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -233,6 +234,21 @@ TEST(PortableMath, ExpFloatsSumsAreExpFloatsSumRowByRow) {
       portable::exp_floats_sums(got.data(), ld, rows, n, s, shifts.data(), sums.data());
       EXPECT_EQ(got, want) << rows << " rows of " << n;
       EXPECT_EQ(sums, want_sums) << rows << " rows of " << n;
+      // And the definition, element by element: the scalar exp_float of the rounded product less
+      // the shift (the rows' ends, which go through their own buffer, included); the three
+      // entries between rows untouched; each sum the row's sum_widened.
+      for (Eigen::Index r = 0; r < rows; ++r) {
+        const float shift = shifts[static_cast<std::size_t>(r)];
+        for (Eigen::Index t = 0; t < ld; ++t) {
+          const auto at = static_cast<std::size_t>(r * ld + t);
+          const float product = x[at] * s;
+          const float expected = t < n ? portable::exp_float(product - shift) : x[at];
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got[at]), std::bit_cast<std::uint32_t>(expected))
+              << rows << " rows of " << n << ", row " << r << " entry " << t;
+        }
+        EXPECT_EQ(sums[static_cast<std::size_t>(r)], portable::sum_widened(got.data() + r * ld, n))
+            << rows << " rows of " << n << ", row " << r;
+      }
     }
   }
 }
