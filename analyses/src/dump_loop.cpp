@@ -581,22 +581,37 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
       }
       cv.notify_all();
     };
-    // With the lock held: hands every finished image at the front to on_image, in order (those
-    // before a failure too, as a loop without threads would have).
-    auto finish_front = [&] {
+    // Called with the lock held: hands every finished image at the front to on_image, in order
+    // (those before a failure too, as a loop without threads would have). on_image runs without
+    // the lock, so that the other threads go on with the next image's heads meanwhile; one thread
+    // at a time finishes images (`finishing`), and an image finished meanwhile by another thread
+    // is taken by the same loop. The image stays at the front of `active` until its on_image has
+    // returned, so its lane is not given to another image before.
+    bool finishing = false;
+    auto finish_front = [&](std::unique_lock<std::mutex>& held) {
+      if (finishing) return;
+      finishing = true;
       while (!active.empty() && active.front().seq < error_at.first &&
              active.front().done == active.front().heads.size()) {
         Active& a = active.front();
+        std::exception_ptr failed_here;
+        held.unlock();
         try {
           on_image(a.buffer->qkv.image, a.lane);
         } catch (...) {
-          fail(std::current_exception(), a.seq, kLast);
-          return;
+          failed_here = std::current_exception();
+        }
+        held.lock();
+        if (failed_here) {
+          fail(failed_here, a.seq, kLast);
+          break;
         }
         queue.give_back(a.buffer);
         active.pop_front();
         ++finished;
+        cv.notify_all();  // a lane is free: a waiting thread may start the next image
       }
+      finishing = false;
     };
     parallel_run([&] {
       std::unique_lock lock(mu);
@@ -629,7 +644,7 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
             break;
           }
           ++started;
-          finish_front();  // an image with no head is finished at once
+          finish_front(lock);  // an image with no head is finished at once
           cv.notify_all();
           continue;
         }
@@ -648,7 +663,7 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
           continue;
         }
         ++work->done;
-        finish_front();
+        finish_front(lock);
         cv.notify_all();
       }
     });

@@ -84,10 +84,12 @@ void locality_images(DumpReader& reader, const Selection& resolved,
                        ") is measured window by window on the CPU only; run with --device cpu");
     }
   }
-  // Each (layer, head) slot is written by one thread per image, so the slots need no lock.
-  LocalityImage current;
-  current.heads = labelled_heads(variants.size(), resolved);
-  auto on_head = [&](const HeadView& hv) {
+  // Per image in flight, its lane's slots; each (layer, head) slot is written by one thread, so
+  // the slots need no lock.
+  constexpr std::size_t kLanes = 2;
+  std::vector<LocalityImage> current(kLanes);
+  for (LocalityImage& c : current) c.heads = labelled_heads(variants.size(), resolved);
+  auto on_head = [&](const HeadView& hv, std::size_t lane) {
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
@@ -102,21 +104,21 @@ void locality_images(DumpReader& reader, const Selection& resolved,
         if (device == Device::Cuda) return local_mass_cuda(v, hv.q, hv.k, sc, grid, window, &dead);
         return local_mass(v, hv.q, hv.k, sc, grid, window, &dead);
       });
-      LocalityHead& h = current.heads[vi][s];
+      LocalityHead& h = current[lane].heads[vi][s];
       h.mass = mass_stats(mass);
       h.degenerate_rows = dead;
     }
   };
-  auto on_image = [&](int image) {
+  auto on_image = [&](int image, std::size_t lane) {
     LocalityImage done;
     done.image = image;
-    done.heads = current.heads;
+    done.heads = current[lane].heads;
     sink(std::move(done));
   };
   Selection without_v = resolved;  // locality looks at attention weights only: V is not read
   without_v.need_v = false;
   without_v.any_geometry = true;  // layers of another geometry: unit by unit
-  for_each_head(reader, without_v, on_head, on_image);
+  for_each_head_pipelined(reader, without_v, kLanes, on_head, on_image);
 }
 
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,

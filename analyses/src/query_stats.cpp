@@ -75,29 +75,31 @@ void query_stats_images(DumpReader& reader, const Selection& resolved,
 
   const std::vector<std::vector<QueryStatsCell>> empty =
       labelled_cells(variants.size(), resolved, layout);
-  // Each (layer, head) slot is written by one thread per image, so the slots need no lock.
-  QueryStatsImage current;
-  current.cells = empty;
-  auto on_head = [&](const HeadView& hv) {
+  // Each image in flight has its lane's cells; each (layer, head) slot of them is written by one
+  // thread, so the slots need no lock.
+  constexpr std::size_t kLanes = 2;
+  std::vector<QueryStatsImage> current(kLanes);
+  for (QueryStatsImage& c : current) c.cells = empty;
+  auto on_head = [&](const HeadView& hv, std::size_t lane) {
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       const HeadQueryValues values = in_head(
           hv.image, hv.layer, hv.head, [&] { return measure(head_variant(variants, vi, hv), hv); });
-      fold_head(layout, values, current.cells[vi][s]);
+      fold_head(layout, values, current[lane].cells[vi][s]);
     }
   };
-  auto on_image = [&](int image) {
+  auto on_image = [&](int image, std::size_t lane) {
     QueryStatsImage done;
     done.image = image;
-    done.cells = std::move(current.cells);
-    current.cells = empty;
+    done.cells = std::move(current[lane].cells);
+    current[lane].cells = empty;
     sink(std::move(done));
   };
   Selection sel = resolved;
   sel.need_v = need_v;
   sel.need_model_tensors = need_model_tensors;
-  for_each_head(reader, sel, on_head, on_image);
+  for_each_head_pipelined(reader, sel, kLanes, on_head, on_image);
 }
 
 QueryStatsTotals::QueryStatsTotals(const std::vector<Variant>& variants, const Selection& resolved,

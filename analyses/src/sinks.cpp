@@ -160,10 +160,20 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
   for (std::size_t s = 0; s < nh; ++s) head_slot[resolved.heads[s]] = static_cast<int>(s);
   const std::size_t slots = resolved.layers.size() * nh;
 
-  // Per image: each (layer, head) slot is written by one thread, so the slots need no lock.
-  std::vector<std::vector<HeadSinks>> heads(variants.size(), std::vector<HeadSinks>(slots));
-  std::vector<std::vector<double>> squared(slots);  // per slot: each token's |x_{h,t}|^2
-  auto on_head = [&](const HeadView& hv) {
+  // Per image in flight, its lane's slots; each (layer, head) slot is written by one thread, so
+  // the slots need no lock.
+  constexpr std::size_t kLanes = 2;
+  struct Lane {
+    std::vector<std::vector<HeadSinks>> heads;
+    std::vector<std::vector<double>> squared;  // per slot: each token's |x_{h,t}|^2
+  };
+  std::vector<Lane> lanes(kLanes);
+  for (Lane& l : lanes) {
+    l.heads.assign(variants.size(), std::vector<HeadSinks>(slots));
+    l.squared.resize(slots);
+  }
+  auto on_head = [&](const HeadView& hv, std::size_t lane) {
+    auto& heads = lanes[lane].heads;
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
                           static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
@@ -175,7 +185,7 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
     }
     if (opt.norms == NormSource::None) return;
     const MatF& x = opt.norms == NormSource::Values ? hv.v : *hv.out;
-    std::vector<double>& sq = squared[s];
+    std::vector<double>& sq = lanes[lane].squared[s];
     sq.assign(static_cast<std::size_t>(x.rows()), 0.0);
     for (Eigen::Index t = 0; t < x.rows(); ++t) {
       double a = 0.0;
@@ -184,10 +194,11 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
       sq[static_cast<std::size_t>(t)] = a;
     }
   };
-  auto on_image = [&](int image) {
+  auto on_image = [&](int image, std::size_t lane) {
+    const auto& squared = lanes[lane].squared;
     SinksImage done;
     done.image = image;
-    done.heads = heads;
+    done.heads = lanes[lane].heads;
     if (opt.norms != NormSource::None) {
       for (std::size_t ls = 0; ls < resolved.layers.size(); ++ls) {
         std::vector<double> total(static_cast<std::size_t>(tokens),
@@ -208,7 +219,7 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
   Selection sel = resolved;
   sel.need_v = opt.norms == NormSource::Values;
   sel.need_model_tensors = opt.norms == NormSource::Outputs;
-  for_each_head(reader, sel, on_head, on_image);
+  for_each_head_pipelined(reader, sel, kLanes, on_head, on_image);
 }
 
 SinksTotals::SinksTotals(const std::vector<Variant>& variants, const Selection& resolved,

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -430,6 +432,58 @@ TEST_F(DumpLoop, PipelinedLoopFinishesImagesInOrderWithTheirOwnLanes) {
   EXPECT_THROW(for_each_head_pipelined(reader, r, 0, [](const HeadView&, std::size_t) {},
                                        [](int, std::size_t) {}),
                UsageError);
+}
+
+// on_image runs without holding up the loop: with two lanes, the heads of the next image are
+// computed while on_image of the one before is still running (here it waits for one of them; had
+// it held the loop's lock, no head could start and the wait would time out). for_each_head: no
+// head of the next image starts before on_image has returned.
+TEST_F(DumpLoop, OnImageRunsWhileTheNextImagesHeadsAreComputed) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {0, 1, 2, 3};
+  const Selection r = resolve(reader.schema(), sel);
+  set_threads(2);
+  std::mutex m;
+  std::condition_variable cv;
+  std::set<int> started;  // images with a head begun
+  std::vector<int> overlapped;  // images whose on_image saw the next image's heads begin
+  for_each_head_pipelined(
+      reader, r, 2,
+      [&](const HeadView& hv, std::size_t) {
+        const std::lock_guard<std::mutex> lock(m);
+        started.insert(hv.image);
+        cv.notify_all();
+      },
+      [&](int image, std::size_t) {
+        if (image == 3) return;  // the last image has no next one
+        std::unique_lock<std::mutex> lock(m);
+        if (cv.wait_for(lock, std::chrono::seconds(20), [&] { return started.count(image + 1) > 0; }))
+          overlapped.push_back(image);
+      });
+  EXPECT_EQ(overlapped, (std::vector<int>{0, 1, 2}));
+
+  // for_each_head: every event in one sequence; on_image sleeps, so that a head of the next image
+  // begun early would show.
+  std::vector<std::pair<int, bool>> events;  // (image, true for on_image)
+  for_each_head(
+      reader, r,
+      [&](const HeadView& hv) {
+        const std::lock_guard<std::mutex> lock(m);
+        events.emplace_back(hv.image, false);
+      },
+      [&](int image) {
+        ::usleep(3000);
+        const std::lock_guard<std::mutex> lock(m);
+        events.emplace_back(image, true);
+      });
+  set_threads(0);
+  ASSERT_EQ(events.size(), 4u * (6 + 1));
+  for (std::size_t e = 0; e < events.size(); ++e) {
+    const std::size_t image = e / 7;  // six heads of each image, then its on_image
+    EXPECT_EQ(events[e].first, sel.images[image]) << "event " << e;
+    EXPECT_EQ(events[e].second, e % 7 == 6) << "event " << e;
+  }
 }
 
 // A failure stops the loop and reaches the caller; the one reported is the first in the loop's

@@ -152,7 +152,9 @@ Selection resolve(const DumpSchema& schema, Selection sel);
 /// Calls fn for every selected (image, layer, head), heads of an image in parallel (fn must be
 /// thread-safe), images in order. A reader thread fills a bounded queue of reused image buffers
 /// (plan_loop_memory) while the current image is computed. on_image(image) runs on the calling
-/// thread after each image is done (progress, flushing). Sets the reader's chunk cache.
+/// thread after each image is done (progress, flushing), outside the parallel region (it may use
+/// OpenMP itself, as rollout's does), and before any head of the next image. Sets the reader's
+/// chunk cache.
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
@@ -164,8 +166,11 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
 /// on any thread; `lane` (< lanes) is the image's place in a ring of per-image state that the
 /// caller keeps: image number n of the loop has lane n % lanes. on_image(image, lane) runs once
 /// every head of that image is done, in image order, one call at a time (on whichever thread
-/// finished the image), before that lane is given to another image. The first exception of any
-/// call (or of the reader) stops the loop and is rethrown on the calling thread.
+/// finished the image), before that lane is given to another image; meanwhile the other threads
+/// go on with the heads of the images after it (with one lane there are none: the next image
+/// starts after on_image). on_image runs inside the loop's parallel region, so OpenMP in it runs
+/// on one thread. The first exception of any call (or of the reader) stops the loop and is
+/// rethrown on the calling thread.
 void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std::size_t lanes,
                              const std::function<void(const HeadView&, std::size_t lane)>& fn,
                              const std::function<void(int image, std::size_t lane)>& on_image);
