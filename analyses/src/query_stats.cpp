@@ -50,11 +50,17 @@ void fold_head(const QueryStatsLayout& layout, const HeadQueryValues& values,
       values.counters.size() != layout.counters.size()) {
     throw UsageError("query statistics: a head's values do not match the analysis's layout");
   }
-  for (std::size_t q = 0; q < values.values.size(); ++q) {
-    for (double x : values.values[q]) {
-      if (std::isnan(x)) continue;
-      cell.queries[q].add(x);
-      if (q == 0) ++cell.histogram[layout.bins.index(x)];
+  // Each quantity's values are added to its own RunningStats in their order (so the bits are
+  // those of one quantity after the other); the quantities are taken side by side, value t of
+  // each in turn, so that their chains of dependent divisions overlap.
+  std::size_t longest = 0;
+  for (const std::vector<double>& v : values.values) longest = std::max(longest, v.size());
+  for (std::size_t t = 0; t < longest; ++t) {
+    for (std::size_t q = 0; q < values.values.size(); ++q) {
+      const std::vector<double>& v = values.values[q];
+      if (t >= v.size() || std::isnan(v[t])) continue;
+      cell.queries[q].add(v[t]);
+      if (q == 0) ++cell.histogram[layout.bins.index(v[t])];
     }
   }
   for (std::size_t c = 0; c < values.counters.size(); ++c) cell.counters[c] += values.counters[c];

@@ -16,6 +16,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
 
 namespace attnscope::analyses {
 namespace {
@@ -309,6 +312,44 @@ TEST(QueryStats, MeansOverQueriesThenImages) {
   EXPECT_EQ(totals.measured(), 5);
   QueryStatsCell cell = labelled_cells(1, sel, layout)[0][0];
   EXPECT_THROW(fold_head(layout, HeadQueryValues{{}, {}}, cell), UsageError);
+}
+
+// fold_head takes several quantities side by side; each one's statistics are those of its values
+// added one after the other in their order (the same bits), NaN left out, the histogram from the
+// first quantity alone, whatever the lengths.
+TEST(QueryStatsFold, EachQuantityIsItsOwnValuesInOrder) {
+  QueryStatsLayout layout;
+  layout.quantities = {"a", "b", "c"};
+  layout.counters = {"n"};
+  layout.bins = HistogramBins{0.0, 1.0, 4};
+  Selection sel;
+  sel.layers = {0};
+  sel.heads = {0};
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::mt19937_64 gen(3);
+  std::uniform_real_distribution<double> u(-0.5, 1.5);
+  std::vector<std::vector<double>> values = {{}, {}, {}};
+  for (std::size_t q = 0; q < 3; ++q) {
+    const std::size_t n = 50 + 17 * q;  // lengths 50, 67, 84
+    for (std::size_t t = 0; t < n; ++t) values[q].push_back(t % (7 + q) == 3 ? nan : u(gen) * 1e3 + 1e7 * (t % 5 == 0));
+  }
+  QueryStatsCell cell = labelled_cells(1, sel, layout)[0][0];
+  fold_head(layout, HeadQueryValues{values, {4}}, cell);
+  for (std::size_t q = 0; q < 3; ++q) {
+    RunningStats want;
+    for (double x : values[q])
+      if (!std::isnan(x)) want.add(x);
+    EXPECT_EQ(cell.queries[q].count, want.count) << q;
+    EXPECT_EQ(cell.queries[q].mean, want.mean) << q;
+    EXPECT_EQ(cell.queries[q].m2, want.m2) << q;
+    EXPECT_EQ(cell.queries[q].min, want.min) << q;
+    EXPECT_EQ(cell.queries[q].max, want.max) << q;
+  }
+  std::vector<std::int64_t> histogram(layout.bins.slots(), 0);
+  for (double x : values[0])
+    if (!std::isnan(x)) ++histogram[layout.bins.index(x)];
+  EXPECT_EQ(cell.histogram, histogram);
+  EXPECT_EQ(cell.counters[0], 4);
 }
 
 }  // namespace
