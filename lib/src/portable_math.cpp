@@ -326,6 +326,53 @@ inline float exp_float_inline(float x0) {
   return x0 < kLo ? 0.0F : (x0 > kHi ? HUGE_VALF : y);
 }
 
+/// exp_float_inline(x0) for x0 <= 0, the same float in fewer steps. Clamped below at kLo as
+/// there, such an x gives -126 <= n <= 0, where 2^n is a normal float: p 2^n is then one rounding
+/// of the same exact value as exp_float_inline's (p 2^e1) 2^e2 (whose first product is exact, and
+/// whose second rounds once, where the result is subnormal), so one product gives the same bits.
+/// Above 0 (x > kHi included) and for NaN it is not exp_float: callers check (exp_block).
+inline float exp_float_nonpositive_inline(float x0) {
+  constexpr float kLo = -87.336544F;
+  constexpr float kShiftF = 12582912.0F;
+  const float x = x0 < kLo ? kLo : x0;
+  const float t = std::fma(x, 1.44269504F, kShiftF);
+  const float n = t - kShiftF;
+  float r = std::fma(n, -0.693145752F, x);
+  r = std::fma(n, -1.42860677e-06F, r);
+  float p = 1.0F / 5040.0F;
+  p = std::fma(p, r, 1.0F / 720.0F);
+  p = std::fma(p, r, 1.0F / 120.0F);
+  p = std::fma(p, r, 1.0F / 24.0F);
+  p = std::fma(p, r, 1.0F / 6.0F);
+  p = std::fma(p, r, 0.5F);
+  p = std::fma(p, r, 1.0F);
+  p = std::fma(p, r, 1.0F);
+  const auto e = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShiftF));
+  const float y = p * pow2f(e);
+  return x0 < kLo ? 0.0F : y;
+}
+
+/// Elements per block of exp_row: a whole number of vectors on every build (one AVX-512 register,
+/// two AVX2 ones), so that the loop over whole blocks is straight vector code.
+constexpr Eigen::Index kExpBlock = 16;
+
+/// x[t] = exp_float_inline(x[t] * s - shift) for t < n, n a multiple of kExpBlock; args (n
+/// floats) is scratch. The arguments of a softmax row are at most 0 (shift is the row's largest
+/// product), so the row is computed by exp_float_nonpositive_inline, keeping its arguments, and
+/// again from them by exp_float_inline if any is above 0 or NaN: the same bits either way.
+ATTNSCOPE_WIDE_VECTORS inline void exp_row(float* x, Eigen::Index n, float s, float shift, float* args) {
+  std::uint32_t other = 0;  // an integer, not a bool: GCC vectorises its reduction
+  for (Eigen::Index t = 0; t < n; ++t) {
+    const float a = x[t] * s - shift;
+    args[t] = a;
+    other |= a <= 0.0F ? 0U : 1U;
+    x[t] = exp_float_nonpositive_inline(a);
+  }
+  if (other != 0) {
+    for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(args[t]);
+  }
+}
+
 }  // namespace
 
 float exp_float(float x) { return exp_float_inline(x); }
@@ -959,14 +1006,6 @@ void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const 
   });
 }
 
-namespace {
-
-/// Elements per block of exp_floats_sums' rows: a whole number of vectors on every build (one
-/// AVX-512 register, two AVX2 ones), so that a block is straight vector code.
-constexpr Eigen::Index kExpBlock = 16;
-
-}  // namespace
-
 ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s,
                                             const float* shifts, double* sums) {
   // Every element is exp_float_inline(x * s - shift) of its own input, whatever the grouping, so
@@ -975,32 +1014,28 @@ ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::In
   // blocks); instead every row's argument there is gathered into one buffer, exponentiated there
   // as one run of whole vectors, and put back.
   const Eigen::Index whole = n / kExpBlock * kExpBlock, rest = n - whole;
+  thread_local std::vector<float> tails, args;
   if (rest > 0) {
-    thread_local std::vector<float> tails;
-    tails.resize(static_cast<std::size_t>(rows * rest));
+    const Eigen::Index padded = (rows * rest + kExpBlock - 1) / kExpBlock * kExpBlock;
+    tails.assign(static_cast<std::size_t>(padded), 0.0F);  // the last block's padding: 0
+    args.resize(std::max(args.size(), static_cast<std::size_t>(padded)));
     float* at = tails.data();
     for (Eigen::Index r = 0; r < rows; ++r, at += rest) {
       const float* row = x + r * ld + whole;
       for (Eigen::Index t = 0; t < rest; ++t) at[t] = row[t] * s - shifts[r];
     }
-    // x - 0 is x for every float, so these are the same exponentials of the same arguments.
-    exp_floats(tails.data(), rows * rest, 0.0F);
+    // x * 1 - 0 is x for every float, so these are the same exponentials of the same arguments.
+    exp_row(tails.data(), padded, 1.0F, 0.0F, args.data());
     at = tails.data();
     for (Eigen::Index r = 0; r < rows; ++r, at += rest) std::copy(at, at + rest, x + r * ld + whole);
   }
+  args.resize(std::max(args.size(), static_cast<std::size_t>(whole)));
   // Each row's whole blocks in place, then its sum in lane_sum's order; the sums of kRowsAtOnce
   // rows at a time, so that their final chains of additions interleave (lane_sums_of_rows: each
   // row's order its own, the same bits as sum_widened of the row).
   for (Eigen::Index r0 = 0; r0 < rows; r0 += kRowsAtOnce) {
     const Eigen::Index count = std::min<Eigen::Index>(kRowsAtOnce, rows - r0);
-    for (Eigen::Index r = r0; r < r0 + count; ++r) {
-      float* row = x + r * ld;
-      const float shift = shifts[r];
-      for (Eigen::Index b = 0; b < whole; b += kExpBlock) {
-        float* block = row + b;
-        for (Eigen::Index t = 0; t < kExpBlock; ++t) block[t] = exp_float_inline(block[t] * s - shift);
-      }
-    }
+    for (Eigen::Index r = r0; r < r0 + count; ++r) exp_row(x + r * ld, whole, s, shifts[r], args.data());
     lane_sums_of_rows<Term::widened>(x + r0 * ld, ld, x + r0 * ld, ld, count, n, sums + r0);
   }
 }

@@ -253,6 +253,58 @@ TEST(PortableMath, ExpFloatsSumsAreExpFloatsSumRowByRow) {
   }
 }
 
+// exp_floats_sums computes rows whose arguments are at most 0 by a shorter form of exp_float
+// (one product for 2^n), and falls back to exp_float itself for a row with an argument above 0 or
+// NaN. Both must give exp_float's bits: a float in every 263 from -0 down past the underflow
+// bound (-87.34), where the results reach 2^-126 (n = -126) and then 0, and every float near the
+// bound; and rows holding 0, -0, the bound's neighbours, -inf, a positive argument, +inf and NaN.
+TEST(PortableMath, ExpFloatsSumsAreExpFloatOverTheNonPositiveFloatsAndTheFallbacks) {
+  std::vector<float> x;
+  const std::uint32_t top = std::bit_cast<std::uint32_t>(-0.0F), bottom = std::bit_cast<std::uint32_t>(-88.0F);
+  for (std::uint32_t b = top; b <= bottom; b += 263) x.push_back(std::bit_cast<float>(b));
+  for (float v = -87.3366F; v < -87.3364F; v = std::nextafter(v, 0.0F)) x.push_back(v);  // around kLo
+  const auto n = static_cast<Eigen::Index>(x.size());
+  std::vector<float> got = x;
+  double sum = -1.0;
+  const float shift = 0.0F;
+  portable::exp_floats_sums(got.data(), n, 1, n, 1.0F, &shift, &sum);
+  std::size_t lowest = 0, zeros = 0;
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    const float want = portable::exp_float(x[t]);
+    lowest += want > 0.0F && want < 0x1p-125F ? 1 : 0;
+    zeros += want == 0.0F ? 1 : 0;
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t]), std::bit_cast<std::uint32_t>(want)) << "exp of " << x[t];
+  }
+  EXPECT_GT(lowest, 10u);  // the sweep reached n = -126, the smallest results
+  EXPECT_GT(zeros, 10u);   // and the arguments below the bound
+  EXPECT_EQ(sum, portable::sum_widened(got.data(), n));
+
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> specials = {
+      {0.0F, -0.0F, -87.336544F, std::nextafter(-87.336544F, 0.0F), std::nextafter(-87.336544F, -inf), -inf, -1e30F},
+      {-1.0F, 0.5F, -3.0F},          // one argument above 0: the fallback
+      {-1.0F, inf, -2.0F, 88.7F, 89.0F},  // +inf and the overflow bound
+      {-1.0F, nan, -2.0F}};          // NaN
+  for (const std::vector<float>& row0 : specials) {
+    for (const Eigen::Index reps : {1, 3, 7}) {  // rows of 3 to 35 entries: whole blocks and ends
+      std::vector<float> row;
+      for (Eigen::Index r = 0; r < reps; ++r) row.insert(row.end(), row0.begin(), row0.end());
+      std::vector<float> out = row;
+      double row_sum = 0.0;
+      const auto m = static_cast<Eigen::Index>(row.size());
+      portable::exp_floats_sums(out.data(), m, 1, m, 1.0F, &shift, &row_sum);
+      for (std::size_t t = 0; t < row.size(); ++t) {
+        const float want = portable::exp_float(row[t]);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(out[t])) << "exp of " << row[t];
+        } else {
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(out[t]), std::bit_cast<std::uint32_t>(want)) << "exp of " << row[t];
+        }
+      }
+    }
+  }
+}
+
 /// The documented order, one output at a time: c_ij = fma(a_it, b_jt, c) for t = 0, 1, ...
 template <typename T>
 std::vector<T> reference_nt(const std::vector<T>& a, const std::vector<T>& b, Eigen::Index m, Eigen::Index n,
