@@ -116,7 +116,8 @@ def main():
             total = value.double() if total is None else total + value.double()
             times.append((time.perf_counter() - t0) * 1e3)
     out = {"task": a.task, "images": n, "per_head": (total / n).tolist(),
-           "ms_per_image": {"median": statistics.median(times), "min": min(times), "max": max(times)}}
+           "ms_per_image": {"median": statistics.median(times), "min": min(times), "max": max(times),
+                            "mean": statistics.mean(times)}}
     if extra is not None:
         out["high_norm_tokens"] = extra.tolist()
     print(json.dumps(out))
