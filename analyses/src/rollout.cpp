@@ -13,6 +13,7 @@
 #include "float_softmax_rows.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace attnscope::analyses {
@@ -37,8 +38,14 @@ std::string to_string(HeadFusion f) {
 }
 
 MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed) {
+  MatD a;
+  rollout_step_into(heads, fusion, fixed, a);
+  return a;
+}
+
+void rollout_step_into(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed, MatD& a) {
   if (heads.empty()) throw UsageError("rollout: a layer without heads");
-  MatD a = heads.front();
+  a = heads.front();  // into a's storage when it has the size already
   for (std::size_t h = 1; h < heads.size(); ++h) {
     if (fusion == HeadFusion::Mean) a += heads[h];
     if (fusion == HeadFusion::Max) a = a.cwiseMax(heads[h]);
@@ -58,7 +65,6 @@ MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed)
       if (fixed != nullptr) ++*fixed;
     }
   }
-  return a;
 }
 
 MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, int* fixed) {
@@ -159,13 +165,29 @@ RolloutRow rollout_of_heads(const Variant& v, const std::vector<std::vector<MatF
   return out;
 }
 
+namespace {
+
+/// Bytes of one image's state when rollout_images holds every head: each selected head's weights
+/// and each layer's step, 8 N^2 bytes each per variant.
+double image_state_bytes(const DumpSchema& schema, const Selection& resolved, std::size_t variants) {
+  const auto n = static_cast<double>(schema.attrs.num_tokens);
+  const auto layers = static_cast<double>(resolved.layers.size());
+  return 8.0 * n * n * static_cast<double>(variants) * (layers * static_cast<double>(resolved.heads.size()) + layers);
+}
+
+/// Images in flight when every head is held: two while one image's state is small (a thread then
+/// starts the next image instead of waiting for the last heads of one), one above (the second
+/// image's buffers would cost more in first touches than the waiting; measured at N = 3136).
+constexpr double kTwoImagesBelow = 32.0 * 1024 * 1024;
+std::size_t images_in_flight(double state_bytes) { return state_bytes <= kTwoImagesBelow ? 2 : 1; }
+
+}  // namespace
+
 bool rollout_holds_every_head(const DumpSchema& schema, const Selection& resolved, std::size_t variants,
                               bool reference) {
-  const auto n = static_cast<double>(schema.attrs.num_tokens);
-  const double all_heads =
-      8.0 * n * n * static_cast<double>(resolved.layers.size() * resolved.heads.size() * variants);
+  const double state = image_state_bytes(schema, resolved, variants);
   const std::size_t budget = resolved.max_memory == 0 ? kDefaultMaxMemory : resolved.max_memory;
-  return reference || all_heads <= static_cast<double>(budget);
+  return reference || static_cast<double>(images_in_flight(state)) * state <= static_cast<double>(budget);
 }
 
 void rollout_images(DumpReader& reader, const Selection& resolved,
@@ -226,59 +248,124 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     return;
   }
 
-  // [variant][slot]: each slot written by one thread per image.
-  std::vector<std::vector<MatD>> weights(variants.size(),
-                                         std::vector<MatD>(resolved.layers.size() * nh));
-  std::vector<std::vector<int>> dead(variants.size(),
-                                     std::vector<int>(resolved.layers.size() * nh, 0));
-  auto on_head = [&](const HeadView& hv) {
-    const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
-                          static_cast<std::size_t>(head_slot[hv.head]);
-    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      in_head(hv.image, hv.layer, hv.head, [&] {
-        dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
-                                           reference, weights[vi][s]);
-      });
-    }
-  };
-  auto on_image = [&](int image) {
-    RolloutImage done;
-    done.image = image;
-    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      std::vector<std::vector<MatD>> layers;
-      std::int64_t degenerate = 0;
-      for (int l : order) {
-        const std::size_t ls = static_cast<std::size_t>(layer_slot[l]);
-        std::vector<MatD> heads;
-        for (std::size_t hs = 0; hs < nh; ++hs) {
-          heads.push_back(std::move(weights[vi][ls * nh + hs]));
-          degenerate += dead[vi][ls * nh + hs];
-        }
-        layers.push_back(std::move(heads));
+  if (reference) {
+    // [variant][slot]: each slot written by one thread per image; the whole products at the end.
+    std::vector<std::vector<MatD>> weights(variants.size(),
+                                           std::vector<MatD>(resolved.layers.size() * nh));
+    std::vector<std::vector<int>> dead(variants.size(),
+                                       std::vector<int>(resolved.layers.size() * nh, 0));
+    auto on_head = [&](const HeadView& hv) {
+      const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
+                            static_cast<std::size_t>(head_slot[hv.head]);
+      for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+        in_head(hv.image, hv.layer, hv.head, [&] {
+          dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
+                                             true, weights[vi][s]);
+        });
       }
-      int fixed = 0;
-      // The heads' matrices go back to `weights` below, so that the next image reuses them.
-      auto give_back = [&] {
+    };
+    auto on_image = [&](int image) {
+      RolloutImage done;
+      done.image = image;
+      for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+        std::vector<std::vector<MatD>> layers;
+        std::int64_t degenerate = 0;
+        for (int l : order) {
+          const std::size_t ls = static_cast<std::size_t>(layer_slot[l]);
+          std::vector<MatD> heads;
+          for (std::size_t hs = 0; hs < nh; ++hs) {
+            heads.push_back(std::move(weights[vi][ls * nh + hs]));
+            degenerate += dead[vi][ls * nh + hs];
+          }
+          layers.push_back(std::move(heads));
+        }
+        int fixed = 0;
+        const MatD r = rollout_reference(layers, fusion, &fixed);
+        done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
+        // The heads' matrices go back to `weights`, so that the next image reuses them.
         for (std::size_t o = 0; o < order.size(); ++o) {
           const std::size_t ls = static_cast<std::size_t>(layer_slot[order[o]]);
           for (std::size_t hs = 0; hs < nh; ++hs)
             weights[vi][ls * nh + hs] = std::move(layers[o][hs]);
         }
-      };
-      if (reference) {
-        const MatD r = rollout_reference(layers, fusion, &fixed);
-        done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
-      } else {
-        const VecD r = rollout_cls_row(layers, fusion, &fixed);
-        done.cls.emplace_back(r.data(), r.data() + r.size());
+        done.fixed_rows.push_back(fixed);
+        done.degenerate_rows.push_back(degenerate);
       }
-      give_back();
+      sink(std::move(done));
+    };
+    for_each_head(reader, sel, on_head, on_image);
+    return;
+  }
+
+  // One or two images in flight (for_each_head_pipelined, images_in_flight), each with its lane:
+  // the heads' weights [variant][slot], each slot written by one thread; and each layer's step,
+  // formed by the thread that finishes the layer's last head (the heads in their order, as
+  // rollout_cls_row forms it), so that the steps are formed while other heads are computed.
+  // on_image only carries the CLS row through the steps, as rollout_cls_row does: the same bits.
+  const std::size_t lanes_wanted = images_in_flight(image_state_bytes(schema, resolved, variants.size()));
+  const std::size_t nl = resolved.layers.size();
+  struct Lane {
+    std::vector<std::vector<MatD>> weights;  // [variant][slot]
+    std::vector<std::vector<int>> dead;      // [variant][slot]
+    std::vector<std::vector<MatD>> steps;    // [variant][layer slot]
+    std::vector<std::vector<int>> fixed;     // [variant][layer slot]
+    std::vector<std::atomic<std::size_t>> left;  // per layer slot: its heads not yet measured
+  };
+  std::vector<Lane> lanes(lanes_wanted);
+  for (Lane& lane : lanes) {
+    lane.weights.assign(variants.size(), std::vector<MatD>(nl * nh));
+    lane.dead.assign(variants.size(), std::vector<int>(nl * nh, 0));
+    lane.steps.assign(variants.size(), std::vector<MatD>(nl));
+    lane.fixed.assign(variants.size(), std::vector<int>(nl, 0));
+    lane.left = std::vector<std::atomic<std::size_t>>(nl);
+    for (auto& c : lane.left) c.store(nh);
+  }
+  auto on_head = [&](const HeadView& hv, std::size_t at) {
+    Lane& lane = lanes[at];
+    const auto ls = static_cast<std::size_t>(layer_slot[hv.layer]);
+    const std::size_t s = ls * nh + static_cast<std::size_t>(head_slot[hv.head]);
+    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+      in_head(hv.image, hv.layer, hv.head, [&] {
+        lane.dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
+                                                false, lane.weights[vi][s]);
+      });
+    }
+    // The last of the layer's heads (acquire: the others' weights are written) forms its steps.
+    if (lane.left[ls].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    thread_local std::vector<MatD> heads;
+    heads.resize(nh);
+    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+      for (std::size_t hs = 0; hs < nh; ++hs) heads[hs].swap(lane.weights[vi][ls * nh + hs]);
+      lane.fixed[vi][ls] = 0;
+      rollout_step_into(heads, fusion, &lane.fixed[vi][ls], lane.steps[vi][ls]);
+      for (std::size_t hs = 0; hs < nh; ++hs) heads[hs].swap(lane.weights[vi][ls * nh + hs]);
+    }
+  };
+  auto on_image = [&](int image, std::size_t at) {
+    Lane& lane = lanes[at];
+    RolloutImage done;
+    done.image = image;
+    VecD v, next;
+    for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+      std::int64_t degenerate = 0;
+      int fixed = 0;
+      for (std::size_t ls = 0; ls < nl; ++ls) {
+        if (lane.left[ls].load() != 0) throw UsageError("rollout: a layer without every selected head");
+        fixed += lane.fixed[vi][ls];
+        for (std::size_t hs = 0; hs < nh; ++hs) degenerate += lane.dead[vi][ls * nh + hs];
+      }
+      // e_0^T A_L, then through A_{L-1}, ..., A_1 (the layers in the model's order).
+      v = lane.steps[vi][static_cast<std::size_t>(layer_slot[order.back()])].row(0).transpose();
+      for (std::size_t o = order.size() - 1; o-- > 0;)
+        carry_cls_row(lane.steps[vi][static_cast<std::size_t>(layer_slot[order[o]])], v, next);
+      done.cls.emplace_back(v.data(), v.data() + v.size());
       done.fixed_rows.push_back(fixed);
       done.degenerate_rows.push_back(degenerate);
     }
+    for (auto& c : lane.left) c.store(nh);
     sink(std::move(done));
   };
-  for_each_head(reader, sel, on_head, on_image);
+  for_each_head_pipelined(reader, sel, lanes_wanted, on_head, on_image);
 }
 
 }  // namespace attnscope::analyses

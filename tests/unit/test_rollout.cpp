@@ -17,7 +17,10 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
+#include <utility>
 
 namespace attnscope::analyses {
 namespace {
@@ -166,7 +169,8 @@ class RolloutRunTest : public test::ScratchDirTest {};
 
 // Under a --max-memory too small for an image's heads, rollout_images takes the layers one at a
 // time (last first): the same CLS rows, bit for bit, and the same counts, for every family, with
-// layers selected out of the model's order and a head subset.
+// layers selected out of the model's order and a head subset, whatever the threads of the run
+// that holds every head.
 TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
   SynthOptions o;
   o.layers = 4;
@@ -189,15 +193,22 @@ TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
   Selection whole = resolve(reader.schema(), sel);
   Selection by_layer = whole;
   const double n = o.tokens();
-  const auto all_heads = static_cast<std::size_t>(8.0 * n * n * 3 * 2 * static_cast<double>(variants.size()));
+  // Two images in flight (each small), each with 3 x 2 heads and 3 layer steps.
+  const auto all_heads = static_cast<std::size_t>(2 * 8.0 * n * n * (3 * 2 + 3) * static_cast<double>(variants.size()));
   whole.max_memory = all_heads + (std::size_t{1} << 20);
   by_layer.max_memory = all_heads - 1;
   ASSERT_TRUE(rollout_holds_every_head(reader.schema(), whole, variants.size(), false));
   ASSERT_FALSE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), false));
   EXPECT_TRUE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), true)) << "--reference holds them";
-  for (HeadFusion fusion : {HeadFusion::Mean, HeadFusion::Max, HeadFusion::Min}) {
+  const int initial_threads = omp_get_max_threads();
+  // Every head at once keeps two images in flight, each layer's step formed by whichever thread
+  // finishes its last head: one thread, and more threads than heads of a layer.
+  for (const auto& [fusion, threads] : {std::pair{HeadFusion::Mean, 1}, std::pair{HeadFusion::Mean, 3},
+                                        std::pair{HeadFusion::Max, 2}, std::pair{HeadFusion::Min, 3}}) {
     std::vector<RolloutImage> a, b;
+    omp_set_num_threads(threads);
     rollout_images(reader, whole, variants, fusion, false, [&](RolloutImage&& img) { a.push_back(std::move(img)); });
+    omp_set_num_threads(initial_threads);
     rollout_images(reader, by_layer, variants, fusion, false, [&](RolloutImage&& img) { b.push_back(std::move(img)); });
     ASSERT_EQ(a.size(), 3u);
     ASSERT_EQ(b.size(), a.size());
@@ -206,7 +217,7 @@ TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
       ASSERT_EQ(a[i].cls.size(), variants.size());
       for (std::size_t v = 0; v < variants.size(); ++v) {
         const std::string where = variants[v].name() + " fusion " + to_string(fusion) + " image " +
-                                  std::to_string(a[i].image);
+                                  std::to_string(a[i].image) + ", " + std::to_string(threads) + " threads";
         ASSERT_EQ(a[i].cls[v].size(), static_cast<std::size_t>(o.tokens())) << where;
         EXPECT_EQ(a[i].cls[v], b[i].cls[v]) << where;  // bit for bit
         EXPECT_EQ(a[i].fixed_rows[v], b[i].fixed_rows[v]) << where;

@@ -35,6 +35,9 @@ enum class HeadFusion { Mean, Max, Min };
 /// by the identity's. Heads are fused in the order given.
 [[nodiscard]] MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion,
                                 int* fixed = nullptr);
+/// rollout_step into `step`, reusing its storage when it has the size already (a large N x N
+/// step allocated afresh for every layer of every image costs its page faults each time).
+void rollout_step_into(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed, MatD& step);
 
 /// The rollout of one image: `layers[l][h]` the weights of layer l (in the model's order), head h.
 /// Returns R = A_L ... A_1 (N x N). `fixed` adds the rows replaced in every step.
@@ -73,8 +76,9 @@ struct RolloutImage {
 /// (the heads of a layer on OpenMP threads): the same products in the same order, the same bits.
 /// `--reference` always holds them all (its full product needs every step).
 /// Whether rollout_images holds every selected head of an image at once (true) or takes the
-/// layers one at a time (false): the former when 8 N^2 bytes per head and variant fit in the
-/// selection's max_memory (kDefaultMaxMemory when 0), and always under `reference`.
+/// layers one at a time (false): the former when two images' heads and layer steps, 8 N^2 bytes
+/// each per variant, fit in the selection's max_memory (kDefaultMaxMemory when 0), and always
+/// under `reference`.
 [[nodiscard]] bool rollout_holds_every_head(const DumpSchema& schema, const Selection& resolved,
                                             std::size_t variants, bool reference);
 
