@@ -296,16 +296,16 @@ namespace {
 /// 2^e as a float for -126 <= e <= 127.
 inline float pow2f(std::int32_t e) { return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23); }
 
-/// exp_float's body, inlined into the loops so that they vectorise. All in float: x = n ln2 + r
-/// (Cody-Waite, the fused steps exact), e^r by its degree-7 Taylor polynomial in Horner form with
-/// fused steps (truncation < 2^-27 relative on |r| <= ln2 / 2), then 2^n in two exact halves.
-/// Measured within 0.92 ulp (tests/unit/test_portable_math.cpp).
-inline float exp_float_inline(float x0) {
-  constexpr float kLo = -87.336544F;  // ln(2^-126): below, the result would be subnormal: 0
-  constexpr float kHi = 88.7228394F;  // ln(largest float): above, +inf
+/// The reduction and polynomial of exp_float, inlined into the loops so that they vectorise. All
+/// in float: x = n ln2 + r (Cody-Waite, the fused steps exact), e^r by its degree-7 Taylor
+/// polynomial p in Horner form with fused steps (truncation < 2^-27 relative on |r| <= ln2 / 2);
+/// n from the bits of t (integer operations alone).
+struct ExpFloatParts {
+  float p;
+  std::int32_t n;
+};
+inline ExpFloatParts exp_float_parts(float x) {
   constexpr float kShiftF = 12582912.0F;  // 1.5 * 2^23
-  float x = x0 < kLo ? kLo : x0;  // ternaries, not std::clamp: they vectorise as selects
-  x = x > kHi ? kHi : x;
   const float t = std::fma(x, 1.44269504F, kShiftF);
   const float n = t - kShiftF;
   float r = std::fma(n, -0.693145752F, x);  // ln 2 to 16 bits: n * it is exact
@@ -318,38 +318,35 @@ inline float exp_float_inline(float x0) {
   p = std::fma(p, r, 0.5F);
   p = std::fma(p, r, 1.0F);
   p = std::fma(p, r, 1.0F);
-  // n sits in the low bits of t: 2^n from integer operations alone. -126 <= n <= 128, so the two
-  // halves are normal floats and the first product is exact.
-  const auto e = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShiftF));
-  const std::int32_t e1 = e / 2, e2 = e - e1;
-  const float y = (p * pow2f(e1)) * pow2f(e2);
-  return x0 < kLo ? 0.0F : (x0 > kHi ? HUGE_VALF : y);
+  // n sits in the low bits of t.
+  return {p, static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShiftF))};
 }
 
-/// exp_float_inline(x0) for x0 <= 0, the same float in fewer steps. Clamped below at kLo as
-/// there, such an x gives -126 <= n <= 0, where 2^n is a normal float: p 2^n is then one rounding
-/// of the same exact value as exp_float_inline's (p 2^e1) 2^e2 (whose first product is exact, and
-/// whose second rounds once, where the result is subnormal), so one product gives the same bits.
-/// Above 0 (x > kHi included) and for NaN it is not exp_float: callers check (exp_block).
+constexpr float kExpFloatLo = -87.336544F;  // ln(2^-126): below, the result would be subnormal: 0
+constexpr float kExpFloatHi = 88.7228394F;  // ln(largest float): above, +inf
+
+/// exp_float's body: the argument clamped to [kExpFloatLo, kExpFloatHi], then 2^n in two exact
+/// halves (-126 <= n <= 128, so both are normal floats and the first product is exact). Measured
+/// within 0.92 ulp (tests/unit/test_portable_math.cpp).
+inline float exp_float_inline(float x0) {
+  float x = x0 < kExpFloatLo ? kExpFloatLo : x0;  // ternaries, not std::clamp: they vectorise as selects
+  x = x > kExpFloatHi ? kExpFloatHi : x;
+  const ExpFloatParts f = exp_float_parts(x);
+  const std::int32_t e1 = f.n / 2, e2 = f.n - e1;
+  const float y = (f.p * pow2f(e1)) * pow2f(e2);
+  return x0 < kExpFloatLo ? 0.0F : (x0 > kExpFloatHi ? HUGE_VALF : y);
+}
+
+/// exp_float_inline(x0) for x0 <= 0, the same float in fewer steps. Clamped below as there, such
+/// an x gives -126 <= n <= 0, where 2^n is a normal float: p 2^n is then one rounding of the same
+/// exact value as exp_float_inline's (p 2^e1) 2^e2 (whose first product is exact), so one product
+/// gives the same bits. Above 0 (the upper clamp included) and for NaN it is not exp_float:
+/// callers check (exp_row).
 inline float exp_float_nonpositive_inline(float x0) {
-  constexpr float kLo = -87.336544F;
-  constexpr float kShiftF = 12582912.0F;
-  const float x = x0 < kLo ? kLo : x0;
-  const float t = std::fma(x, 1.44269504F, kShiftF);
-  const float n = t - kShiftF;
-  float r = std::fma(n, -0.693145752F, x);
-  r = std::fma(n, -1.42860677e-06F, r);
-  float p = 1.0F / 5040.0F;
-  p = std::fma(p, r, 1.0F / 720.0F);
-  p = std::fma(p, r, 1.0F / 120.0F);
-  p = std::fma(p, r, 1.0F / 24.0F);
-  p = std::fma(p, r, 1.0F / 6.0F);
-  p = std::fma(p, r, 0.5F);
-  p = std::fma(p, r, 1.0F);
-  p = std::fma(p, r, 1.0F);
-  const auto e = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShiftF));
-  const float y = p * pow2f(e);
-  return x0 < kLo ? 0.0F : y;
+  const float x = x0 < kExpFloatLo ? kExpFloatLo : x0;
+  const ExpFloatParts f = exp_float_parts(x);
+  const float y = f.p * pow2f(f.n);
+  return x0 < kExpFloatLo ? 0.0F : y;
 }
 
 /// Elements per block of exp_row: a whole number of vectors on every build (one AVX-512 register,
