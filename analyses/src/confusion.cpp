@@ -377,8 +377,7 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
 
   // Two images in flight: the threads that find no head left of one start on the next, with no
   // barrier between images; each image's counts go to its own lane of the ring.
-  constexpr std::size_t kLanes = 2;
-  std::vector<ConfusionImage> lane(kLanes);
+  std::vector<ConfusionImage> lane(kImagesInFlight);
   for (ConfusionImage& img : lane) img.heads.assign(nv, std::vector<HeadConfusion>(slots));
   auto on_head = [&](const HeadView& hv, std::size_t at) {
     for (std::size_t vi = 0; vi < nv; ++vi) lane[at].heads[vi][slot_of(hv)] = count_one(hv, vi);
@@ -390,7 +389,7 @@ void confusion_images(DumpReader& reader, const Selection& resolved,
     done.excluded_tokens = excluded_count_of(image);
     sink(std::move(done));
   };
-  for_each_head_pipelined(reader, without_v, kLanes, on_head, on_image);
+  for_each_head_pipelined(reader, without_v, kImagesInFlight, on_head, on_image);
 }
 
 ConfusionResult run_confusion(DumpReader& reader, const Selection& resolved,

@@ -86,8 +86,7 @@ void locality_images(DumpReader& reader, const Selection& resolved,
   }
   // Per image in flight, its lane's slots; each (layer, head) slot is written by one thread, so
   // the slots need no lock.
-  constexpr std::size_t kLanes = 2;
-  std::vector<LocalityImage> current(kLanes);
+  std::vector<LocalityImage> current(kImagesInFlight);
   for (LocalityImage& c : current) c.heads = labelled_heads(variants.size(), resolved);
   auto on_head = [&](const HeadView& hv, std::size_t lane) {
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
@@ -118,7 +117,7 @@ void locality_images(DumpReader& reader, const Selection& resolved,
   Selection without_v = resolved;  // locality looks at attention weights only: V is not read
   without_v.need_v = false;
   without_v.any_geometry = true;  // layers of another geometry: unit by unit
-  for_each_head_pipelined(reader, without_v, kLanes, on_head, on_image);
+  for_each_head_pipelined(reader, without_v, kImagesInFlight, on_head, on_image);
 }
 
 LocalityResult run_locality(DumpReader& reader, const Selection& resolved,

@@ -83,8 +83,7 @@ void query_stats_images(DumpReader& reader, const Selection& resolved,
       labelled_cells(variants.size(), resolved, layout);
   // Each image in flight has its lane's cells; each (layer, head) slot of them is written by one
   // thread, so the slots need no lock.
-  constexpr std::size_t kLanes = 2;
-  std::vector<QueryStatsImage> current(kLanes);
+  std::vector<QueryStatsImage> current(kImagesInFlight);
   for (QueryStatsImage& c : current) c.cells = empty;
   auto on_head = [&](const HeadView& hv, std::size_t lane) {
     const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
@@ -105,7 +104,7 @@ void query_stats_images(DumpReader& reader, const Selection& resolved,
   Selection sel = resolved;
   sel.need_v = need_v;
   sel.need_model_tensors = need_model_tensors;
-  for_each_head_pipelined(reader, sel, kLanes, on_head, on_image);
+  for_each_head_pipelined(reader, sel, kImagesInFlight, on_head, on_image);
 }
 
 QueryStatsTotals::QueryStatsTotals(const std::vector<Variant>& variants, const Selection& resolved,

@@ -92,6 +92,19 @@ void carry_cls_row(const MatD& step, VecD& v, VecD& next) {
   v.swap(next);
 }
 
+namespace {
+
+/// Row 0 of steps[L-1] ... steps[0] (the layers' steps in the model's order): e_0^T A_L carried
+/// through A_{L-1}, ..., A_1 by carry_cls_row.
+VecD cls_row_of_steps(const std::vector<const MatD*>& steps) {
+  VecD v = steps.back()->row(0).transpose();
+  VecD next(v.size());
+  for (std::size_t l = steps.size() - 1; l-- > 0;) carry_cls_row(*steps[l], v, next);
+  return v;
+}
+
+}  // namespace
+
 VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, int* fixed) {
   if (layers.empty()) throw UsageError("rollout: no layer");
   // The steps are independent: formed on OpenMP threads, their counts added in the layers' order.
@@ -103,10 +116,9 @@ VecD rollout_cls_row(const std::vector<std::vector<MatD>>& layers, HeadFusion fu
   });
   if (fixed != nullptr)
     for (int c : counts) *fixed += c;
-  VecD v = steps.back().row(0).transpose();
-  VecD next(v.size());
-  for (std::size_t l = steps.size() - 1; l-- > 0;) carry_cls_row(steps[l], v, next);
-  return v;
+  std::vector<const MatD*> in_order;
+  for (const MatD& step : steps) in_order.push_back(&step);
+  return cls_row_of_steps(in_order);
 }
 
 std::vector<int> layers_in_model_order(const DumpSchema& schema, std::vector<int> layers) {
@@ -179,7 +191,7 @@ double image_state_bytes(const DumpSchema& schema, const Selection& resolved, st
 /// starts the next image instead of waiting for the last heads of one), one above (the second
 /// image's buffers would cost more in first touches than the waiting; measured at N = 3136).
 constexpr double kTwoImagesBelow = 32.0 * 1024 * 1024;
-std::size_t images_in_flight(double state_bytes) { return state_bytes <= kTwoImagesBelow ? 2 : 1; }
+std::size_t images_in_flight(double state_bytes) { return state_bytes <= kTwoImagesBelow ? kImagesInFlight : 1; }
 
 }  // namespace
 
@@ -232,7 +244,7 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
             });
           });
           for (int c : dead) degenerate += c;
-          step = rollout_step(heads, fusion, &fixed);
+          rollout_step_into(heads, fusion, &fixed, step);
           if (o + 1 == order.size()) {
             v = step.row(0).transpose();
           } else {
@@ -248,61 +260,14 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     return;
   }
 
-  if (reference) {
-    // [variant][slot]: each slot written by one thread per image; the whole products at the end.
-    std::vector<std::vector<MatD>> weights(variants.size(),
-                                           std::vector<MatD>(resolved.layers.size() * nh));
-    std::vector<std::vector<int>> dead(variants.size(),
-                                       std::vector<int>(resolved.layers.size() * nh, 0));
-    auto on_head = [&](const HeadView& hv) {
-      const std::size_t s = static_cast<std::size_t>(layer_slot[hv.layer]) * nh +
-                            static_cast<std::size_t>(head_slot[hv.head]);
-      for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-        in_head(hv.image, hv.layer, hv.head, [&] {
-          dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
-                                             true, weights[vi][s]);
-        });
-      }
-    };
-    auto on_image = [&](int image) {
-      RolloutImage done;
-      done.image = image;
-      for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-        std::vector<std::vector<MatD>> layers;
-        std::int64_t degenerate = 0;
-        for (int l : order) {
-          const std::size_t ls = static_cast<std::size_t>(layer_slot[l]);
-          std::vector<MatD> heads;
-          for (std::size_t hs = 0; hs < nh; ++hs) {
-            heads.push_back(std::move(weights[vi][ls * nh + hs]));
-            degenerate += dead[vi][ls * nh + hs];
-          }
-          layers.push_back(std::move(heads));
-        }
-        int fixed = 0;
-        const MatD r = rollout_reference(layers, fusion, &fixed);
-        done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
-        // The heads' matrices go back to `weights`, so that the next image reuses them.
-        for (std::size_t o = 0; o < order.size(); ++o) {
-          const std::size_t ls = static_cast<std::size_t>(layer_slot[order[o]]);
-          for (std::size_t hs = 0; hs < nh; ++hs)
-            weights[vi][ls * nh + hs] = std::move(layers[o][hs]);
-        }
-        done.fixed_rows.push_back(fixed);
-        done.degenerate_rows.push_back(degenerate);
-      }
-      sink(std::move(done));
-    };
-    for_each_head(reader, sel, on_head, on_image);
-    return;
-  }
-
-  // One or two images in flight (for_each_head_pipelined, images_in_flight), each with its lane:
-  // the heads' weights [variant][slot], each slot written by one thread; and each layer's step,
-  // formed by the thread that finishes the layer's last head (the heads in their order, as
-  // rollout_cls_row forms it), so that the steps are formed while other heads are computed.
-  // on_image only carries the CLS row through the steps, as rollout_cls_row does: the same bits.
-  const std::size_t lanes_wanted = images_in_flight(image_state_bytes(schema, resolved, variants.size()));
+  // One or two images in flight (for_each_head_pipelined, images_in_flight; one under
+  // `reference`), each with its lane: the heads' weights [variant][slot], each slot written by one
+  // thread; and on the fast path each layer's step, formed by the thread that finishes the layer's
+  // last head (the heads in their order, as rollout_cls_row forms it), so that the steps are
+  // formed while other heads are computed. on_image then only carries the CLS row through the
+  // steps, as rollout_cls_row does (the same bits); under `reference` it forms the whole product.
+  const std::size_t lanes_wanted =
+      reference ? 1 : images_in_flight(image_state_bytes(schema, resolved, variants.size()));
   const std::size_t nl = resolved.layers.size();
   struct Lane {
     std::vector<std::vector<MatD>> weights;  // [variant][slot]
@@ -327,11 +292,11 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       in_head(hv.image, hv.layer, hv.head, [&] {
         lane.dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
-                                                false, lane.weights[vi][s]);
+                                                reference, lane.weights[vi][s]);
       });
     }
     // The last of the layer's heads (acquire: the others' weights are written) forms its steps.
-    if (lane.left[ls].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (lane.left[ls].fetch_sub(1, std::memory_order_acq_rel) != 1 || reference) return;
     thread_local std::vector<MatD> heads;
     heads.resize(nh);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
@@ -343,22 +308,38 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
   };
   auto on_image = [&](int image, std::size_t at) {
     Lane& lane = lanes[at];
+    for (std::size_t ls = 0; ls < nl; ++ls) {
+      if (lane.left[ls].load() != 0) throw UsageError("rollout: a layer without every selected head");
+    }
     RolloutImage done;
     done.image = image;
-    VecD v, next;
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       std::int64_t degenerate = 0;
+      for (int d : lane.dead[vi]) degenerate += d;
       int fixed = 0;
-      for (std::size_t ls = 0; ls < nl; ++ls) {
-        if (lane.left[ls].load() != 0) throw UsageError("rollout: a layer without every selected head");
-        fixed += lane.fixed[vi][ls];
-        for (std::size_t hs = 0; hs < nh; ++hs) degenerate += lane.dead[vi][ls * nh + hs];
+      if (reference) {
+        // The heads' matrices, layers in the model's order, and back to the lane afterwards.
+        std::vector<std::vector<MatD>> layers(order.size(), std::vector<MatD>(nh));
+        for (std::size_t o = 0; o < order.size(); ++o) {
+          const auto ls = static_cast<std::size_t>(layer_slot[order[o]]);
+          for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs]);
+        }
+        const MatD r = rollout_reference(layers, fusion, &fixed);
+        done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
+        for (std::size_t o = 0; o < order.size(); ++o) {
+          const auto ls = static_cast<std::size_t>(layer_slot[order[o]]);
+          for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs]);
+        }
+      } else {
+        std::vector<const MatD*> steps;
+        for (int l : order) {
+          const auto ls = static_cast<std::size_t>(layer_slot[l]);
+          fixed += lane.fixed[vi][ls];
+          steps.push_back(&lane.steps[vi][ls]);
+        }
+        const VecD v = cls_row_of_steps(steps);
+        done.cls.emplace_back(v.data(), v.data() + v.size());
       }
-      // e_0^T A_L, then through A_{L-1}, ..., A_1 (the layers in the model's order).
-      v = lane.steps[vi][static_cast<std::size_t>(layer_slot[order.back()])].row(0).transpose();
-      for (std::size_t o = order.size() - 1; o-- > 0;)
-        carry_cls_row(lane.steps[vi][static_cast<std::size_t>(layer_slot[order[o]])], v, next);
-      done.cls.emplace_back(v.data(), v.data() + v.size());
       done.fixed_rows.push_back(fixed);
       done.degenerate_rows.push_back(degenerate);
     }

@@ -162,12 +162,11 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
 
   // Per image in flight, its lane's slots; each (layer, head) slot is written by one thread, so
   // the slots need no lock.
-  constexpr std::size_t kLanes = 2;
   struct Lane {
     std::vector<std::vector<HeadSinks>> heads;
     std::vector<std::vector<double>> squared;  // per slot: each token's |x_{h,t}|^2
   };
-  std::vector<Lane> lanes(kLanes);
+  std::vector<Lane> lanes(kImagesInFlight);
   for (Lane& l : lanes) {
     l.heads.assign(variants.size(), std::vector<HeadSinks>(slots));
     l.squared.resize(slots);
@@ -219,7 +218,7 @@ void sinks_images(DumpReader& reader, const Selection& resolved,
   Selection sel = resolved;
   sel.need_v = opt.norms == NormSource::Values;
   sel.need_model_tensors = opt.norms == NormSource::Outputs;
-  for_each_head_pipelined(reader, sel, kLanes, on_head, on_image);
+  for_each_head_pipelined(reader, sel, kImagesInFlight, on_head, on_image);
 }
 
 SinksTotals::SinksTotals(const std::vector<Variant>& variants, const Selection& resolved,

@@ -153,11 +153,14 @@ Selection resolve(const DumpSchema& schema, Selection sel);
 /// thread-safe), images in order. A reader thread fills a bounded queue of reused image buffers
 /// (plan_loop_memory) while the current image is computed. on_image(image) runs on the calling
 /// thread after each image is done (progress, flushing), outside the parallel region (it may use
-/// OpenMP itself, as rollout's does), and before any head of the next image. Sets the reader's
-/// chunk cache.
+/// OpenMP itself), and before any head of the next image. Sets the reader's chunk cache.
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image = {});
+
+/// The lanes the analyses give for_each_head_pipelined: two images in flight, so that a thread
+/// that finds no head left of one image starts on the next.
+inline constexpr std::size_t kImagesInFlight = 2;
 
 /// Like for_each_head, with no barrier between images: the heads of up to `lanes` consecutive
 /// images are handed out, in order, to the threads of one parallel region that lasts the whole
