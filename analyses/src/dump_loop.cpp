@@ -164,9 +164,12 @@ void read_family_params(const DumpSchema& s, const Selection& sel,
   }
 }
 
+/// Reads one image into `buf`; with `defer`, the blocks read straight from the file are left
+/// for the computing threads (ImageQKV::read_deferred, before each head).
 void read_image(DumpReader& reader, const Selection& sel,
-                const std::vector<LayerFamilyData>& family_data, int image, ImageBuffer& buf) {
-  reader.read_image_into(buf.qkv, image, sel.layers, sel.need_v);
+                const std::vector<LayerFamilyData>& family_data, int image, ImageBuffer& buf,
+                bool defer) {
+  reader.read_image_into(buf.qkv, image, sel.layers, sel.need_v, defer);
   buf.schema = &reader.schema();
   read_family_params(reader.schema(), sel, family_data, image, buf);
   buf.attn.clear();
@@ -193,8 +196,10 @@ const MatF* model_tensor(const std::vector<std::optional<MatF>>& t, std::size_t 
 }
 
 /// The heads of an image as views into its buffer (and into `transformed`, the selection's
-/// transformed queries of that image, which must outlive the views).
-ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::vector<MatF>& transformed) {
+/// transformed queries of that image, which must outlive the views); each head's slot in the
+/// image goes to `slots` when given.
+ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::vector<MatF>& transformed,
+                       std::vector<int>* slots = nullptr) {
   const ImageQKV& img = buf.qkv;
   const int n_heads = static_cast<int>(sel.heads.size());
   const int n_items = static_cast<int>(sel.layers.size()) * n_heads;
@@ -211,6 +216,7 @@ ImageHeads image_heads(const ImageBuffer& buf, const Selection& sel, const std::
     const MatF& raw = img.Q(slot, head);
     const MatF& q = transformed.empty() ? raw : transformed[static_cast<std::size_t>(item)];
     const auto stored = static_cast<std::size_t>(slot * img.heads + head);
+    if (slots != nullptr) slots->push_back(slot);
     out.push_back(HeadView{
         img.image, layer, head, q, img.K(slot, head), img.V(slot, head), &raw,
         model_tensor(buf.attn, stored), model_tensor(buf.out, stored), &geo,
@@ -495,7 +501,7 @@ namespace {
 /// the images it wants (take_ready, try_take_ready; at most `left`, the images not yet done),
 /// computes them, gives the buffers back and returns how many it finished, until every selected
 /// image is done.
-void stream_images(DumpReader& reader, const Selection& resolved,
+void stream_images(DumpReader& reader, const Selection& resolved, bool defer,
                    const std::function<std::size_t(ImageQueue&, double& waited, std::size_t left)>& consume) {
   if (resolved.images.empty()) return;
   if (!resolved.any_geometry)
@@ -508,12 +514,12 @@ void stream_images(DumpReader& reader, const Selection& resolved,
       read_layer_family_data(reader.schema(), resolved.layers);
   ImageQueue queue(plan.depth);
   ReaderThread guard{queue, {}};
-  guard.thread = std::thread([&reader, &resolved, &queue, &family_data] {
+  guard.thread = std::thread([&reader, &resolved, &queue, &family_data, defer] {
     try {
       for (int image : resolved.images) {
         ImageBuffer* b = queue.take_free();
         if (b == nullptr) return;
-        read_image(reader, resolved, family_data, image, *b);
+        read_image(reader, resolved, family_data, image, *b, defer);
         queue.put_ready(b);
       }
     } catch (...) {
@@ -539,7 +545,7 @@ void stream_images(DumpReader& reader, const Selection& resolved,
 void for_each_head(DumpReader& reader, const Selection& resolved,
                    const std::function<void(const HeadView&)>& fn,
                    const std::function<void(int image)>& on_image) {
-  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited, std::size_t) -> std::size_t {
+  stream_images(reader, resolved, false, [&](ImageQueue& queue, double& waited, std::size_t) -> std::size_t {
     ImageBuffer* b = queue.take_ready(waited);
     compute_image(*b, resolved, fn);
     const int image = b->qkv.image;
@@ -553,7 +559,11 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
                              const std::function<void(const HeadView&, std::size_t lane)>& fn,
                              const std::function<void(int image, std::size_t lane)>& on_image) {
   if (lanes < 1) throw UsageError("for_each_head_pipelined: lanes must be at least 1");
-  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
+  // Each head's q, k and v are read by the thread that computes it, into its core's cache, when
+  // the file allows direct reads (the reader thread then only finds where they lie); not when
+  // the queries are transformed first, for which the whole image is read before its heads.
+  const bool defer = resolved.transform.is_identity();
+  stream_images(reader, resolved, defer, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
     // The images started and not yet finished, in order: a contiguous run of the loop's images,
     // at most `lanes` of them. A deque keeps references to its other elements on push_back and
     // pop_front, so a thread computing a head of one keeps a valid pointer.
@@ -561,6 +571,7 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
       ImageBuffer* buffer = nullptr;
       std::vector<MatF> transformed;
       ImageHeads heads;
+      std::vector<int> slots;  // each head's slot in the image (ImageQKV::read_deferred)
       std::size_t seq = 0, lane = 0, next = 0, done = 0;  // seq: the image's place in the loop
     };
     std::deque<Active> active;
@@ -638,7 +649,7 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
             a.seq = started;
             a.lane = started % lanes;
             a.transformed = transform_queries(b->qkv, resolved);
-            a.heads = image_heads(*b, resolved, a.transformed);
+            a.heads = image_heads(*b, resolved, a.transformed, &a.slots);
           } catch (...) {
             fail(std::current_exception(), started, 0);
             break;
@@ -650,9 +661,11 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
         }
         const std::size_t head = work->next++;
         lock.unlock();
-        prefetch_head(work->heads, head + static_cast<std::size_t>(omp_get_num_threads()));
+        ImageQKV& qkv = work->buffer->qkv;
+        if (qkv.deferred.empty()) prefetch_head(work->heads, head + static_cast<std::size_t>(omp_get_num_threads()));
         std::exception_ptr failed_here;
         try {
+          qkv.read_deferred(work->slots[head], work->heads[head].head);
           fn(work->heads[head], work->lane);
         } catch (...) {
           failed_here = std::current_exception();
@@ -676,7 +689,7 @@ void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::si
                           const std::function<void(const std::vector<ImageHeads>&)>& fn,
                           const std::function<void(int image)>& on_image) {
   if (max_images < 1) throw UsageError("for_each_image_batch: max_images must be at least 1");
-  stream_images(reader, resolved, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
+  stream_images(reader, resolved, false, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
     std::vector<ImageBuffer*> taken{queue.take_ready(waited)};
     while (taken.size() < std::min(max_images, left)) {
       ImageBuffer* b = queue.try_take_ready();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 namespace attnscope {
@@ -291,6 +292,9 @@ struct FileReader {
   int shard_first_image = -1;  // the optional attribute of a shard (-1: absent)
   int fd = -1;                 // the file opened again for direct reads (-1: HDF5 reads all)
   bool user_block = false;     // addresses are then not file offsets: no direct reads
+  bool probe_chunks = false;   // chunks found by h5::chunk_location (the file reads through the checked driver)
+  std::unique_ptr<char[]> probe_buf;  // what chunk_location is handed, never written
+  std::size_t probe_buf_bytes = 0;
   std::size_t direct_blocks = 0;  // image blocks read directly (DumpReader::direct_reads)
 
   FileReader(const std::string& path, ReadScratch& s);
@@ -300,9 +304,11 @@ struct FileReader {
   /// Reads image `image`'s block of `ds` straight into `heads` matrices of rows x d each (its
   /// first `heads` heads, the block's order): false, reading nothing, when the dataset is not
   /// laid out for it (DirectLayout) or this image's chunk is not allocated; then HDF5 reads it.
+  /// With `defer_to`, reads nothing either way: records where the block lies there instead
+  /// (DeferredBlock; ImageQKV::read_deferred reads it).
   bool read_direct(hid_t ds, DirectLayout& layout, const std::string& name, int image,
                    const std::vector<hsize_t>& dims, const std::vector<const char*>& dim_names,
-                   MatF* const* heads, int count, int rows, int d);
+                   MatF* const* heads, int count, int rows, int d, DeferredBlock* defer_to = nullptr);
   /// The shape of /layers/L/`name` past the image axis, in the layer's geometry, and its names.
   struct LayerShape {
     std::vector<hsize_t> dims;
@@ -314,7 +320,8 @@ struct FileReader {
   /// Opens every dataset again with a chunk cache of at most scratch->dataset_cache bytes (and
   /// one chunk): applies a new size, and drops whatever the old caches held.
   void reopen_datasets();
-  void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers, bool with_v);
+  void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers, bool with_v,
+                       bool defer_direct);
   /// One head of /layers/L/attn, out or local (`name`); nullopt when the dataset is absent.
   std::optional<MatF> read_head(int image, int layer, int head, const char* name);
   /// One image of /images (present), C*H*W floats; its shape (C, H, W) in `shape`.
@@ -516,6 +523,7 @@ FileReader::FileReader(const std::string& path, ReadScratch& s) : scratch(&s) {
   user_block = !fcpl.valid() || H5Pget_userblock(fcpl.get(), &block) < 0 || block != 0;
   H5Eclear2(H5E_DEFAULT);
   fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // failing, HDF5 reads everything
+  probe_chunks = h5::reads_through_checked_driver(file.get());
 }
 
 FileReader::~FileReader() {
@@ -523,6 +531,25 @@ FileReader::~FileReader() {
 }
 
 namespace {
+
+/// Fills `m` (its size in bytes, already allocated) from the file at byte `at`, with pread.
+/// InputError naming file, dataset and image at a read error or the end of the file.
+void read_head_at(int fd, MatF& m, std::uint64_t at, const std::string& file,
+                  const std::string& dataset, int image) {
+  auto* dst = reinterpret_cast<char*>(m.data());
+  const std::size_t bytes = static_cast<std::size_t>(m.size()) * sizeof(float);
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = ::pread(fd, dst + done, bytes - done, static_cast<off_t>(at + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      throw InputError(file, dataset, "readable data at image " + std::to_string(image),
+                       got < 0 ? std::string("a read error (") + std::strerror(errno) + ")"
+                               : std::string("the end of the file (truncated?)"));
+    }
+    done += static_cast<std::size_t>(got);
+  }
+}
 
 DirectLayout examine_layout(hid_t ds, std::size_t image_bytes) {
   DirectLayout d;
@@ -562,7 +589,8 @@ DirectLayout examine_layout(hid_t ds, std::size_t image_bytes) {
 
 bool FileReader::read_direct(hid_t ds, DirectLayout& layout, const std::string& name, int image,
                              const std::vector<hsize_t>& dims, const std::vector<const char*>& dim_names,
-                             MatF* const* heads, int count, int rows, int d) {
+                             MatF* const* heads, int count, int rows, int d,
+                             DeferredBlock* defer_to) {
   if (fd < 0 || user_block) return false;
   if (!layout.examined) {
     std::size_t bytes = sizeof(float);
@@ -581,34 +609,45 @@ bool FileReader::read_direct(hid_t ds, DirectLayout& layout, const std::string& 
     coord[0] = static_cast<hsize_t>(image) - within;
     unsigned filters = 0;
     haddr_t chunk = HADDR_UNDEF;
-    hsize_t size = 0;
-    if (H5Dget_chunk_info_by_coord(ds, coord.data(), &filters, &chunk, &size) < 0 ||
-        chunk == HADDR_UNDEF || filters != 0 || size < (within + 1) * layout.image_bytes) {
+    std::size_t size = 0;
+    bool found = false;
+    if (probe_chunks) {  // through the chunk index
+      const std::size_t chunk_bytes = static_cast<std::size_t>(layout.chunk_images) * layout.image_bytes;
+      if (probe_buf_bytes < chunk_bytes) {
+        probe_buf.reset(new char[chunk_bytes]);  // never written (chunk_location): never touched
+        probe_buf_bytes = chunk_bytes;
+      }
+      found = h5::chunk_location(ds, coord.data(), probe_buf.get(), &chunk, &size, &filters);
+    } else {  // walks the chunks before it (HDF5 1.10)
+      hsize_t stored = 0;
+      found = H5Dget_chunk_info_by_coord(ds, coord.data(), &filters, &chunk, &stored) >= 0;
+      size = static_cast<std::size_t>(stored);
+    }
+    if (!found || chunk == HADDR_UNDEF || filters != 0 || size < (within + 1) * layout.image_bytes) {
       H5Eclear2(H5E_DEFAULT);
       return false;  // not allocated (fill values): HDF5 knows what to read
     }
     at = chunk + within * layout.image_bytes;
   }
+  ++direct_blocks;
+  if (defer_to != nullptr) {
+    defer_to->fd = fd;
+    defer_to->offset = at;
+    defer_to->head_bytes = head_bytes;
+    defer_to->file = &schema.path;
+    defer_to->dataset = name;
+    defer_to->image = image;
+    defer_to->dims.assign(dims.begin(), dims.end());
+    defer_to->dim_names = dim_names;
+    return true;
+  }
   for (int h = 0; h < count; ++h) {
-    auto* dst = reinterpret_cast<char*>(heads[h]->data());
-    std::size_t done = 0;
-    while (done < head_bytes) {
-      const ssize_t got = ::pread(fd, dst + done, head_bytes - done,
-                                  static_cast<off_t>(at + h * head_bytes + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        throw InputError(schema.path, name, "readable data at image " + std::to_string(image),
-                         got < 0 ? std::string("a read error (") + std::strerror(errno) + ")"
-                                 : std::string("the end of the file (truncated?)"));
-      }
-      done += static_cast<std::size_t>(got);
-    }
+    read_head_at(fd, *heads[h], at + h * head_bytes, schema.path, name, image);
     std::vector<hsize_t> start(dims.size(), 0), one(dims);
     start[0] = static_cast<hsize_t>(h);
     one[0] = 1;
     check_finite(heads[h]->data(), start, one, dim_names, schema.path, name, image);
   }
-  ++direct_blocks;
   return true;
 }
 
@@ -644,7 +683,7 @@ void FileReader::reopen_datasets() {
 }
 
 void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers_wanted,
-                                 bool with_v) {
+                                 bool with_v, bool defer_direct) {
   check_image(image);
   img.heads = schema.max_heads();
   img.layers.clear();
@@ -663,6 +702,8 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
     for (MatF& v : img.v) v.resize(0, 0);  // empty matrices without with_v
   }
   const int n_sets = with_v ? 3 : 2;
+  img.deferred.resize(defer_direct ? img.layers.size() * 3 : 0);
+  for (DeferredBlock& b : img.deferred) b.fd = -1;
   for (std::size_t s = 0; s < img.layers.size(); ++s) {
     const int layer = img.layers[s];
     const LayerSets& ls = layers[static_cast<std::size_t>(layer)];
@@ -690,7 +731,8 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
       }
       const std::string name = layer_path(layer, names[t]);
       if (read_direct(sets[t].first->get(), layers[static_cast<std::size_t>(layer)].direct[t], name, image,
-                      shape.dims, dim_names, heads.data(), H, rows, d)) {
+                      shape.dims, dim_names, heads.data(), H, rows, d,
+                      defer_direct ? &img.deferred[s * 3 + static_cast<std::size_t>(t)] : nullptr)) {
         continue;
       }
       const float* p = read_block(sets[t].first->get(), name, image, start, shape.dims, dim_names);
@@ -1068,11 +1110,28 @@ ImageQKV DumpReader::read_image(int image, const std::vector<int>& layers, bool 
 }
 
 void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int>& layers,
-                                 bool with_v) {
+                                 bool with_v, bool defer_direct) {
   h5::quiet_hdf5();
   int local = 0;
-  impl_->locate(image, &local).read_image_into(img, local, layers, with_v);
+  impl_->locate(image, &local).read_image_into(img, local, layers, with_v, defer_direct);
   img.image = image;
+}
+
+void ImageQKV::read_deferred(int slot, int head) {
+  if (deferred.empty()) return;
+  std::vector<MatF>* sets[3] = {&q, &k, &v};
+  for (std::size_t t = 0; t < 3; ++t) {
+    const DeferredBlock& b = deferred[static_cast<std::size_t>(slot) * 3 + t];
+    if (b.fd < 0) continue;
+    MatF& m = (*sets[t])[static_cast<std::size_t>(slot) * static_cast<std::size_t>(heads) +
+                         static_cast<std::size_t>(head)];
+    read_head_at(b.fd, m, b.offset + static_cast<std::uint64_t>(head) * b.head_bytes, *b.file,
+                 b.dataset, b.image);
+    std::vector<hsize_t> start(b.dims.size(), 0), one(b.dims.begin(), b.dims.end());
+    start[0] = static_cast<hsize_t>(head);
+    one[0] = 1;
+    check_finite(m.data(), start, one, b.dim_names, *b.file, b.dataset, b.image);
+  }
 }
 
 std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {

@@ -118,7 +118,22 @@ herr_t checked_get_handle(H5FD_t* f, hid_t fapl, void** handle) {
   return H5FDget_vfd_handle(inner(f), fapl, handle);
 }
 
+/// A chunk_location in progress on this thread: the raw reads HDF5 asks for are counted and
+/// the last one's place kept, and none is made.
+struct ChunkProbe {
+  int reads = 0;
+  haddr_t addr = HADDR_UNDEF;
+  std::size_t size = 0;
+};
+thread_local ChunkProbe* probing = nullptr;
+
 herr_t checked_read(H5FD_t* f, H5FD_mem_t type, hid_t dxpl, haddr_t addr, std::size_t size, void* buf) {
+  if (probing != nullptr && type == H5FD_MEM_DRAW) {
+    ++probing->reads;
+    probing->addr = addr;
+    probing->size = size;
+    return 0;
+  }
   if (H5FDread(inner(f), type, dxpl, addr, size, buf) < 0) return -1;
   const auto* p = static_cast<const unsigned char*>(buf);
   if (size < 16 || std::memcmp(p, "GCOL", 4) != 0 || p[4] != 1) return 0;
@@ -189,6 +204,32 @@ hid_t checked_driver() {
 }
 
 }  // namespace
+
+bool reads_through_checked_driver(hid_t file) {
+  const hid_t driver = checked_driver();
+  if (driver < 0) return false;
+  const Handle fapl = plist(H5Fget_access_plist(file));
+  const bool ours = fapl.valid() && H5Pget_driver(fapl.get()) == driver;
+  H5Eclear2(H5E_DEFAULT);
+  return ours;
+}
+
+bool chunk_location(hid_t ds, const hsize_t* coord, void* buf, haddr_t* addr, std::size_t* bytes,
+                    unsigned* filters) {
+  ChunkProbe probe;
+  std::uint32_t mask = 0;
+  probing = &probe;
+  const herr_t rc = H5Dread_chunk(ds, H5P_DEFAULT, coord, &mask, buf);
+  probing = nullptr;
+  if (rc < 0 || probe.reads != 1) {
+    H5Eclear2(H5E_DEFAULT);
+    return false;  // no storage (HDF5 refuses to read it) or not the one read expected
+  }
+  *addr = probe.addr;
+  *bytes = probe.size;
+  *filters = mask;
+  return true;
+}
 
 Handle checked_read_fapl() {
   Handle fapl = small_metadata_cache_fapl();

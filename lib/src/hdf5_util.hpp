@@ -90,6 +90,19 @@ Handle small_metadata_cache_fapl();
 /// (hdf5_checked_driver.cpp).
 Handle checked_read_fapl();
 
+/// True when `file` reads through checked_read_fapl()'s driver (chunk_location needs it).
+bool reads_through_checked_driver(hid_t file);
+
+/// Where chunk `coord` (the coordinates of its first element) of dataset `ds`, of a file that
+/// reads_through_checked_driver, lies in the file: found through the dataset's chunk index, whose
+/// lookup costs the logarithm of the chunks, not their number (HDF5 1.10's
+/// H5Dget_chunk_info_by_coord walks every chunk before the one it finds). It asks H5Dread_chunk
+/// for the chunk while the checked driver records the raw read instead of making it (`buf`, of
+/// at least the chunk's bytes, is passed on and never written). False where the chunk has no
+/// storage or HDF5 asked for anything but one raw read; else its address, bytes and filter mask.
+bool chunk_location(hid_t ds, const hsize_t* coord, void* buf, haddr_t* addr, std::size_t* bytes,
+                    unsigned* filters);
+
 /// Empty when the root attribute `name` of the file at `path`, a variable-length string, refers
 /// to its heap object soundly (or when the file's object headers are of a form this check does
 /// not read: newer superblocks, whose headers HDF5 checksums); else what is wrong with it. Reads

@@ -1,11 +1,14 @@
 // The dump reader's fast paths: float16 read as raw bits and widened by half_to_float must give
 // exactly what HDF5's own half-to-float conversion gives, for every bit pattern; reading without
-// V must give the same Q and K as reading with it.
+// V must give the same Q and K as reading with it; blocks read straight from the file (by the
+// reader, or later by the thread that computes the head) must give HDF5's values and errors, at
+// the places the chunk index gives.
 #include "scratch_dir.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/half.hpp"
+#include "hdf5_util.hpp"
 
 #include "random_inputs.hpp"
 
@@ -13,12 +16,14 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -381,6 +386,157 @@ TEST_F(DumpFastRead, DirectReadsGiveHdf5sValuesAndOnlyWhereTheLayoutAllows) {
       }
     }
     EXPECT_EQ(r.direct_reads(), static_cast<std::size_t>(c.direct_images) * kLayers * 3) << c.name;
+    // The same blocks left for the computing threads (read_image_into with defer_direct): the
+    // direct ones are recorded, not read, and read_deferred reads each head to the same values;
+    // the others are read at once, as without it.
+    DumpReader deferring(p);
+    for (int i = 0; i < kImages; ++i) {
+      ImageQKV img;
+      deferring.read_image_into(img, i, {}, true, true);
+      const bool direct = i < c.direct_images;
+      ASSERT_EQ(img.deferred.size(), static_cast<std::size_t>(kLayers) * 3) << c.name;
+      for (const DeferredBlock& b : img.deferred) EXPECT_EQ(b.fd >= 0, direct) << c.name << " " << b.dataset;
+      for (int s = 0; s < kLayers; ++s) {
+        for (int h = 0; h < img.heads; ++h) img.read_deferred(s, h);
+      }
+      const bool unwritten = c.images_written > 0 && i >= static_cast<int>(c.images_written);
+      for (std::size_t s = 0; s < img.q.size() && !unwritten; ++s) {
+        const ImageQKV& w = want[static_cast<std::size_t>(i)];
+        const std::string where = std::string(c.name) + ", deferred: image " + std::to_string(i) + " slot " + std::to_string(s);
+        EXPECT_TRUE(img.q[s] == w.q[s]) << where << ": Q";
+        EXPECT_TRUE(img.k[s] == w.k[s]) << where << ": K";
+        EXPECT_TRUE(img.v[s] == w.v[s]) << where << ": V";
+      }
+    }
+  }
+}
+
+// h5::chunk_location (the chunk index, through the checked driver) finds every chunk where HDF5's
+// walk of the chunks (H5Dget_chunk_info_by_coord) finds it, in each chunked layout, reads nothing
+// into the buffer it is handed, and says false for a chunk never written; a file opened without
+// the checked driver is known as such (DumpReader then takes the walk).
+TEST_F(DumpFastRead, ChunkLocationsFromTheIndexAreTheChunkWalks) {
+  constexpr int kImages = 5, kLayers = 3;
+  const std::string original = random_dump(path("located_original.h5"), DType::F32, kImages, 0);
+  const auto chunk = [](hsize_t images) {
+    return [images](hid_t dcpl, const std::vector<hsize_t>& dims) {
+      std::vector<hsize_t> c(dims);
+      c[0] = images;
+      H5Pset_chunk(dcpl, static_cast<int>(c.size()), c.data());
+    };
+  };
+  struct Case {
+    const char* name;
+    std::function<void(hid_t, const std::vector<hsize_t>&)> dcpl;
+    hsize_t images_written;
+  };
+  const std::vector<Case> cases = {{"as written (a chunk per image)", nullptr, 0},
+                                   {"two images per chunk", chunk(2), 0},
+                                   {"the last two images never written", chunk(1), 3}};
+  int located = 0;
+  for (const Case& c : cases) {
+    const std::string p = path(std::string("located_") + std::to_string(&c - cases.data()) + ".h5");
+    fs::copy_file(original, p, fs::copy_options::overwrite_existing);
+    if (c.dcpl) relayout(p, kLayers, H5T_IEEE_F32LE, c.dcpl, c.images_written);
+    const h5::Handle fapl = h5::checked_read_fapl();
+    const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDONLY, fapl.get());
+    ASSERT_GE(f, 0) << p;
+    ASSERT_TRUE(h5::reads_through_checked_driver(f)) << c.name;
+    for (int l = 0; l < kLayers; ++l) {
+      for (const char* kind : {"q", "k", "v"}) {
+        const std::string name = "/layers/" + std::to_string(l) + "/" + kind;
+        const hid_t ds = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+        const hid_t dcpl = H5Dget_create_plist(ds);
+        std::vector<hsize_t> dims(4), cdims(4);
+        const hid_t space = H5Dget_space(ds);
+        H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+        H5Sclose(space);
+        ASSERT_EQ(H5Pget_chunk(dcpl, 4, cdims.data()), 4) << name;
+        H5Pclose(dcpl);
+        std::size_t chunk_bytes = sizeof(float);
+        for (hsize_t x : cdims) chunk_bytes *= static_cast<std::size_t>(x);
+        std::vector<unsigned char> buf(chunk_bytes, 0xA5);
+        for (hsize_t first = 0; first < dims[0]; first += cdims[0]) {
+          const std::vector<hsize_t> coord = {first, 0, 0, 0};
+          unsigned walk_filters = 0;
+          haddr_t walk_addr = HADDR_UNDEF;
+          hsize_t walk_size = 0;
+          const bool walked = H5Dget_chunk_info_by_coord(ds, coord.data(), &walk_filters, &walk_addr, &walk_size) >= 0 &&
+                              walk_addr != HADDR_UNDEF;
+          H5Eclear2(H5E_DEFAULT);
+          haddr_t addr = HADDR_UNDEF;
+          std::size_t bytes = 0;
+          unsigned filters = 99;
+          const bool found = h5::chunk_location(ds, coord.data(), buf.data(), &addr, &bytes, &filters);
+          const std::string where = std::string(c.name) + " " + name + " chunk at image " + std::to_string(first);
+          EXPECT_EQ(found, walked) << where;
+          if (found && walked) {
+            ++located;
+            EXPECT_EQ(addr, walk_addr) << where;
+            EXPECT_EQ(bytes, static_cast<std::size_t>(walk_size)) << where;
+            EXPECT_EQ(filters, walk_filters) << where;
+          }
+          EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](unsigned char b) { return b == 0xA5; }))
+              << where << ": the buffer was written";
+        }
+        H5Dclose(ds);
+      }
+    }
+    H5Fclose(f);
+  }
+  EXPECT_EQ(located, (5 + 3 + 3) * kLayers * 3);  // chunks per case: 5, 3 (2+2+1), 3 written of 5
+  const hid_t plain = H5Fopen(original.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(plain, 0);
+  EXPECT_FALSE(h5::reads_through_checked_driver(plain));
+  H5Fclose(plain);
+}
+
+/// Writes `value` at (image, head, token, dim) of /layers/`layer`/`kind`.
+void poke(const std::string& p, int layer, const char* kind, const std::vector<hsize_t>& at, float value) {
+  const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << p;
+  const std::string name = "/layers/" + std::to_string(layer) + "/" + kind;
+  const hid_t ds = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+  const hid_t space = H5Dget_space(ds);
+  const std::vector<hsize_t> one(at.size(), 1);
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, at.data(), nullptr, one.data(), nullptr);
+  const hsize_t n = 1;
+  const hid_t mem = H5Screate_simple(1, &n, nullptr);
+  EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, &value), 0) << name;
+  H5Sclose(mem);
+  H5Sclose(space);
+  H5Dclose(ds);
+  H5Fclose(f);
+}
+
+// A NaN in a head read by its computing thread is the same InputError, word for word, as when the
+// reader reads it: file, dataset, image, head, token and dim. Heads before it read as usual.
+TEST_F(DumpFastRead, ADeferredHeadWithANanIsTheReadersInputError) {
+  const std::string p = random_dump(path("deferred_nan.h5"), DType::F32, 2, 0);
+  poke(p, 1, "k", {1, 1, 5, 3}, std::numeric_limits<float>::quiet_NaN());
+  DumpReader r(p);
+  std::string want;
+  try {
+    (void)r.read_image(1);
+  } catch (const InputError& e) {
+    want = e.what();
+  }
+  ASSERT_NE(want.find("/layers/1/k"), std::string::npos) << want;
+  ImageQKV img;
+  r.read_image_into(img, 1, {}, true, true);  // finds nothing wrong: nothing read yet
+  for (int s = 0; s < 3; ++s) {
+    for (int h = 0; h < img.heads; ++h) {
+      if (s == 1 && h == 1) {
+        try {
+          img.read_deferred(s, h);
+          ADD_FAILURE() << "the NaN was not found";
+        } catch (const InputError& e) {
+          EXPECT_EQ(std::string(e.what()), want);
+        }
+      } else {
+        EXPECT_NO_THROW(img.read_deferred(s, h)) << "slot " << s << " head " << h;
+      }
+    }
   }
 }
 
@@ -391,6 +547,8 @@ TEST_F(DumpFastRead, AFileTruncatedUnderTheReaderIsAnInputError) {
   DumpReader r(p);
   ASSERT_NO_THROW((void)r.read_image(0));
   ASSERT_GT(r.direct_reads(), 0U) << "the direct path is the one under test";
+  ImageQKV deferred;
+  r.read_image_into(deferred, 2, {}, true, true);  // before the cut: only where the heads lie
   fs::resize_file(p, fs::file_size(p) / 3);
   try {
     (void)r.read_image(2);
@@ -399,6 +557,16 @@ TEST_F(DumpFastRead, AFileTruncatedUnderTheReaderIsAnInputError) {
     const std::string what = e.what();
     EXPECT_NE(what.find(p), std::string::npos) << what;
     EXPECT_NE(what.find("/layers/"), std::string::npos) << what;
+  }
+  // The same for a head left to its computing thread: the cut falls in the last layer's blocks.
+  try {
+    deferred.read_deferred(2, 1);
+    FAIL() << "a deferred read past the end of the truncated file succeeded";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(p), std::string::npos) << what;
+    EXPECT_NE(what.find("/layers/2/"), std::string::npos) << what;
+    EXPECT_NE(what.find("the end of the file"), std::string::npos) << what;
   }
 }
 

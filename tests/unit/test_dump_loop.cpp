@@ -8,6 +8,7 @@
 #include "scratch_dir.hpp"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <omp.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <mutex>
@@ -30,6 +32,30 @@ void set_threads(int n) {
   static const int initial = omp_get_max_threads();
   omp_set_num_threads(n > 0 ? n : initial);
 }
+
+/// Writes NaN into single elements of an HDF5 file's float datasets.
+struct H5Handles {
+  hid_t file;
+  explicit H5Handles(const std::string& p) : file(H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)) {
+    EXPECT_GE(file, 0) << p;
+  }
+  ~H5Handles() { H5Fclose(file); }
+  H5Handles(const H5Handles&) = delete;
+  H5Handles& operator=(const H5Handles&) = delete;
+  void poke(const char* name, const std::vector<hsize_t>& at) const {
+    const hid_t ds = H5Dopen2(file, name, H5P_DEFAULT);
+    const hid_t space = H5Dget_space(ds);
+    const std::vector<hsize_t> one(at.size(), 1);
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, at.data(), nullptr, one.data(), nullptr);
+    const hsize_t n = 1;
+    const hid_t mem = H5Screate_simple(1, &n, nullptr);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, &nan), 0) << name;
+    H5Sclose(mem);
+    H5Sclose(space);
+    H5Dclose(ds);
+  }
+};
 
 class DumpLoop : public ::testing::Test {
  protected:
@@ -526,6 +552,67 @@ TEST_F(DumpLoop, PipelinedLoopReportsTheFirstFailureInImageOrder) {
   }
   set_threads(0);
   EXPECT_EQ(reader.read_image(4).image, 4);  // the reader is usable again
+}
+
+// On an uncompressed dump each head's q, k and v are read by the thread that computes it
+// (ImageQKV::read_deferred): every head sees the values read_image gives, and a NaN is the
+// reader's InputError of the first image in order that holds one (image 2's last head, not image
+// 3's first, whichever a thread meets first); the images before it are finished.
+TEST_F(DumpLoop, HeadsReadByTheirThreadsAreTheDumpsValuesAndNansStopTheLoopInOrder) {
+  SynthOptions o = opts_;
+  o.compression = 0;
+  const std::string clean = path_ + ".raw.h5", bad = path_ + ".nan.h5";
+  write_synth_dump(clean, o);
+  std::filesystem::copy_file(clean, bad, std::filesystem::copy_options::overwrite_existing);
+  {
+    H5Handles h(bad);
+    h.poke("/layers/2/q", {2, 1, 3, 4});
+    h.poke("/layers/0/k", {3, 0, 0, 0});
+  }
+  std::vector<ImageQKV> want;
+  {
+    DumpReader r(clean);
+    for (int i = 0; i < o.images; ++i) want.push_back(r.read_image(i));
+  }
+  for (int threads : {1, 2, 4}) {
+    set_threads(threads);
+    DumpReader reader(clean);
+    const Selection r = resolve(reader.schema(), Selection{});
+    std::mutex mu;
+    int heads = 0, mismatches = 0;
+    for_each_head_pipelined(
+        reader, r, 2,
+        [&](const HeadView& hv, std::size_t) {
+          const ImageQKV& w = want[static_cast<std::size_t>(hv.image)];
+          const bool same = hv.q == w.Q(hv.layer, hv.head) && hv.k == w.K(hv.layer, hv.head) &&
+                            hv.v == w.V(hv.layer, hv.head);
+          std::lock_guard lock(mu);
+          ++heads;
+          mismatches += same ? 0 : 1;
+        },
+        [](int, std::size_t) {});
+    EXPECT_EQ(heads, o.images * o.layers * o.heads) << threads << " threads";
+    EXPECT_EQ(mismatches, 0) << threads << " threads";
+    EXPECT_GT(reader.direct_reads(), 0U) << "the dump is read directly: the path under test";
+    for (int round = 0; round < 10; ++round) {
+      DumpReader nan_reader(bad);
+      std::vector<int> done;
+      try {
+        for_each_head_pipelined(
+            nan_reader, r, 2, [](const HeadView&, std::size_t) {},
+            [&](int image, std::size_t) { done.push_back(image); });
+        ADD_FAILURE() << "the NaN was not found";
+      } catch (const InputError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("/layers/2/q"), std::string::npos) << what;
+        EXPECT_NE(what.find("image 2"), std::string::npos) << what;
+      }
+      EXPECT_EQ(done, (std::vector<int>{0, 1})) << threads << " threads";
+    }
+  }
+  set_threads(0);
+  std::filesystem::remove(clean);
+  std::filesystem::remove(bad);
 }
 
 TEST(ByteSize, ParsesSuffixesAndRefusesGarbage) {

@@ -91,6 +91,19 @@ struct DumpSchema {
 /// prints them on stderr. Set it once, before readers are opened.
 void set_dump_warning_handler(std::function<void(const std::string&)> handler);
 
+/// One layer's q, k or v block of one image that DumpReader::read_image_into(..., defer_direct)
+/// left in the file, for whoever computes a head to read (ImageQKV::read_deferred).
+struct DeferredBlock {
+  int fd = -1;                  ///< the file, open for reading; -1: nothing left to read
+  std::uint64_t offset = 0;     ///< where head 0 of the block starts in the file
+  std::size_t head_bytes = 0;   ///< one head: rows x head_dim floats, the heads one after another
+  const std::string* file = nullptr;  ///< for errors (the reader's: it outlives the image)
+  std::string dataset;          ///< e.g. "/layers/3/k"
+  int image = 0;                ///< the image's index in that file
+  std::vector<std::uint64_t> dims;    ///< the block's shape past the image axis (head first)
+  std::vector<const char*> dim_names; ///< names of those axes, for errors
+};
+
 /// One image: for each requested layer and each head, Q, K, V as N x head_dim float matrices
 /// (per layer its own geometry: LayerGeometry::query_rows() rows of q, key_rows() of k and v,
 /// its head_dim columns).
@@ -99,6 +112,15 @@ struct ImageQKV {
   std::vector<int> layers;  ///< the dump layer index of each slot
   int heads = 0;            ///< the slots' stride: the most heads of any layer (max_heads())
   std::vector<MatF> q, k, v;  ///< index slot * heads + head; 0 x 0 past a layer's own heads
+  /// Index slot * 3 + (0 q, 1 k, 2 v): the blocks read_image_into(..., defer_direct) left in the
+  /// file (fd >= 0); their heads' matrices are allocated but hold nothing until read_deferred.
+  std::vector<DeferredBlock> deferred;
+
+  /// Reads head `head` of slot `slot` from the deferred blocks into q, k and v and checks it as
+  /// read_image_into does (one pread per matrix; nothing for blocks already read). Threads may
+  /// read distinct heads at once. InputError naming the file, dataset and image (a read error,
+  /// the end of the file) or the head, token and dim of the first NaN/Inf.
+  void read_deferred(int slot, int head);
 
   [[nodiscard]] const MatF& Q(int slot, int head) const { return q[slot * heads + head]; }
   [[nodiscard]] const MatF& K(int slot, int head) const { return k[slot * heads + head]; }
@@ -137,9 +159,14 @@ class DumpReader {
   [[nodiscard]] ImageQKV read_image(int image, const std::vector<int>& layers = {},
                                     bool with_v = true);
   /// The same into `img`, reusing its matrices' storage when the shapes match (a streaming
-  /// loop then allocates, and page-faults, nothing per image).
+  /// loop then allocates, and page-faults, nothing per image). With defer_direct, the blocks
+  /// that would be read straight from the file (direct_reads) are not read here: their places
+  /// go to img.deferred and the heads' matrices are only allocated, so that each head is read by
+  /// the thread that computes it (ImageQKV::read_deferred), into that core's cache, while this
+  /// thread goes on. Every other block is read here as without it. The reader must outlive
+  /// those reads.
   void read_image_into(ImageQKV& img, int image, const std::vector<int>& layers = {},
-                       bool with_v = true);
+                       bool with_v = true, bool defer_direct = false);
   /// Optional per-layer tensors of one image and head (nullopt when the dataset is absent). In
   /// the layer's geometry: attn is query_rows() x unit_keys() (a layer with windows: each
   /// window's block under the one before), out and local query_rows() x head_dim.
