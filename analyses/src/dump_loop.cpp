@@ -10,6 +10,7 @@
 #include "attnscope/text.hpp"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cctype>
@@ -385,6 +386,19 @@ struct ReaderThread {
 
 std::size_t float_bytes(std::size_t n) { return n * sizeof(float); }
 
+/// Selection::HeadReads resolved: Auto is the computing threads when they are at least as many as
+/// the CPUs this process may run on. With one computing thread on two CPUs, reading on it cost
+/// about 40% more time per image than a reader thread reading ahead on the other CPU; with two
+/// on two, the reader thread took time from both (docs/benchmarks.md, "Heads read by their
+/// threads").
+bool computing_threads_read(Selection::HeadReads how) {
+  if (how != Selection::HeadReads::Auto) return how == Selection::HeadReads::ComputingThreads;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return false;
+  return omp_get_max_threads() >= CPU_COUNT(&set);
+}
+
 /// Refuses a selected layer whose geometry is not the root attributes' (Selection::any_geometry),
 /// saying why the analysis does not take it (`why`) and which layers it can read.
 void require_root_geometry(const DumpSchema& s, const std::vector<int>& layers,
@@ -507,6 +521,7 @@ void stream_images(DumpReader& reader, const Selection& resolved, bool defer,
   if (!resolved.any_geometry)
     require_root_geometry(reader.schema(), resolved.layers, resolved.geometry_why);
   const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t direct_before = reader.direct_reads();
   const LoopMemory plan = plan_loop_memory(reader.schema(), resolved);
   reader.set_chunk_cache(plan.chunk_cache);
   // Read on this thread before the reader's starts: HDF5 is used by one thread at a time.
@@ -537,6 +552,8 @@ void stream_images(DumpReader& reader, const Selection& resolved, bool defer,
     s.queue_depth = plan.depth;
     s.image_bytes = plan.image_bytes;
     s.chunk_cache_bytes = plan.chunk_cache;
+    // Every image was handed over (under the queue's lock) after its blocks were counted.
+    s.computing_threads_read = defer && reader.direct_reads() > direct_before;
   }
 }
 
@@ -560,9 +577,10 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
                              const std::function<void(int image, std::size_t lane)>& on_image) {
   if (lanes < 1) throw UsageError("for_each_head_pipelined: lanes must be at least 1");
   // Each head's q, k and v are read by the thread that computes it, into its core's cache, when
-  // the file allows direct reads (the reader thread then only finds where they lie); not when
-  // the queries are transformed first, for which the whole image is read before its heads.
-  const bool defer = resolved.transform.is_identity();
+  // the file allows direct reads (the reader thread then only finds where they lie) and the
+  // selection asks for it; not when the queries are transformed first, for which the whole image
+  // is read before its heads.
+  const bool defer = resolved.transform.is_identity() && computing_threads_read(resolved.head_reads);
   stream_images(reader, resolved, defer, [&](ImageQueue& queue, double& waited, std::size_t left) -> std::size_t {
     // The images started and not yet finished, in order: a contiguous run of the loop's images,
     // at most `lanes` of them. A deque keeps references to its other elements on push_back and

@@ -65,7 +65,8 @@ std::filesystem::path RunMetadata::publish(ResultSet& set) {
     j_["results"]["io_wait_share"] = s.loop_seconds > 0 ? s.io_wait_seconds / s.loop_seconds : 0.0;
     j_["results"]["read_queue"] = {{"images_in_flight", s.queue_depth},
                                    {"image_bytes", s.image_bytes},
-                                   {"chunk_cache_bytes", s.chunk_cache_bytes}};
+                                   {"chunk_cache_bytes", s.chunk_cache_bytes},
+                                   {"heads_read_by", s.computing_threads_read ? "computing threads" : "reader thread"}};
   }
   j_["threads"] = omp_get_max_threads();
   return set.publish(j_);

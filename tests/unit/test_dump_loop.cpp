@@ -554,10 +554,11 @@ TEST_F(DumpLoop, PipelinedLoopReportsTheFirstFailureInImageOrder) {
   EXPECT_EQ(reader.read_image(4).image, 4);  // the reader is usable again
 }
 
-// On an uncompressed dump each head's q, k and v are read by the thread that computes it
+// On an uncompressed dump each head's q, k and v can be read by the thread that computes it
 // (ImageQKV::read_deferred): every head sees the values read_image gives, and a NaN is the
 // reader's InputError of the first image in order that holds one (image 2's last head, not image
-// 3's first, whichever a thread meets first); the images before it are finished.
+// 3's first, whichever a thread meets first); the images before it are finished. The same with
+// the reader thread reading them.
 TEST_F(DumpLoop, HeadsReadByTheirThreadsAreTheDumpsValuesAndNansStopTheLoopInOrder) {
   SynthOptions o = opts_;
   o.compression = 0;
@@ -574,10 +575,16 @@ TEST_F(DumpLoop, HeadsReadByTheirThreadsAreTheDumpsValuesAndNansStopTheLoopInOrd
     DumpReader r(clean);
     for (int i = 0; i < o.images; ++i) want.push_back(r.read_image(i));
   }
-  for (int threads : {1, 2, 4}) {
+  for (const auto& [threads, who] : {std::pair{1, Selection::HeadReads::ComputingThreads},
+                                    std::pair{2, Selection::HeadReads::ComputingThreads},
+                                    std::pair{4, Selection::HeadReads::ComputingThreads},
+                                    std::pair{2, Selection::HeadReads::ReaderThread}}) {
     set_threads(threads);
     DumpReader reader(clean);
-    const Selection r = resolve(reader.schema(), Selection{});
+    Selection sel;
+    sel.head_reads = who;
+    sel.stats = std::make_shared<LoopStats>();
+    const Selection r = resolve(reader.schema(), sel);
     std::mutex mu;
     int heads = 0, mismatches = 0;
     for_each_head_pipelined(
@@ -594,6 +601,7 @@ TEST_F(DumpLoop, HeadsReadByTheirThreadsAreTheDumpsValuesAndNansStopTheLoopInOrd
     EXPECT_EQ(heads, o.images * o.layers * o.heads) << threads << " threads";
     EXPECT_EQ(mismatches, 0) << threads << " threads";
     EXPECT_GT(reader.direct_reads(), 0U) << "the dump is read directly: the path under test";
+    EXPECT_EQ(sel.stats->computing_threads_read, who == Selection::HeadReads::ComputingThreads);
     for (int round = 0; round < 10; ++round) {
       DumpReader nan_reader(bad);
       std::vector<int> done;

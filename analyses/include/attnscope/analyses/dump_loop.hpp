@@ -25,6 +25,9 @@ struct LoopStats {
   std::size_t queue_depth = 0;        ///< images in flight (the last loop's)
   std::size_t image_bytes = 0;        ///< one image buffer (the last loop's)
   std::size_t chunk_cache_bytes = 0;  ///< HDF5's chunk cache (the last loop's)
+  /// Whether the last loop's heads were read by the threads that computed them
+  /// (Selection::HeadReads), not by the reader thread.
+  bool computing_threads_read = false;
 };
 
 /// The streaming loop's default memory budget (Selection::max_memory = 0).
@@ -66,6 +69,14 @@ struct Selection {
   /// and the analysis applies it in place of its one variant (head_variant). Empty: the
   /// analysis's variants apply to every layer.
   std::vector<Variant> own_variants;
+  /// Who reads each head's q, k and v in for_each_head_pipelined, where the dump is read
+  /// directly (docs/dump-format.md, "Direct reads"; elsewhere, and with a transform, the reader
+  /// thread reads whole images): the thread that computes the head, into its core's cache, or
+  /// the reader thread, ahead. Auto: the computing threads when they are at least as many as the
+  /// CPUs the process may run on (a reader thread would only take time from them), else the
+  /// reader thread (a CPU to spare: it reads while they compute).
+  enum class HeadReads { Auto, ComputingThreads, ReaderThread };
+  HeadReads head_reads = HeadReads::Auto;
   /// The most images in flight (0: kMaxQueueDepth). A path that takes many images per launch
   /// (the GPU's, for_each_image_batch) asks for more read-ahead here; the memory budget still
   /// bounds it.
