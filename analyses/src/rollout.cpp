@@ -318,18 +318,19 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
       for (int d : lane.dead[vi]) degenerate += d;
       int fixed = 0;
       if (reference) {
-        // The heads' matrices, layers in the model's order, and back to the lane afterwards.
+        // The heads' matrices, layers in the model's order, and back to the lane afterwards (a
+        // swap both ways).
         std::vector<std::vector<MatD>> layers(order.size(), std::vector<MatD>(nh));
-        for (std::size_t o = 0; o < order.size(); ++o) {
-          const auto ls = static_cast<std::size_t>(layer_slot[order[o]]);
-          for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs]);
-        }
+        const auto swap_with_lane = [&] {
+          for (std::size_t o = 0; o < order.size(); ++o) {
+            const auto ls = static_cast<std::size_t>(layer_slot[order[o]]);
+            for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs]);
+          }
+        };
+        swap_with_lane();
         const MatD r = rollout_reference(layers, fusion, &fixed);
         done.cls.emplace_back(r.row(0).data(), r.row(0).data() + r.cols());
-        for (std::size_t o = 0; o < order.size(); ++o) {
-          const auto ls = static_cast<std::size_t>(layer_slot[order[o]]);
-          for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs]);
-        }
+        swap_with_lane();
       } else {
         std::vector<const MatD*> steps;
         for (int l : order) {

@@ -532,9 +532,12 @@ FileReader::~FileReader() {
 
 namespace {
 
-/// Fills `m` (its size in bytes, already allocated) from the file at byte `at`, with pread.
-/// InputError naming file, dataset and image at a read error or the end of the file.
-void read_head_at(int fd, MatF& m, std::uint64_t at, const std::string& file,
+/// Fills `m` (its size in bytes, already allocated) with head `head` of a block whose shape past
+/// the image axis is `dims` (head first), from the file at byte `at`, with pread, and checks it
+/// for finiteness. InputError naming file, dataset and image at a read error or the end of the
+/// file, and the head, token and dim of the first NaN/Inf.
+void read_head_at(int fd, MatF& m, std::uint64_t at, int head, std::vector<hsize_t> dims,
+                  const std::vector<const char*>& dim_names, const std::string& file,
                   const std::string& dataset, int image) {
   auto* dst = reinterpret_cast<char*>(m.data());
   const std::size_t bytes = static_cast<std::size_t>(m.size()) * sizeof(float);
@@ -549,6 +552,10 @@ void read_head_at(int fd, MatF& m, std::uint64_t at, const std::string& file,
     }
     done += static_cast<std::size_t>(got);
   }
+  std::vector<hsize_t> start(dims.size(), 0);
+  start[0] = static_cast<hsize_t>(head);
+  dims[0] = 1;
+  check_finite(m.data(), start, dims, dim_names, file, dataset, image);
 }
 
 DirectLayout examine_layout(hid_t ds, std::size_t image_bytes) {
@@ -642,11 +649,7 @@ bool FileReader::read_direct(hid_t ds, DirectLayout& layout, const std::string& 
     return true;
   }
   for (int h = 0; h < count; ++h) {
-    read_head_at(fd, *heads[h], at + h * head_bytes, schema.path, name, image);
-    std::vector<hsize_t> start(dims.size(), 0), one(dims);
-    start[0] = static_cast<hsize_t>(h);
-    one[0] = 1;
-    check_finite(heads[h]->data(), start, one, dim_names, schema.path, name, image);
+    read_head_at(fd, *heads[h], at + h * head_bytes, h, dims, dim_names, schema.path, name, image);
   }
   return true;
 }
@@ -1125,12 +1128,8 @@ void ImageQKV::read_deferred(int slot, int head) {
     if (b.fd < 0) continue;
     MatF& m = (*sets[t])[static_cast<std::size_t>(slot) * static_cast<std::size_t>(heads) +
                          static_cast<std::size_t>(head)];
-    read_head_at(b.fd, m, b.offset + static_cast<std::uint64_t>(head) * b.head_bytes, *b.file,
-                 b.dataset, b.image);
-    std::vector<hsize_t> start(b.dims.size(), 0), one(b.dims.begin(), b.dims.end());
-    start[0] = static_cast<hsize_t>(head);
-    one[0] = 1;
-    check_finite(m.data(), start, one, b.dim_names, *b.file, b.dataset, b.image);
+    read_head_at(b.fd, m, b.offset + static_cast<std::uint64_t>(head) * b.head_bytes, head,
+                 {b.dims.begin(), b.dims.end()}, b.dim_names, *b.file, b.dataset, b.image);
   }
 }
 
