@@ -166,7 +166,7 @@ void read_family_params(const DumpSchema& s, const Selection& sel,
 }
 
 /// Reads one image into `buf`; with `defer`, the blocks read straight from the file are left
-/// for the computing threads (ImageQKV::read_deferred, before each head).
+/// for the computing threads (ImageQKV::read_deferred_into, before each head).
 void read_image(DumpReader& reader, const Selection& sel,
                 const std::vector<LayerFamilyData>& family_data, int image, ImageBuffer& buf,
                 bool defer) {
@@ -589,7 +589,7 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
       ImageBuffer* buffer = nullptr;
       std::vector<MatF> transformed;
       ImageHeads heads;
-      std::vector<int> slots;  // each head's slot in the image (ImageQKV::read_deferred)
+      std::vector<int> slots;  // each head's slot in the image (ImageQKV::read_deferred_into)
       std::size_t seq = 0, lane = 0, next = 0, done = 0;  // seq: the image's place in the loop
     };
     std::deque<Active> active;
@@ -683,8 +683,27 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
         if (qkv.deferred.empty()) prefetch_head(work->heads, head + static_cast<std::size_t>(omp_get_num_threads()));
         std::exception_ptr failed_here;
         try {
-          qkv.read_deferred(work->slots[head], work->heads[head].head);
-          fn(work->heads[head], work->lane);
+          // A deferred head is read into this thread's own matrices, the same ones head after
+          // head: they stay in its core's cache, and the image buffers in flight (several
+          // megabytes each) are never touched, so their pages are never faulted in.
+          thread_local MatF own[3];
+          MatF* const to[3] = {&own[0], &own[1], &own[2]};
+          const HeadView& hv = work->heads[head];
+          const unsigned read = qkv.read_deferred_into(work->slots[head], hv.head, to);
+          if (read == 0) {
+            fn(hv, work->lane);
+          } else {
+            // (Deferred only without a transform: the queries read are the raw ones.)
+            const auto pick = [&](unsigned t, const MatF& m) -> const MatF& {
+              return (read >> t & 1U) != 0 ? own[t] : m;
+            };
+            const HeadView mine{hv.image,   hv.layer,      hv.head,
+                                pick(0, hv.q), pick(1, hv.k), pick(2, hv.v),
+                                (read & 1U) != 0 ? &own[0] : hv.q_raw,
+                                hv.attn,       hv.out,        hv.geometry,
+                                hv.own_variant, hv.params};
+            fn(mine, work->lane);
+          }
         } catch (...) {
           failed_here = std::current_exception();
         }

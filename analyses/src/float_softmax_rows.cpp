@@ -58,18 +58,19 @@ double relative_weight_error(double delta) {
   return 2.0 * r / (1.0 - r);
 }
 
+void widen_weights(const MatF& e, const std::vector<double>& sum, MatD& w) {
+  w.resize(e.rows(), e.cols());
+  for (Eigen::Index i = 0; i < w.rows(); ++i) {
+    const FloatWeightRow row = weight_row(e, sum, i);
+    double* out = w.row(i).data();
+    for (Eigen::Index j = 0; j < w.cols(); ++j) out[j] = row(j);
+  }
+}
+
 bool float_softmax_weights(const MatF& q, const MatF& k, double scale, MatD& w) {
   FloatSoftmaxRows& ws = thread_float_softmax_rows();
   if (!float_softmax_rows(q, k, scale, 0, false, ws)) return false;
-  w.resize(ws.e.rows(), ws.e.cols());
-  for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    // Times the reciprocal (one more double rounding, far below the float bound): a division per
-    // weight would cost as much as the exponentials.
-    const double inv = 1.0 / ws.sum[static_cast<std::size_t>(i)];
-    const float* e = ws.e.row(i).data();
-    double* out = w.row(i).data();
-    for (Eigen::Index j = 0; j < w.cols(); ++j) out[j] = static_cast<double>(e[j]) * inv;
-  }
+  widen_weights(ws.e, ws.sum, w);
   return true;
 }
 

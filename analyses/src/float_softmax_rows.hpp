@@ -62,6 +62,25 @@ double exp_relative_error(double delta);
 /// any ratio of non-negative combinations of a row's exponentials.
 double relative_weight_error(double delta);
 
+/// Row i's softmax weights as float_softmax_weights makes them: w(j) = e_ij times the reciprocal
+/// of the row's sum, in double (one more rounding, far below the float bound: a division per
+/// weight would cost as much as the exponentials).
+struct FloatWeightRow {
+  const float* e;
+  double inv;
+  double operator()(Eigen::Index j) const { return static_cast<double>(e[j]) * inv; }
+};
+/// The same from exponentials e and their row sums kept apart from the thread's buffers.
+inline FloatWeightRow weight_row(const MatF& e, const std::vector<double>& sum, Eigen::Index i) {
+  return {e.row(i).data(), 1.0 / sum[static_cast<std::size_t>(i)]};
+}
+inline FloatWeightRow weight_row(const FloatSoftmaxRows& ws, Eigen::Index i) {
+  return weight_row(ws.e, ws.sum, i);
+}
+
+/// Every row's weight_row into w (N x N, double).
+void widen_weights(const MatF& e, const std::vector<double>& sum, MatD& w);
+
 /// The head's softmax weights e_ij / sum_j e_ij of every row (N x N, widened to double), from
 /// float_softmax_rows: each within a relative 2 r / (1 - r) of the exact weight. False (w
 /// untouched) where float_softmax_rows is.

@@ -43,28 +43,57 @@ MatD rollout_step(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed)
   return a;
 }
 
-void rollout_step_into(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed, MatD& a) {
-  if (heads.empty()) throw UsageError("rollout: a layer without heads");
-  a = heads.front();  // into a's storage when it has the size already
-  for (std::size_t h = 1; h < heads.size(); ++h) {
-    if (fusion == HeadFusion::Mean) a += heads[h];
-    if (fusion == HeadFusion::Max) a = a.cwiseMax(heads[h]);
-    if (fusion == HeadFusion::Min) a = a.cwiseMin(heads[h]);
-  }
-  if (fusion == HeadFusion::Mean) a /= static_cast<double>(heads.size());
-  a.diagonal().array() += 1.0;
-  for (Eigen::Index i = 0; i < a.rows(); ++i) {
-    const double* row = a.row(i).data();
-    const double sum = lane_sum(a.cols(), [row](Eigen::Index j) { return row[j]; });
-    const double magnitude = lane_sum(a.cols(), [row](Eigen::Index j) { return std::abs(row[j]); });
+namespace {
+
+/// rollout_step_into's step from the heads' rows: row_of(h, i) gives head h's row i as a functor
+/// of the column j. Row by row, entry by entry the operations of the whole-matrix form (the same
+/// bits): the heads fused in their order, the mean's division, the identity, the row's sums.
+template <class RowOf>
+void step_of_rows(std::size_t heads, Eigen::Index rows, Eigen::Index cols, const RowOf& row_of,
+                  HeadFusion fusion, int* fixed, MatD& a) {
+  if (heads == 0) throw UsageError("rollout: a layer without heads");
+  a.resize(rows, cols);  // keeps a's storage when it has the size already
+  const double count = static_cast<double>(heads);
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    double* out = a.row(i).data();
+    const auto first = row_of(std::size_t{0}, i);
+    for (Eigen::Index j = 0; j < cols; ++j) out[j] = first(j);
+    for (std::size_t h = 1; h < heads; ++h) {
+      const auto next = row_of(h, i);
+      if (fusion == HeadFusion::Mean)
+        for (Eigen::Index j = 0; j < cols; ++j) out[j] += next(j);
+      if (fusion == HeadFusion::Max)
+        for (Eigen::Index j = 0; j < cols; ++j) out[j] = std::max(out[j], next(j));
+      if (fusion == HeadFusion::Min)
+        for (Eigen::Index j = 0; j < cols; ++j) out[j] = std::min(out[j], next(j));
+    }
+    if (fusion == HeadFusion::Mean)
+      for (Eigen::Index j = 0; j < cols; ++j) out[j] /= count;
+    if (i < cols) out[i] += 1.0;
+    const double sum = lane_sum(cols, [out](Eigen::Index j) { return out[j]; });
+    const double magnitude = lane_sum(cols, [out](Eigen::Index j) { return std::abs(out[j]); });
     if (sum > kTinyDenominator * magnitude) {
-      a.row(i) /= sum;
+      for (Eigen::Index j = 0; j < cols; ++j) out[j] /= sum;
     } else {
-      a.row(i).setZero();
-      a(i, i) = 1.0;
+      for (Eigen::Index j = 0; j < cols; ++j) out[j] = 0.0;
+      if (i < cols) out[i] = 1.0;
       if (fixed != nullptr) ++*fixed;
     }
   }
+}
+
+/// Row i of a double weight matrix, as step_of_rows reads it.
+auto double_row(const MatD& w, Eigen::Index i) {
+  const double* row = w.row(i).data();
+  return [row](Eigen::Index j) { return row[j]; };
+}
+
+}  // namespace
+
+void rollout_step_into(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed, MatD& a) {
+  if (heads.empty()) throw UsageError("rollout: a layer without heads");
+  const auto row_of = [&heads](std::size_t h, Eigen::Index i) { return double_row(heads[h], i); };
+  step_of_rows(heads.size(), heads.front().rows(), heads.front().cols(), row_of, fusion, fixed, a);
 }
 
 MatD rollout(const std::vector<std::vector<MatD>>& layers, HeadFusion fusion, int* fixed) {
@@ -146,6 +175,54 @@ int rollout_head_weights(const Variant& v, const MatF& q, const MatF& k, double 
   return static_cast<int>(diag.degenerate_rows.size());
 }
 
+/// One head's weights as rollout_images holds them until its layer's step: a softmax head in the
+/// float range as its float exponentials and their row sums (4 N^2 bytes; the step reads them
+/// through weight_row, the values float_softmax_weights would have stored), any other as its
+/// N x N double weights.
+struct HeadWeights {
+  MatD w;
+  MatF e;
+  std::vector<double> sum;
+  bool is_float = false;
+};
+
+/// rollout_head_weights into hw, keeping a float head's exponentials (swapped with the thread's
+/// buffers: no copy, no allocation once both have the head's size).
+int head_weights_into(const Variant& v, const MatF& q, const MatF& k, double scale, bool reference,
+                      HeadWeights& hw) {
+  if (!reference && detail::takes_float_softmax(v)) {
+    detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
+    if (detail::float_softmax_rows(q, k, scale, 0, false, ws)) {
+      hw.e.swap(ws.e);
+      hw.sum.swap(ws.sum);
+      hw.is_float = true;
+      return 0;
+    }
+  }
+  hw.is_float = false;
+  return rollout_head_weights(v, q, k, scale, reference, hw.w);
+}
+
+/// The step of a layer's nh heads (rollout_step_into's bits): from the float exponentials when
+/// every head has them, otherwise from the double weights, the float heads widened first.
+void step_of_heads(HeadWeights* hw, std::size_t nh, HeadFusion fusion, int* fixed, MatD& step) {
+  const bool all_float = std::all_of(hw, hw + nh, [](const HeadWeights& h) { return h.is_float; });
+  if (all_float) {
+    const auto row_of = [hw](std::size_t h, Eigen::Index i) {
+      return detail::weight_row(hw[h].e, hw[h].sum, i);
+    };
+    step_of_rows(nh, hw[0].e.rows(), hw[0].e.cols(), row_of, fusion, fixed, step);
+    return;
+  }
+  for (std::size_t h = 0; h < nh; ++h) {
+    if (!hw[h].is_float) continue;
+    detail::widen_weights(hw[h].e, hw[h].sum, hw[h].w);
+    hw[h].is_float = false;
+  }
+  const auto row_of = [hw](std::size_t h, Eigen::Index i) { return double_row(hw[h].w, i); };
+  step_of_rows(nh, hw[0].w.rows(), hw[0].w.cols(), row_of, fusion, fixed, step);
+}
+
 }  // namespace
 
 RolloutRow rollout_of_heads(const Variant& v, const std::vector<std::vector<MatF>>& q,
@@ -180,7 +257,7 @@ RolloutRow rollout_of_heads(const Variant& v, const std::vector<std::vector<MatF
 namespace {
 
 /// Bytes of one image's state when rollout_images holds every head: each selected head's weights
-/// and each layer's step, 8 N^2 bytes each per variant.
+/// and each layer's step, 8 N^2 bytes each per variant (at most: a float head holds 4 N^2).
 double image_state_bytes(const DumpSchema& schema, const Selection& resolved, std::size_t variants) {
   const auto n = static_cast<double>(schema.attrs.num_tokens);
   const auto layers = static_cast<double>(resolved.layers.size());
@@ -270,7 +347,7 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
       reference ? 1 : images_in_flight(image_state_bytes(schema, resolved, variants.size()));
   const std::size_t nl = resolved.layers.size();
   struct Lane {
-    std::vector<std::vector<MatD>> weights;  // [variant][slot]
+    std::vector<std::vector<HeadWeights>> weights;  // [variant][slot]
     std::vector<std::vector<int>> dead;      // [variant][slot]
     std::vector<std::vector<MatD>> steps;    // [variant][layer slot]
     std::vector<std::vector<int>> fixed;     // [variant][layer slot]
@@ -278,7 +355,7 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
   };
   std::vector<Lane> lanes(lanes_wanted);
   for (Lane& lane : lanes) {
-    lane.weights.assign(variants.size(), std::vector<MatD>(nl * nh));
+    lane.weights.assign(variants.size(), std::vector<HeadWeights>(nl * nh));
     lane.dead.assign(variants.size(), std::vector<int>(nl * nh, 0));
     lane.steps.assign(variants.size(), std::vector<MatD>(nl));
     lane.fixed.assign(variants.size(), std::vector<int>(nl, 0));
@@ -291,19 +368,15 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
     const std::size_t s = ls * nh + static_cast<std::size_t>(head_slot[hv.head]);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
       in_head(hv.image, hv.layer, hv.head, [&] {
-        lane.dead[vi][s] = rollout_head_weights(head_variant(variants, vi, hv), hv.q, hv.k, scale,
-                                                reference, lane.weights[vi][s]);
+        lane.dead[vi][s] = head_weights_into(head_variant(variants, vi, hv), hv.q, hv.k, scale,
+                                             reference, lane.weights[vi][s]);
       });
     }
     // The last of the layer's heads (acquire: the others' weights are written) forms its steps.
     if (lane.left[ls].fetch_sub(1, std::memory_order_acq_rel) != 1 || reference) return;
-    thread_local std::vector<MatD> heads;
-    heads.resize(nh);
     for (std::size_t vi = 0; vi < variants.size(); ++vi) {
-      for (std::size_t hs = 0; hs < nh; ++hs) heads[hs].swap(lane.weights[vi][ls * nh + hs]);
       lane.fixed[vi][ls] = 0;
-      rollout_step_into(heads, fusion, &lane.fixed[vi][ls], lane.steps[vi][ls]);
-      for (std::size_t hs = 0; hs < nh; ++hs) heads[hs].swap(lane.weights[vi][ls * nh + hs]);
+      step_of_heads(&lane.weights[vi][ls * nh], nh, fusion, &lane.fixed[vi][ls], lane.steps[vi][ls]);
     }
   };
   auto on_image = [&](int image, std::size_t at) {
@@ -324,7 +397,7 @@ void rollout_images(DumpReader& reader, const Selection& resolved,
         const auto swap_with_lane = [&] {
           for (std::size_t o = 0; o < order.size(); ++o) {
             const auto ls = static_cast<std::size_t>(layer_slot[order[o]]);
-            for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs]);
+            for (std::size_t hs = 0; hs < nh; ++hs) layers[o][hs].swap(lane.weights[vi][ls * nh + hs].w);
           }
         };
         swap_with_lane();

@@ -53,24 +53,25 @@ void check_sink_options(const SinkOptions& opt) {
 
 namespace {
 
-/// Column sums (over the rows not `dead`) and the sink test on every key's smallest weight.
-/// `margin` > 0: false (out unfinished) when a key's smallest weight is within margin of the
-/// threshold, where a weight's error could change the test.
-bool column_sinks(const MatD& w, const std::vector<char>& dead, double threshold, double margin,
-                  HeadSinks& out) {
-  const Eigen::Index n = w.cols();
+/// Column sums (over the rows not `dead`) and the sink test on every key's smallest weight, the
+/// weights w_ij = weight(i)[j] (a row at a time). `margin` > 0: false (out unfinished) when a key's
+/// smallest weight is within margin of the threshold, where a weight's error could change the test.
+template <class RowWeights>
+bool column_sinks(Eigen::Index rows, Eigen::Index n, const std::vector<char>* dead,
+                  const RowWeights& weight, double threshold, double margin, HeadSinks& out) {
   std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
   std::vector<double> low(static_cast<std::size_t>(n), std::numeric_limits<double>::infinity());
-  for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    if (dead[static_cast<std::size_t>(i)] != 0) {
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    if (dead != nullptr && (*dead)[static_cast<std::size_t>(i)] != 0) {
       ++out.degenerate;
       continue;
     }
     ++out.valid_rows;
-    const double* row = w.row(i).data();
+    const auto row = weight(i);
     for (Eigen::Index j = 0; j < n; ++j) {
-      sum[static_cast<std::size_t>(j)] += row[j];
-      low[static_cast<std::size_t>(j)] = std::min(low[static_cast<std::size_t>(j)], row[j]);
+      const double x = row(j);
+      sum[static_cast<std::size_t>(j)] += x;
+      low[static_cast<std::size_t>(j)] = std::min(low[static_cast<std::size_t>(j)], x);
     }
   }
   out.received.assign(static_cast<std::size_t>(n), 0.0);
@@ -90,15 +91,17 @@ HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scal
                      double threshold) {
   // Softmax heads within the float range: float weights, unless a key's smallest weight is so
   // close to the threshold that their error bound could change the test (then the double path
-  // decides). Softmax rows are never degenerate.
-  thread_local MatD wf;
-  if (detail::takes_float_softmax(v) && detail::float_softmax_weights(q, k, scale, wf)) {
-    HeadSinks out;
-    const double margin =
-        2.0 * detail::relative_weight_error(detail::thread_float_softmax_rows().delta);
-    if (column_sinks(wf, std::vector<char>(static_cast<std::size_t>(wf.rows()), 0), threshold,
-                     margin, out))
-      return out;
+  // decides). Softmax rows are never degenerate. The weights are float_softmax_weights', taken
+  // row by row as they are made instead of stored as an N x N matrix and read again.
+  if (detail::takes_float_softmax(v)) {
+    detail::FloatSoftmaxRows& ws = detail::thread_float_softmax_rows();
+    if (detail::float_softmax_rows(q, k, scale, 0, false, ws)) {
+      HeadSinks out;
+      const double margin = 2.0 * detail::relative_weight_error(ws.delta);
+      const auto weight = [&ws](Eigen::Index i) { return detail::weight_row(ws, i); };
+      if (column_sinks(ws.e.rows(), ws.e.cols(), nullptr, weight, threshold, margin, out))
+        return out;
+    }
   }
   Diagnostics diag;
   const MatD qd = q.cast<double>(), kd = k.cast<double>();
@@ -106,7 +109,11 @@ HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scal
   std::vector<char> dead(static_cast<std::size_t>(w.rows()), 0);
   for (int i : diag.degenerate_rows) dead[static_cast<std::size_t>(i)] = 1;
   HeadSinks out;
-  column_sinks(w, dead, threshold, 0.0, out);
+  const auto weight = [&w](Eigen::Index i) {
+    const double* row = w.row(i).data();
+    return [row](Eigen::Index j) { return row[j]; };
+  };
+  column_sinks(w.rows(), w.cols(), &dead, weight, threshold, 0.0, out);
   return out;
 }
 

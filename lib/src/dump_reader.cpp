@@ -729,15 +729,22 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
           m.resize(0, 0);
           continue;
         }
-        m.resize(rows, d);
         heads.push_back(&m);
       }
+      const auto size_heads = [&] {
+        for (MatF* m : heads) m->resize(rows, d);
+      };
       const std::string name = layer_path(layer, names[t]);
+      // A deferred block's matrices are not even sized here: whoever computes a head reads it
+      // into matrices of its own (read_deferred_into) or sizes these (read_deferred), so a
+      // buffer's pages are never touched for nothing.
+      if (!defer_direct) size_heads();
       if (read_direct(sets[t].first->get(), layers[static_cast<std::size_t>(layer)].direct[t], name, image,
                       shape.dims, dim_names, heads.data(), H, rows, d,
                       defer_direct ? &img.deferred[s * 3 + static_cast<std::size_t>(t)] : nullptr)) {
         continue;
       }
+      size_heads();
       const float* p = read_block(sets[t].first->get(), name, image, start, shape.dims, dim_names);
       for (int h = 0; h < H; ++h) {
         // MatF is row-major, as the block: one memcpy (Eigen's element loop cost twice as much).
@@ -1120,17 +1127,28 @@ void DumpReader::read_image_into(ImageQKV& img, int image, const std::vector<int
   img.image = image;
 }
 
-void ImageQKV::read_deferred(int slot, int head) {
-  if (deferred.empty()) return;
-  std::vector<MatF>* sets[3] = {&q, &k, &v};
+unsigned ImageQKV::read_deferred_into(int slot, int head, MatF* const to[3]) const {
+  if (deferred.empty()) return 0;
+  unsigned read = 0;
   for (std::size_t t = 0; t < 3; ++t) {
     const DeferredBlock& b = deferred[static_cast<std::size_t>(slot) * 3 + t];
-    if (b.fd < 0) continue;
-    MatF& m = (*sets[t])[static_cast<std::size_t>(slot) * static_cast<std::size_t>(heads) +
-                         static_cast<std::size_t>(head)];
-    read_head_at(b.fd, m, b.offset + static_cast<std::uint64_t>(head) * b.head_bytes, head,
+    // (A head past the layer's own, dims[0], has nothing to read: its matrices stay 0 x 0.)
+    if (b.fd < 0 || static_cast<std::uint64_t>(head) >= b.dims.front()) continue;
+    // One head: rows x head_dim floats (the last axis), windows one after another.
+    const auto cols = static_cast<Eigen::Index>(b.dims.back());
+    to[t]->resize(static_cast<Eigen::Index>(b.head_bytes / sizeof(float)) / cols, cols);
+    read_head_at(b.fd, *to[t], b.offset + static_cast<std::uint64_t>(head) * b.head_bytes, head,
                  {b.dims.begin(), b.dims.end()}, b.dim_names, *b.file, b.dataset, b.image);
+    read |= 1U << t;
   }
+  return read;
+}
+
+void ImageQKV::read_deferred(int slot, int head) {
+  const std::size_t at =
+      static_cast<std::size_t>(slot) * static_cast<std::size_t>(heads) + static_cast<std::size_t>(head);
+  MatF* const to[3] = {&q[at], &k[at], &v[at]};
+  read_deferred_into(slot, head, to);
 }
 
 std::optional<MatF> DumpReader::read_attn(int image, int layer, int head) {

@@ -396,10 +396,28 @@ TEST_F(DumpFastRead, DirectReadsGiveHdf5sValuesAndOnlyWhereTheLayoutAllows) {
       const bool direct = i < c.direct_images;
       ASSERT_EQ(img.deferred.size(), static_cast<std::size_t>(kLayers) * 3) << c.name;
       for (const DeferredBlock& b : img.deferred) EXPECT_EQ(b.fd >= 0, direct) << c.name << " " << b.dataset;
+      const bool unwritten = c.images_written > 0 && i >= static_cast<int>(c.images_written);
+      // read_deferred_into: a thread's own matrices get the head, the image's are not even sized.
+      for (int s = 0; s < kLayers && !unwritten; ++s) {
+        for (int h = 0; h < img.heads; ++h) {
+          const std::size_t at = static_cast<std::size_t>(s * img.heads + h);
+          const std::string where = std::string(c.name) + ", into: image " + std::to_string(i) + " slot " +
+                                    std::to_string(s) + " head " + std::to_string(h);
+          MatF own[3];
+          MatF* const to[3] = {&own[0], &own[1], &own[2]};
+          const unsigned read = img.read_deferred_into(s, h, to);
+          EXPECT_EQ(read, direct ? 7U : 0U) << where;
+          if (!direct) continue;
+          EXPECT_EQ(img.q[at].size(), 0) << where << ": the image's Q was sized";
+          const ImageQKV& w = want[static_cast<std::size_t>(i)];
+          EXPECT_TRUE(own[0] == w.q[at]) << where << ": Q";
+          EXPECT_TRUE(own[1] == w.k[at]) << where << ": K";
+          EXPECT_TRUE(own[2] == w.v[at]) << where << ": V";
+        }
+      }
       for (int s = 0; s < kLayers; ++s) {
         for (int h = 0; h < img.heads; ++h) img.read_deferred(s, h);
       }
-      const bool unwritten = c.images_written > 0 && i >= static_cast<int>(c.images_written);
       for (std::size_t s = 0; s < img.q.size() && !unwritten; ++s) {
         const ImageQKV& w = want[static_cast<std::size_t>(i)];
         const std::string where = std::string(c.name) + ", deferred: image " + std::to_string(i) + " slot " + std::to_string(s);

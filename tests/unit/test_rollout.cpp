@@ -10,6 +10,7 @@
 #include "attnscope/error.hpp"
 #include "attnscope/synth.hpp"
 #include "attnscope/variant.hpp"
+#include "float_rows_bound.hpp"
 #include "random_inputs.hpp"
 #include "scratch_dir.hpp"
 #include "tolerances.hpp"
@@ -20,6 +21,8 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <utility>
 
 namespace attnscope::analyses {
@@ -165,59 +168,48 @@ TEST(Rollout, LayersInTheModelsOrder) {
   EXPECT_EQ(layers_in_model_order(schema, {2, 0}), (std::vector<int>{0, 2}));
 }
 
-class RolloutRunTest : public test::ScratchDirTest {};
-
-// Under a --max-memory too small for an image's heads, rollout_images takes the layers one at a
-// time (last first): the same CLS rows, bit for bit, and the same counts, for every family, with
-// layers selected out of the model's order and a head subset, whatever the threads of the run
-// that holds every head.
-TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
-  SynthOptions o;
-  o.layers = 4;
-  o.heads = 3;
-  o.grid = TokenGrid{1, 5, 6};
-  o.head_dim = 7;
-  o.images = 3;
-  o.seed = 11;
-  {
+class RolloutRunTest : public test::ScratchDirTest {
+ protected:
+  /// Writes d.h5: o's synthetic images, each changed by `edit` first when given.
+  void write_dump(const SynthOptions& o, const std::function<void(ImageQKV&)>& edit = {}) {
     DumpWriter writer(path("d.h5"), o.attributes(), DumpWriterOptions{});
-    for (int i = 0; i < o.images; ++i) writer.append(synth_image(o, i));
+    for (int i = 0; i < o.images; ++i) {
+      ImageQKV img = synth_image(o, i);
+      if (edit) edit(img);
+      writer.append(img);
+    }
     writer.close();
   }
-  std::vector<Variant> variants;
-  for (const std::string& spec : test::all_variant_specs()) variants.push_back(parse_variant(spec));
-  DumpReader reader(path("d.h5"));
-  Selection sel;
-  sel.layers = {3, 0, 2};
-  sel.heads = {2, 0};
-  Selection whole = resolve(reader.schema(), sel);
-  Selection by_layer = whole;
-  const double n = o.tokens();
-  // Two images in flight (each small), each with 3 x 2 heads and 3 layer steps.
-  const auto all_heads = static_cast<std::size_t>(2 * 8.0 * n * n * (3 * 2 + 3) * static_cast<double>(variants.size()));
-  whole.max_memory = all_heads + (std::size_t{1} << 20);
-  by_layer.max_memory = all_heads - 1;
-  ASSERT_TRUE(rollout_holds_every_head(reader.schema(), whole, variants.size(), false));
-  ASSERT_FALSE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), false));
-  EXPECT_TRUE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), true)) << "--reference holds them";
-  const int initial_threads = omp_get_max_threads();
-  // Every head at once keeps two images in flight, each layer's step formed by whichever thread
-  // finishes its last head: one thread, and more threads than heads of a layer.
-  for (const auto& [fusion, threads] : {std::pair{HeadFusion::Mean, 1}, std::pair{HeadFusion::Mean, 3},
-                                        std::pair{HeadFusion::Max, 2}, std::pair{HeadFusion::Min, 3}}) {
-    std::vector<RolloutImage> a, b;
-    omp_set_num_threads(threads);
-    rollout_images(reader, whole, variants, fusion, false, [&](RolloutImage&& img) { a.push_back(std::move(img)); });
-    omp_set_num_threads(initial_threads);
-    rollout_images(reader, by_layer, variants, fusion, false, [&](RolloutImage&& img) { b.push_back(std::move(img)); });
-    ASSERT_EQ(a.size(), 3u);
-    ASSERT_EQ(b.size(), a.size());
+
+  /// The selection twice: with a --max-memory that holds every head of two images in flight
+  /// (each with its heads and layer steps), and with one byte less, which takes a layer at a time.
+  static std::pair<Selection, Selection> both_ways(const DumpReader& reader, const Selection& sel,
+                                                   std::size_t variants) {
+    Selection whole = resolve(reader.schema(), sel);
+    Selection by_layer = whole;
+    const double n = reader.schema().attrs.num_tokens;
+    const double layers = static_cast<double>(whole.layers.size());
+    const double heads = static_cast<double>(whole.heads.size());
+    const auto all_heads =
+        static_cast<std::size_t>(2 * 8.0 * n * n * (layers * heads + layers) * static_cast<double>(variants));
+    whole.max_memory = all_heads + (std::size_t{1} << 20);
+    by_layer.max_memory = all_heads - 1;
+    EXPECT_TRUE(rollout_holds_every_head(reader.schema(), whole, variants, false));
+    EXPECT_FALSE(rollout_holds_every_head(reader.schema(), by_layer, variants, false));
+    return {whole, by_layer};
+  }
+
+  /// The same images, CLS rows bit for bit and counts, from both ways.
+  static void expect_same_bits(const std::vector<RolloutImage>& a, const std::vector<RolloutImage>& b,
+                               const std::vector<Variant>& variants, const SynthOptions& o,
+                               const std::string& how) {
+    ASSERT_EQ(a.size(), static_cast<std::size_t>(o.images)) << how;
+    ASSERT_EQ(b.size(), a.size()) << how;
     for (std::size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].image, b[i].image);
       ASSERT_EQ(a[i].cls.size(), variants.size());
       for (std::size_t v = 0; v < variants.size(); ++v) {
-        const std::string where = variants[v].name() + " fusion " + to_string(fusion) + " image " +
-                                  std::to_string(a[i].image) + ", " + std::to_string(threads) + " threads";
+        const std::string where = variants[v].name() + " " + how + " image " + std::to_string(a[i].image);
         ASSERT_EQ(a[i].cls[v].size(), static_cast<std::size_t>(o.tokens())) << where;
         EXPECT_EQ(a[i].cls[v], b[i].cls[v]) << where;  // bit for bit
         EXPECT_EQ(a[i].fixed_rows[v], b[i].fixed_rows[v]) << where;
@@ -225,6 +217,78 @@ TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
       }
     }
   }
+};
+
+SynthOptions small_synth(int layers, int images, std::uint64_t seed) {
+  SynthOptions o;
+  o.layers = layers;
+  o.heads = 3;
+  o.grid = TokenGrid{1, 5, 6};
+  o.head_dim = 7;
+  o.images = images;
+  o.seed = seed;
+  return o;
+}
+
+std::vector<RolloutImage> run(DumpReader& reader, const Selection& sel, const std::vector<Variant>& variants,
+                              HeadFusion fusion) {
+  std::vector<RolloutImage> out;
+  rollout_images(reader, sel, variants, fusion, false,
+                 [&](RolloutImage&& img) { out.push_back(std::move(img)); });
+  return out;
+}
+
+// Under a --max-memory too small for an image's heads, rollout_images takes the layers one at a
+// time (last first): the same CLS rows, bit for bit, and the same counts, for every family, with
+// layers selected out of the model's order and a head subset, whatever the threads of the run
+// that holds every head.
+TEST_F(RolloutRunTest, LayerAtATimeGivesTheSameBitsAsEveryHeadAtOnce) {
+  const SynthOptions o = small_synth(4, 3, 11);
+  write_dump(o);
+  std::vector<Variant> variants;
+  for (const std::string& spec : test::all_variant_specs()) variants.push_back(parse_variant(spec));
+  DumpReader reader(path("d.h5"));
+  Selection sel;
+  sel.layers = {3, 0, 2};
+  sel.heads = {2, 0};
+  const auto [whole, by_layer] = both_ways(reader, sel, variants.size());
+  EXPECT_TRUE(rollout_holds_every_head(reader.schema(), by_layer, variants.size(), true)) << "--reference holds them";
+  const int initial_threads = omp_get_max_threads();
+  // Every head at once keeps two images in flight, each layer's step formed by whichever thread
+  // finishes its last head: one thread, and more threads than heads of a layer.
+  for (const auto& [fusion, threads] : {std::pair{HeadFusion::Mean, 1}, std::pair{HeadFusion::Mean, 3},
+                                        std::pair{HeadFusion::Max, 2}, std::pair{HeadFusion::Min, 3}}) {
+    omp_set_num_threads(threads);
+    const std::vector<RolloutImage> a = run(reader, whole, variants, fusion);
+    omp_set_num_threads(initial_threads);
+    expect_same_bits(a, run(reader, by_layer, variants, fusion), variants, o,
+                     "fusion " + to_string(fusion) + ", " + std::to_string(threads) + " threads");
+  }
+}
+
+// A layer whose heads are not all in the float range (one head's queries 1000 times larger: its
+// logit error bound above kDiagnosticLogitError, so its weights come from the double path while
+// the layer's other heads keep their float exponentials): every head at once gives the same bits
+// as the layers one at a time, which widen every head to double before the step.
+TEST_F(RolloutRunTest, ALayerWithHeadsOutsideTheFloatRangeGivesTheSameBitsAsALayerAtATime) {
+  const SynthOptions o = small_synth(3, 2, 5);
+  const auto at = [](const ImageQKV& img, int layer, int head) {
+    return static_cast<std::size_t>(layer * img.heads + head);
+  };
+  write_dump(o, [&](ImageQKV& img) { img.q[at(img, 1, 1)] *= 1000.0f; });
+  const std::vector<Variant> variants = {parse_variant("softmax"), parse_variant("softmax@code")};
+  DumpReader reader(path("d.h5"));
+  const auto [whole, by_layer] = both_ways(reader, Selection{}, variants.size());
+  for (HeadFusion fusion : {HeadFusion::Mean, HeadFusion::Max, HeadFusion::Min}) {
+    expect_same_bits(run(reader, whole, variants, fusion), run(reader, by_layer, variants, fusion), variants, o,
+                     "fusion " + to_string(fusion));
+  }
+  // The layer is mixed: the scaled head outside the float range, its neighbour inside.
+  const double s = reader.schema().attrs.scale;
+  const ImageQKV img = synth_image(o, 0);
+  const MatF big = img.q[at(img, 1, 1)] * 1000.0f;
+  EXPECT_FALSE(test::float_rows_bound(variants[0], big, img.k[at(img, 1, 1)], s).used);
+  EXPECT_TRUE(test::float_rows_bound(variants[0], img.q[at(img, 1, 0)], img.k[at(img, 1, 0)], s).used);
 }
 
 }  // namespace

@@ -113,14 +113,20 @@ struct ImageQKV {
   int heads = 0;            ///< the slots' stride: the most heads of any layer (max_heads())
   std::vector<MatF> q, k, v;  ///< index slot * heads + head; 0 x 0 past a layer's own heads
   /// Index slot * 3 + (0 q, 1 k, 2 v): the blocks read_image_into(..., defer_direct) left in the
-  /// file (fd >= 0); their heads' matrices are allocated but hold nothing until read_deferred.
+  /// file (fd >= 0); their heads' matrices are neither sized nor filled until read_deferred.
   std::vector<DeferredBlock> deferred;
 
-  /// Reads head `head` of slot `slot` from the deferred blocks into q, k and v and checks it as
-  /// read_image_into does (one pread per matrix; nothing for blocks already read). Threads may
-  /// read distinct heads at once. InputError naming the file, dataset and image (a read error,
-  /// the end of the file) or the head, token and dim of the first NaN/Inf.
+  /// Reads head `head` of slot `slot` from the deferred blocks into q, k and v (sized to the
+  /// head's shape) and checks it as read_image_into does (one pread per matrix; nothing for
+  /// blocks already read). Threads may read distinct heads at once. InputError naming the file,
+  /// dataset and image (a read error, the end of the file) or the head, token and dim of the
+  /// first NaN/Inf.
   void read_deferred(int slot, int head);
+  /// read_deferred into to[0], to[1], to[2] (q, k, v) instead of this image's own matrices: a
+  /// computing thread's, reused head after head, so that the pages of the image buffers in
+  /// flight are never touched. Returns which were read (bit 0 q, 1 k, 2 v); the others are left
+  /// as they are.
+  unsigned read_deferred_into(int slot, int head, MatF* const to[3]) const;
 
   [[nodiscard]] const MatF& Q(int slot, int head) const { return q[slot * heads + head]; }
   [[nodiscard]] const MatF& K(int slot, int head) const { return k[slot * heads + head]; }
