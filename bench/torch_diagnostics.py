@@ -13,6 +13,10 @@ float32 for all layers and heads at once, then one of:
             above 4 x the layer's median);
   rank      singular values of W, K and [K, 1] in float64 (torch.linalg.svdvals, batched): numerical
             rank (numpy's matrix_rank tolerance), effective rank, sigma_min / sigma_1 of K and [K, 1];
+            W formed in float64 here (q and k widened first): a rank with float64's tolerance needs
+            float64 weights, and float32 ones lift a singular value that is zero to 1e-11-1e-8 on
+            some BLAS kernels and not on others (two equal keys give two float32 columns equal
+            or not, as the GEMM kernel's blocking falls);
   rollout   Abnar & Zuidema's rollout as vit-explain writes it: heads averaged, identity added, rows
             normalised, result = a @ result over the layers; the CLS row.
 Prints one JSON object: per layer and head (per token for rollout) the mean over images, and
@@ -56,15 +60,15 @@ def sinks(attn, v):
     return torch.stack([received.max(-1).values, sink.double()], -1), high
 
 
-def rank(attn, k):
+def rank(q, k, scale):
     def spectrum(m):
         s = torch.linalg.svdvals(m)  # [..., min(rows, cols)], descending
         tol = s[..., :1] * max(m.shape[-2:]) * torch.finfo(torch.float64).eps
         p = s / s.sum(-1, keepdim=True)
         erank = torch.exp(-torch.special.xlogy(p, p).sum(-1))
         return (s > tol).sum(-1).double(), erank, s[..., -1] / s[..., 0]
-    r, er, _ = spectrum(attn.double())
     kd = k.double()
+    r, er, _ = spectrum(torch.softmax((q.double() @ kd.transpose(-1, -2)) * scale, dim=-1))
     _, _, k_ratio = spectrum(kd)
     _, _, k1_ratio = spectrum(torch.cat([kd, torch.ones(*kd.shape[:-1], 1, dtype=kd.dtype)], -1))
     return torch.stack([r, er, k_ratio, k1_ratio], -1)  # [L, H, 4]
@@ -101,7 +105,8 @@ def main():
             t0 = time.perf_counter()
             tensors = load(f, image, layers, names)
             q, k = tensors[0], tensors[1]
-            attn = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)
+            if a.task != "rank":
+                attn = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)
             if a.task == "distance":
                 value = mean_distance(attn, dist, prefix)
             elif a.task == "entropy":
@@ -110,7 +115,7 @@ def main():
                 value, high = sinks(attn, tensors[2])
                 extra = high if extra is None else extra + high
             elif a.task == "rank":
-                value = rank(attn, k)
+                value = rank(q, k, scale)
             else:
                 value = rollout(attn)
             total = value.double() if total is None else total + value.double()
