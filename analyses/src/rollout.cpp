@@ -187,7 +187,9 @@ struct HeadWeights {
 };
 
 /// rollout_head_weights into hw, keeping a float head's exponentials (swapped with the thread's
-/// buffers: no copy, no allocation once both have the head's size).
+/// buffers: no copy, no allocation once both have the head's size). A slot holds one form at a
+/// time (the other released), so that it never holds more than the 8 N^2 bytes of
+/// image_state_bytes.
 int head_weights_into(const Variant& v, const MatF& q, const MatF& k, double scale, bool reference,
                       HeadWeights& hw) {
   if (!reference && detail::takes_float_softmax(v)) {
@@ -195,10 +197,12 @@ int head_weights_into(const Variant& v, const MatF& q, const MatF& k, double sca
     if (detail::float_softmax_rows(q, k, scale, 0, false, ws)) {
       hw.e.swap(ws.e);
       hw.sum.swap(ws.sum);
+      hw.w.resize(0, 0);
       hw.is_float = true;
       return 0;
     }
   }
+  hw.e.resize(0, 0);
   hw.is_float = false;
   return rollout_head_weights(v, q, k, scale, reference, hw.w);
 }
@@ -217,6 +221,7 @@ void step_of_heads(HeadWeights* hw, std::size_t nh, HeadFusion fusion, int* fixe
   for (std::size_t h = 0; h < nh; ++h) {
     if (!hw[h].is_float) continue;
     detail::widen_weights(hw[h].e, hw[h].sum, hw[h].w);
+    hw[h].e.resize(0, 0);
     hw[h].is_float = false;
   }
   const auto row_of = [hw](std::size_t h, Eigen::Index i) { return double_row(hw[h].w, i); };
