@@ -78,6 +78,13 @@ inline FloatWeightRow weight_row(const FloatSoftmaxRows& ws, Eigen::Index i) {
   return weight_row(ws.e, ws.sum, i);
 }
 
+/// Row i of N x N double weights in weight_row's form (a functor of the column j), for the code
+/// that takes either kind of row.
+inline auto double_row(const MatD& w, Eigen::Index i) {
+  const double* row = w.row(i).data();
+  return [row](Eigen::Index j) { return row[j]; };
+}
+
 /// Every row's weight_row into w (N x N, double).
 void widen_weights(const MatF& e, const std::vector<double>& sum, MatD& w);
 

@@ -82,17 +82,11 @@ void step_of_rows(std::size_t heads, Eigen::Index rows, Eigen::Index cols, const
   }
 }
 
-/// Row i of a double weight matrix, as step_of_rows reads it.
-auto double_row(const MatD& w, Eigen::Index i) {
-  const double* row = w.row(i).data();
-  return [row](Eigen::Index j) { return row[j]; };
-}
-
 }  // namespace
 
 void rollout_step_into(const std::vector<MatD>& heads, HeadFusion fusion, int* fixed, MatD& a) {
   if (heads.empty()) throw UsageError("rollout: a layer without heads");
-  const auto row_of = [&heads](std::size_t h, Eigen::Index i) { return double_row(heads[h], i); };
+  const auto row_of = [&heads](std::size_t h, Eigen::Index i) { return detail::double_row(heads[h], i); };
   step_of_rows(heads.size(), heads.front().rows(), heads.front().cols(), row_of, fusion, fixed, a);
 }
 
@@ -224,7 +218,7 @@ void step_of_heads(HeadWeights* hw, std::size_t nh, HeadFusion fusion, int* fixe
     hw[h].e.resize(0, 0);
     hw[h].is_float = false;
   }
-  const auto row_of = [hw](std::size_t h, Eigen::Index i) { return double_row(hw[h].w, i); };
+  const auto row_of = [hw](std::size_t h, Eigen::Index i) { return detail::double_row(hw[h].w, i); };
   step_of_rows(nh, hw[0].w.rows(), hw[0].w.cols(), row_of, fusion, fixed, step);
 }
 

@@ -109,10 +109,7 @@ HeadSinks head_sinks(const Variant& v, const MatF& q, const MatF& k, double scal
   std::vector<char> dead(static_cast<std::size_t>(w.rows()), 0);
   for (int i : diag.degenerate_rows) dead[static_cast<std::size_t>(i)] = 1;
   HeadSinks out;
-  const auto weight = [&w](Eigen::Index i) {
-    const double* row = w.row(i).data();
-    return [row](Eigen::Index j) { return row[j]; };
-  };
+  const auto weight = [&w](Eigen::Index i) { return detail::double_row(w, i); };
   column_sinks(w.rows(), w.cols(), &dead, weight, threshold, 0.0, out);
   return out;
 }

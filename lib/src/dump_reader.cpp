@@ -744,7 +744,7 @@ void FileReader::read_image_into(ImageQKV& img, int image, const std::vector<int
                       defer_direct ? &img.deferred[s * 3 + static_cast<std::size_t>(t)] : nullptr)) {
         continue;
       }
-      size_heads();
+      if (defer_direct) size_heads();  // read through HDF5 below after all
       const float* p = read_block(sets[t].first->get(), name, image, start, shape.dims, dim_names);
       for (int h = 0; h < H; ++h) {
         // MatF is row-major, as the block: one memcpy (Eigen's element loop cost twice as much).
