@@ -13,19 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace attnscope::analyses {
 
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-MatD with_ones(const MatD& x) {
-  MatD out(x.rows(), x.cols() + 1);
-  out.leftCols(x.cols()) = x;
-  out.col(x.cols()).setOnes();
-  return out;
-}
 
 }  // namespace
 
@@ -71,14 +65,14 @@ HeadRank head_rank(const Variant& v, const MatF& q, const MatF& k, const MatF& v
   HeadRank r;
   r.degenerate = static_cast<int>(diag.degenerate_rows.size());
   r.w = spectrum_of(singular_values(w), w.rows(), w.cols(), opt);
-  r.k = spectrum_of(singular_values(kd), kd.rows(), kd.cols(), opt);
-  const MatD k1 = with_ones(kd);
-  r.k1 = spectrum_of(singular_values(k1), k1.rows(), k1.cols(), opt);
+  SingularPair keys = singular_values_with_ones(kd);
+  r.k = spectrum_of(std::move(keys.x), kd.rows(), kd.cols(), opt);
+  r.k1 = spectrum_of(std::move(keys.with_ones), kd.rows(), kd.cols() + 1, opt);
   if (v.kernel()) {  // key features and a key-value state: the kernel form's
     const KernelFeatures f = kernel_features(v, qd, kd, scale);
-    r.fk = spectrum_of(singular_values(f.k), f.k.rows(), f.k.cols(), opt);
-    const MatD fk1 = with_ones(f.k);
-    r.fk1 = spectrum_of(singular_values(fk1), fk1.rows(), fk1.cols(), opt);
+    SingularPair features = singular_values_with_ones(f.k);
+    r.fk = spectrum_of(std::move(features.x), f.k.rows(), f.k.cols(), opt);
+    r.fk1 = spectrum_of(std::move(features.with_ones), f.k.rows(), f.k.cols() + 1, opt);
     r.has_features = true;
     if (mask == nullptr) {  // under a mask each query sums its own keys: no one state
       const MatD vd = values.cast<double>();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 
@@ -33,6 +34,47 @@ Reflection reflect(double alpha, double ss, double* x, Index stride, Index len) 
   const double inv = 1.0 / (alpha - beta);
   for (Index t = 0; t < len; ++t) x[t * stride] *= inv;
   return {beta, (beta - alpha) / beta};
+}
+
+/// The left reflection of step k (v in column k below the diagonal, v_k = 1) on row k: w_j = tau
+/// (a_kj + sum_{i>k} v_i a_ij) for the columns j > k (w[j - k - 1], each sum in row order), and
+/// a_kj -= w_j. The caller applies a_ij -= v_i w_j to the rows below.
+void left_products(double* p, Index m, Index n, Index k, double tau, double* w) {
+  const Index c = k + 1, len = n - c;
+  for (Index j = 0; j < len; ++j) w[j] = p[k * n + c + j];
+  for (Index i = k + 1; i < m; ++i) {
+    const double vi = p[i * n + k];
+    const double* row = p + i * n + c;
+    for (Index j = 0; j < len; ++j) w[j] += vi * row[j];
+  }
+  for (Index j = 0; j < len; ++j) w[j] *= tau;
+  for (Index j = 0; j < len; ++j) p[k * n + c + j] -= w[j];
+}
+
+/// The R of the Householder QR of the row-major m x n matrix p (m >= n), each step's reflection
+/// as the bidiagonalisation's left one (reflect, left_products, then the rows below); p is
+/// overwritten. R is n x n, upper triangular.
+MatD householder_r(double* p, Index m, Index n) {
+  MatD r = MatD::Zero(n, n);
+  std::vector<double> w(static_cast<std::size_t>(n));
+  for (Index k = 0; k < n; ++k) {
+    double ss = 0.0;
+    for (Index i = k + 1; i < m; ++i) ss += p[i * n + k] * p[i * n + k];
+    const Reflection left = reflect(p[k * n + k], ss, p + (k + 1) * n + k, n, m - k - 1);
+    r(k, k) = left.beta;
+    if (k + 1 >= n) break;
+    const Index c = k + 1, len = n - c;
+    if (left.tau != 0.0) {
+      left_products(p, m, n, k, left.tau, w.data());
+      for (Index i = k + 1; i < m; ++i) {
+        const double vi = p[i * n + k];
+        double* row = p + i * n + c;
+        for (Index j = 0; j < len; ++j) row[j] -= vi * w[static_cast<std::size_t>(j)];
+      }
+    }
+    for (Index j = c; j < n; ++j) r(k, j) = p[k * n + j];
+  }
+  return r;
 }
 
 /// One dqds transform with shift tau of the qd array (q: n, e: n - 1) into (qq, ee): the Cholesky
@@ -138,36 +180,58 @@ void bidiagonal_values_tridiagonal(const std::vector<double>& d, const std::vect
 
 }  // namespace detail
 
-std::vector<double> singular_values(const MatD& x) {
-  const bool transposed = x.rows() < x.cols();
-  const Index m = transposed ? x.cols() : x.rows();
-  const Index n = transposed ? x.rows() : x.cols();
-  if (n == 0) return {};
+namespace {
+
+/// x, transposed when it has more columns than rows (so that m >= n), with a column of ones
+/// appended when `ones` (x not transposed then), as a row-major m x n array scaled by 2^-exponent
+/// so that x's largest entry is in [1/2, 1) (a power of two: exact; the ones become 2^-exponent).
+/// finite: no NaN or infinite entry; zero: every entry of x 0 (a and exponent unset in either
+/// case).
+struct Scaled {
+  std::vector<double> a;
+  Index m = 0, n = 0;
+  int exponent = 0;
+  bool finite = true, zero = false;
+};
+
+Scaled scaled_copy(const MatD& x, bool ones) {
+  Scaled out;
+  const bool transposed = !ones && x.rows() < x.cols();
+  out.m = transposed ? x.cols() : x.rows();
+  out.n = (transposed ? x.rows() : x.cols()) + (ones ? 1 : 0);
   double top = 0.0;
-  bool finite = true;
   for (Index i = 0; i < x.rows(); ++i)
     for (Index j = 0; j < x.cols(); ++j) {
       const double v = std::fabs(x(i, j));
-      finite = finite && v <= std::numeric_limits<double>::max();
+      out.finite = out.finite && v <= std::numeric_limits<double>::max();
       top = v > top ? v : top;
     }
-  if (!finite) {  // NaN or infinite entries
-    return std::vector<double>(static_cast<std::size_t>(n), std::numeric_limits<double>::quiet_NaN());
-  }
-  if (top == 0.0) return std::vector<double>(static_cast<std::size_t>(n), 0.0);
-  int exponent = 0;
-  (void)std::frexp(top, &exponent);  // top = f 2^exponent, f in [1/2, 1)
-
-  // a: m x n, row-major, the largest entry scaled into [1/2, 1) (a power of two: exact).
-  std::vector<double> a(static_cast<std::size_t>(m * n));
+  out.zero = top == 0.0;
+  if (!out.finite || out.zero) return out;
+  (void)std::frexp(top, &out.exponent);  // top = f 2^exponent, f in [1/2, 1)
   // 2^-exponent as a factor where it is a normal double (the same values as ldexp, faster).
+  const int exponent = out.exponent;
   const bool factor_ok = exponent > -1000 && exponent < 1000;
   const double factor = factor_ok ? std::ldexp(1.0, -exponent) : 0.0;
-  for (Index i = 0; i < m; ++i)
-    for (Index j = 0; j < n; ++j) {
-      const double v = transposed ? x(j, i) : x(i, j);
-      a[static_cast<std::size_t>(i * n + j)] = factor_ok ? v * factor : std::ldexp(v, -exponent);
+  const auto scale = [&](double v) { return factor_ok ? v * factor : std::ldexp(v, -exponent); };
+  const Index m = out.m, n = out.n;
+  out.a.resize(static_cast<std::size_t>(m * n));
+  for (Index i = 0; i < m; ++i) {
+    for (Index j = 0; j < x.cols() && j < n; ++j) {
+      out.a[static_cast<std::size_t>(i * n + j)] = scale(transposed ? x(j, i) : x(i, j));
     }
+    if (ones) out.a[static_cast<std::size_t>(i * n + n - 1)] = scale(1.0);
+  }
+  return out;
+}
+
+/// Whether the QR first pays for an m x n matrix (m >= n): its R's bidiagonalisation and the QR
+/// (2 m n^2 + 2 n^3 operations) against the bidiagonalisation of the whole (4 m n^2 - 4/3 n^3).
+bool qr_first(Index m, Index n) { return 3 * m > 5 * n; }
+
+/// The singular values of the scaled array (largest entry in [1/2, 1), m >= n), in no particular
+/// order, in its scale: a is overwritten by the bidiagonalisation.
+std::vector<double> bidiagonal_values(std::vector<double>& a, Index m, Index n) {
   std::vector<double> d(static_cast<std::size_t>(n)), e(static_cast<std::size_t>(n), 0.0);
   std::vector<double> w(static_cast<std::size_t>(n));
   double* const p = a.data();
@@ -184,17 +248,7 @@ std::vector<double> singular_values(const MatD& x) {
     const Index c = k + 1, len = n - c;
     double* wp = w.data();
     const bool apply_left = left.tau != 0.0;
-    if (apply_left) {
-      // w_j = tau (a_kj + sum_{i>k} v_i a_ij) for the columns j > k, each sum in row order.
-      for (Index j = 0; j < len; ++j) wp[j] = p[k * n + c + j];
-      for (Index i = k + 1; i < m; ++i) {
-        const double vi = p[i * n + k];
-        const double* row = p + i * n + c;
-        for (Index j = 0; j < len; ++j) wp[j] += vi * row[j];
-      }
-      for (Index j = 0; j < len; ++j) wp[j] *= left.tau;
-      for (Index j = 0; j < len; ++j) p[k * n + c + j] -= wp[j];
-    }
+    if (apply_left) left_products(p, m, n, k, left.tau, wp);
     // From the right: row k's columns k+1..n-1; u's tail stored in the row right of e_k.
     double* u = p + k * n + c;
     ss = 0.0;
@@ -220,9 +274,44 @@ std::vector<double> singular_values(const MatD& x) {
 
   std::vector<double> sigma;
   if (!detail::bidiagonal_values_dqds(d, e, sigma)) detail::bidiagonal_values_tridiagonal(d, e, sigma);
+  return sigma;
+}
+
+/// sigma times 2^exponent, largest first.
+std::vector<double> unscaled(std::vector<double> sigma, int exponent) {
   for (double& s : sigma) s = std::ldexp(s, exponent);
   std::sort(sigma.begin(), sigma.end(), std::greater<>());
   return sigma;
+}
+
+MatD with_ones(const MatD& x) {
+  MatD out(x.rows(), x.cols() + 1);
+  out.leftCols(x.cols()) = x;
+  out.col(x.cols()).setOnes();
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> singular_values(const MatD& x) {
+  Scaled sc = scaled_copy(x, false);
+  const auto n = static_cast<std::size_t>(sc.n);
+  if (!sc.finite) return std::vector<double>(n, std::numeric_limits<double>::quiet_NaN());
+  if (sc.zero) return std::vector<double>(n, 0.0);
+  if (qr_first(sc.m, sc.n)) return unscaled(singular_values(householder_r(sc.a.data(), sc.m, sc.n)), sc.exponent);
+  return unscaled(bidiagonal_values(sc.a, sc.m, sc.n), sc.exponent);
+}
+
+SingularPair singular_values_with_ones(const MatD& x) {
+  const Index n = x.cols() + 1;
+  Scaled sc;
+  if (x.rows() >= n && qr_first(x.rows(), n)) sc = scaled_copy(x, true);
+  // x's scale far from 1 (beyond 2^+-400) would take the ones column's squares out of double's
+  // range: then, as for no QR, a NaN or a zero x, each matrix on its own.
+  if (sc.a.empty() || std::abs(sc.exponent) > 400) return {singular_values(x), singular_values(with_ones(x))};
+  const MatD r = householder_r(sc.a.data(), sc.m, n);
+  return {unscaled(singular_values(r.topLeftCorner(n - 1, n - 1)), sc.exponent),
+          unscaled(singular_values(r), sc.exponent)};
 }
 
 }  // namespace attnscope

@@ -1,7 +1,8 @@
 // singular_values (fixed-order bidiagonalisation and the Golub-Kahan tridiagonal) against Eigen's
 // one-sided Jacobi SVD on awkward shapes and magnitudes; exactly known spectra; exact scaling by
 // powers of two and transposition (the same bits); numerical rank of matrices built to have it,
-// with a full-rank control; zero, empty and non-finite inputs.
+// with a full-rank control; the values of x and [x, 1] from one QR; zero, empty and non-finite
+// inputs.
 #include "attnscope/singular_values.hpp"
 
 #include "random_inputs.hpp"
@@ -90,6 +91,14 @@ TEST(SingularValues, PowersOfTwoAndTranspositionGiveTheSameBits) {
     for (std::size_t t = 0; t < base.size(); ++t) EXPECT_EQ(scaled[t], std::ldexp(base[t], k)) << k << " " << t;
   }
   EXPECT_EQ(singular_values(MatD(x.transpose())), base);
+  // The same through the QR first (a tall matrix).
+  const MatD tall = test::random_matrix(90, 23, 6);
+  const std::vector<double> tall_base = singular_values(tall);
+  for (const int k : {-1000, -3, 1000}) {
+    const std::vector<double> scaled = singular_values(MatD(tall * std::ldexp(1.0, k)));
+    for (std::size_t t = 0; t < tall_base.size(); ++t) EXPECT_EQ(scaled[t], std::ldexp(tall_base[t], k)) << k << " " << t;
+  }
+  EXPECT_EQ(singular_values(MatD(tall.transpose())), tall_base);
   // Magnitudes that are not powers of two, near both ends of double's range.
   for (const double m : {1e-300, 1e-150, 1e150, 1e300}) {
     expect_close_to_jacobi(MatD(x * m), "scaled by " + std::to_string(m));
@@ -167,6 +176,59 @@ TEST(SingularValues, BothBidiagonalSolversOnHardBidiagonals) {
       EXPECT_NEAR(dqds[t], ref[t], tol) << c.name << " dqds, value " << t;
     }
   }
+}
+
+MatD with_ones(const MatD& x) {
+  MatD out(x.rows(), x.cols() + 1);
+  out << x, MatD::Ones(x.rows(), 1);
+  return out;
+}
+
+void expect_values_close(const std::vector<double>& got, const MatD& x, const std::string& what) {
+  if (x.cols() == 0) {  // (JacobiSVD does not take an empty matrix)
+    EXPECT_TRUE(got.empty()) << what;
+    return;
+  }
+  const VecD ref = Eigen::JacobiSVD<MatD>(x).singularValues();
+  ASSERT_EQ(static_cast<Eigen::Index>(got.size()), ref.size()) << what;
+  const double tol = bound(x.rows(), x.cols(), ref.size() > 0 ? ref(0) : 0.0);
+  for (Eigen::Index t = 0; t < ref.size(); ++t) {
+    EXPECT_NEAR(got[static_cast<std::size_t>(t)], ref(t), tol) << what << " value " << t;
+  }
+}
+
+// The pair from one QR of [x, 1] (tall x) and from two separate reductions (other shapes): each
+// against Jacobi on its own matrix, keys of real scale and far from it, centred columns (where
+// the ones column is orthogonal to x) and a column that is itself constant (rank-deficient [x, 1]).
+TEST(SingularValues, WithOnesGivesTheValuesOfBothMatrices) {
+  const std::pair<int, int> shapes[] = {{197, 64}, {197, 32}, {40, 3}, {10, 0}, {5, 4}, {64, 64}, {3, 7}};
+  unsigned seed = 31;
+  for (const auto& [r, c] : shapes) {
+    const MatD x = test::random_matrix(r, c, seed++);
+    const std::string name = std::to_string(r) + "x" + std::to_string(c);
+    for (const double m : {1.0, 1e50, 1e-50, 1e-300, 1e300}) {  // the extremes: each on its own
+      const MatD xm = x * m;
+      const SingularPair both = singular_values_with_ones(xm);
+      expect_values_close(both.x, xm, name + " x" + std::to_string(m));
+      expect_values_close(both.with_ones, with_ones(xm), name + " [x, 1]" + std::to_string(m));
+    }
+    if (c < 2) continue;
+    MatD centred = x.rowwise() - x.colwise().mean();
+    centred.col(1).setConstant(3.0);  // [x, 1] loses a rank
+    const SingularPair both = singular_values_with_ones(centred);
+    expect_values_close(both.x, centred, name + " centred");
+    expect_values_close(both.with_ones, with_ones(centred), name + " centred [x, 1]");
+    if (r > c) {
+      EXPECT_LT(both.with_ones.back(), bound(r, c + 1, both.with_ones.front())) << name;
+    }
+  }
+  MatD bad = test::random_matrix(100, 4, 3);
+  bad(7, 2) = std::numeric_limits<double>::quiet_NaN();
+  const SingularPair nan = singular_values_with_ones(bad);
+  ASSERT_EQ(nan.x.size(), 4U);
+  ASSERT_EQ(nan.with_ones.size(), 5U);
+  for (const double s : nan.x) EXPECT_TRUE(std::isnan(s));
+  for (const double s : nan.with_ones) EXPECT_TRUE(std::isnan(s));
 }
 
 TEST(SingularValues, ZeroEmptyAndNonFinite) {
