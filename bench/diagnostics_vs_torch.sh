@@ -48,7 +48,7 @@ for r in $(seq 1 "$REPEATS"); do
     # shellcheck disable=SC2046
     run "${t}_fast$r" "$A" "$t" --dump "$DATA/deit.h5" --out "$OUT/${t}_fast$r" --variant softmax --threads 2 \
       $(args "$t") --images "0-$((n - 1))"
-    run "${t}_torch$r" "$PYTHON" bench/torch_diagnostics.py --dump "$DATA/deit.h5" --task "$t" --images "$n"
+    run "${t}_torch$r" env "$TORCH_ENV" "$PYTHON" bench/torch_diagnostics.py --dump "$DATA/deit.h5" --task "$t" --images "$n"
   done
 done
 for t in $TASKS; do

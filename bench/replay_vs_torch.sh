@@ -86,7 +86,7 @@ for m in "${models[@]}"; do
     fi
     taskset -c "$CORES" "$A" replay --model "$m" --dump "$dump" --out "$out" --threads 2 --attention "$ATTENTION" >/dev/null
     ours+=("$(rate "$out")")
-    theirs+=("$(taskset -c "$CORES" "$PYTHON" - "$m" "$dump" <<'PY'
+    theirs+=("$(taskset -c "$CORES" env "$TORCH_ENV" "$PYTHON" - "$m" "$dump" <<'PY'
 import sys, time
 import h5py, torch
 from attnscope_dump.weights_io import load_weights

@@ -55,7 +55,7 @@ sel="--images 0-$((IMAGES - 1))"
 run conf_fast "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_fast" --variant softmax --threads 2 $sel
 run conf_ref "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/conf_ref" --variant softmax --threads 2 \
   --reference --images 0-$((REF_IMAGES - 1))
-run conf_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task confusion --threads 2 --images "$IMAGES"
+run conf_torch env "$TORCH_ENV" "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task confusion --threads 2 --images "$IMAGES"
 "$PYTHON" - "$OUT" "$REF_IMAGES" <<'PY' >"$OUT/conf_agree.txt"
 import csv, json, sys
 out, nref = sys.argv[1], int(sys.argv[2])
@@ -70,7 +70,7 @@ PY
 run loc_fast "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_fast" --variant softmax --threads 2 $sel
 run loc_ref "$A" locality --dump "$DATA/deit.h5" --out "$OUT/loc_ref" --variant softmax --threads 2 \
   --reference --images 0-$((REF_IMAGES - 1))
-run loc_torch "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task locality --threads 2 --images "$IMAGES"
+run loc_torch env "$TORCH_ENV" "$PYTHON" bench/torch_baseline.py --dump "$DATA/deit.h5" --task locality --threads 2 --images "$IMAGES"
 
 # --- Swin stage-1 shape (N = 3136), linear families --------------------------------------------
 run swin_fast "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_fast" --variant linear:relu,inline,mala --threads 2
