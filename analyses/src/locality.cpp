@@ -30,6 +30,17 @@ void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
   }
 }
 
+/// sum of entry(j) over the window of token i, in window()'s order.
+template <typename Entry>
+double window_sum(const TokenGrid& grid, int i, int window, Entry entry) {
+  const TokenGrid::WindowSpan span = grid.window_span(i, window);
+  double s = 0.0;
+  for (int r = span.row_lo; r <= span.row_hi; ++r) {
+    for (int c = span.col_lo; c <= span.col_hi; ++c) s += entry(grid.token(r, c));
+  }
+  return s;
+}
+
 std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF> q,
                                Eigen::Ref<const MatF> k, double scale, const TokenGrid& grid,
                                int window) {
@@ -37,12 +48,10 @@ std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF>
   std::vector<double> q_norm;
   double k_max = 0.0;
   if (detail::float_rows_fit(q, k, scale, q_norm, k_max)) {
-    MatF w;
+    thread_local MatF w;  // reused from head to head
     family.rows_float(q, k, scale, w);
     for (int i = grid.prefix; i < grid.tokens(); ++i) {
-      double s = 0.0;
-      for (int j : grid.window(i, window)) s += static_cast<double>(w(i, j));
-      mass[static_cast<std::size_t>(i)] = s;
+      mass[static_cast<std::size_t>(i)] = window_sum(grid, i, window, [&](int j) { return static_cast<double>(w(i, j)); });
     }
     return mass;
   }
@@ -52,9 +61,7 @@ std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF>
     qi = q.row(i).cast<double>().transpose();
     family.exact_row(qi.data(), kd.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols()),
                      scale, w.data());
-    double s = 0.0;
-    for (int j : grid.window(i, window)) s += w(j);
-    mass[static_cast<std::size_t>(i)] = s;
+    mass[static_cast<std::size_t>(i)] = window_sum(grid, i, window, [&](int j) { return w(j); });
   }
   return mass;
 }

@@ -25,15 +25,20 @@ Span clipped(int centre, int half, int extent) {
 
 }  // namespace
 
-std::vector<int> TokenGrid::window(int token, int k) const {
+TokenGrid::WindowSpan TokenGrid::window_span(int token, int k) const {
   require_odd(k);
-  std::vector<int> out;
-  if (!on_grid(token)) return out;
+  if (!on_grid(token)) return {};
   const Span rows = clipped(row(token), k / 2, height);
   const Span cols = clipped(col(token), k / 2, width);
-  out.reserve(static_cast<std::size_t>((rows.hi - rows.lo + 1) * (cols.hi - cols.lo + 1)));
-  for (int r = rows.lo; r <= rows.hi; ++r) {
-    for (int c = cols.lo; c <= cols.hi; ++c) out.push_back(this->token(r, c));
+  return {rows.lo, rows.hi, cols.lo, cols.hi};
+}
+
+std::vector<int> TokenGrid::window(int token, int k) const {
+  const WindowSpan span = window_span(token, k);
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(span.cells()));
+  for (int r = span.row_lo; r <= span.row_hi; ++r) {
+    for (int c = span.col_lo; c <= span.col_hi; ++c) out.push_back(this->token(r, c));
   }
   return out;
 }
@@ -45,11 +50,7 @@ std::vector<int> TokenGrid::neighbours(int token, int k) const {
 }
 
 int TokenGrid::window_size(int token, int k) const {
-  require_odd(k);
-  if (!on_grid(token)) return 0;
-  const Span rows = clipped(row(token), k / 2, height);
-  const Span cols = clipped(col(token), k / 2, width);
-  return (rows.hi - rows.lo + 1) * (cols.hi - cols.lo + 1);
+  return window_span(token, k).cells();
 }
 
 }  // namespace attnscope

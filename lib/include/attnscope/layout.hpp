@@ -45,6 +45,15 @@ struct TokenGrid {
   /// Token index of grid cell (r, c). Precondition: 0 <= r < height, 0 <= c < width.
   [[nodiscard]] int token(int r, int c) const { return prefix + r * width + c; }
 
+  /// Grid rows [row_lo, row_hi] x columns [col_lo, col_hi] of a clipped window; empty (no rows)
+  /// for a prefix token.
+  struct WindowSpan {
+    int row_lo = 0, row_hi = -1, col_lo = 0, col_hi = -1;
+    [[nodiscard]] int cells() const { return (row_hi - row_lo + 1) * (col_hi - col_lo + 1); }
+  };
+  /// The cells of the k x k window centred on `token` (k odd), clipped at the borders: window()'s
+  /// tokens are token(r, c) for r, then c, in these ranges, for loops that build no list.
+  [[nodiscard]] WindowSpan window_span(int token, int k) const;
   /// Grid tokens of the k x k window centred on `token` (k odd), the token itself included,
   /// clipped at the borders, in token order. Empty for a prefix token.
   [[nodiscard]] std::vector<int> window(int token, int k) const;
