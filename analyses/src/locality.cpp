@@ -48,10 +48,13 @@ std::vector<double> score_mass(const ScoreFamily& family, Eigen::Ref<const MatF>
   std::vector<double> q_norm;
   double k_max = 0.0;
   if (detail::float_rows_fit(q, k, scale, q_norm, k_max)) {
-    thread_local MatF w;  // reused from head to head
-    family.rows_float(q, k, scale, w);
+    // Reused from head to head; rows_float's weights formed only inside the windows.
+    thread_local MatF e;
+    thread_local std::vector<float> factor;
+    family.rows_float_factored(q, k, scale, e, factor);
     for (int i = grid.prefix; i < grid.tokens(); ++i) {
-      mass[static_cast<std::size_t>(i)] = window_sum(grid, i, window, [&](int j) { return static_cast<double>(w(i, j)); });
+      const float f = factor[static_cast<std::size_t>(i)];
+      mass[static_cast<std::size_t>(i)] = window_sum(grid, i, window, [&](int j) { return static_cast<double>(e(i, j) * f); });
     }
     return mass;
   }

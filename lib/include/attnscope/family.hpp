@@ -197,6 +197,10 @@ class ScoreFamily : public AttentionFamily {
   /// Float rows of q (Nq x d) against k (Nk x d): an approximation for searches that bound its
   /// error (the logit error bound of confusion_search.hpp), never a result.
   virtual void rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) const = 0;
+  /// rows_float before its last step, for callers that need a few entries of each row: rows_float's
+  /// w_ij is e_ij * row_factor[i] (a float product), bit for bit.
+  virtual void rows_float_factored(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& e,
+                                   std::vector<float>& row_factor) const = 0;
   /// One head's outputs for a forward pass: out (rows x dv, row stride ldo) = W V for the query
   /// rows [0, rows) of q against the n keys, over the keys `mask` keeps (rows x n; null: all),
   /// bit for bit row i of attention_outputs<double>; rows that keep no key are zero and appended to

@@ -36,5 +36,10 @@ void softmax_exact_row_t(const double* qi, const double* kt, int n, int d, doubl
 /// double. An approximation for searches that bound its error, never a result. q and k are read
 /// in place (a MatF, or a view of a caller's row-major buffer with any row stride).
 void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w);
+/// softmax_rows_float before the scaling of each row: e_ij = exp(s q_i.k_j - max) in float and
+/// row_factor[i] = the float reciprocal of the row's sum; softmax_rows_float's w_ij = e_ij *
+/// row_factor[i], bit for bit.
+void softmax_rows_float_factored(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& e,
+                                 std::vector<float>& row_factor);
 
 }  // namespace attnscope

@@ -40,6 +40,10 @@ class Softmax final : public ScoreFamily {
                   MatF& w) const override {
     softmax_rows_float(q, k, scale, w);
   }
+  void rows_float_factored(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& e,
+                           std::vector<float>& row_factor) const override {
+    softmax_rows_float_factored(q, k, scale, e, row_factor);
+  }
   void head_outputs(const double* q, Eigen::Index ldq, Eigen::Index rows, const double* k,
                     Eigen::Index ldk, const double* v, Eigen::Index ldv, Eigen::Index n,
                     Eigen::Index d, Eigen::Index dv, double scale, const Mask* mask, double* out,
@@ -147,31 +151,41 @@ void softmax_exact_row_t(const double* qi, const double* kt, int n, int d, doubl
   for (int t = 0; t < n; ++t) out[t] /= sum;
 }
 
-void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) {
-  w.resize(q.rows(), k.rows());
-  const Eigen::Index n = w.cols(), d = q.cols();
+void softmax_rows_float_factored(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& e,
+                                 std::vector<float>& row_factor) {
+  e.resize(q.rows(), k.rows());
+  const Eigen::Index n = e.cols(), d = q.cols();
   // k^T packed once per head for the packed product's larger register tile (12 x 2 vectors on
   // AVX-512): the same chain of fused steps per entry as gemm_nt, so the same bits, about 1.3x
   // faster (bench_portable: BM_GemmNtDeit against BM_GemmPacked/64/197).
   thread_local portable::PackedMatrix<float> keys;
   keys.pack(k.data(), 1, k.outerStride(), d, n);  // B = k^T: element (t, j) at k[j * stride + t]
-  portable::gemm_packed(q.data(), q.outerStride(), keys, w.data(), n, q.rows());
+  portable::gemm_packed(q.data(), q.outerStride(), keys, e.data(), n, q.rows());
   const auto s = static_cast<float>(scale);
   // The rows' maxima, then their exponentials and sums (exp_floats_sums: each row's bits
-  // exp_floats_sum's, several rows' sums at once), then the scaling.
+  // exp_floats_sum's, several rows' sums at once).
   thread_local std::vector<float> tops;
   thread_local std::vector<double> sums;
-  tops.resize(static_cast<std::size_t>(w.rows()));
-  sums.resize(static_cast<std::size_t>(w.rows()));
-  for (Eigen::Index i = 0; i < w.rows(); ++i) tops[static_cast<std::size_t>(i)] = portable::max_scaled(w.row(i).data(), n, s);
-  portable::exp_floats_sums(w.data(), n, w.rows(), n, s, tops.data(), sums.data());
+  tops.resize(static_cast<std::size_t>(e.rows()));
+  sums.resize(static_cast<std::size_t>(e.rows()));
+  for (Eigen::Index i = 0; i < e.rows(); ++i) tops[static_cast<std::size_t>(i)] = portable::max_scaled(e.row(i).data(), n, s);
+  portable::exp_floats_sums(e.data(), n, e.rows(), n, s, tops.data(), sums.data());
+  // The factor is the sum's rounded reciprocal, not a division per entry (a vector division costs
+  // about ten multiplications): within 1.5 u of the quotient, inside the float rows' 16 u budget
+  // (confusion_softmax.cpp's margin argument).
+  row_factor.resize(static_cast<std::size_t>(e.rows()));
+  for (Eigen::Index i = 0; i < e.rows(); ++i) {
+    row_factor[static_cast<std::size_t>(i)] = 1.0F / static_cast<float>(sums[static_cast<std::size_t>(i)]);
+  }
+}
+
+void softmax_rows_float(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF> k, double scale, MatF& w) {
+  thread_local std::vector<float> factor;
+  softmax_rows_float_factored(q, k, scale, w, factor);
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    // Times the rounded reciprocal, not a division per entry (a vector division costs about ten
-    // multiplications): within 1.5 u of the quotient, inside the float rows' 16 u budget
-    // (confusion_softmax.cpp's margin argument).
-    const float inverse = 1.0F / static_cast<float>(sums[static_cast<std::size_t>(i)]);
+    const float f = factor[static_cast<std::size_t>(i)];
     float* row = w.row(i).data();
-    for (Eigen::Index t = 0; t < n; ++t) row[t] *= inverse;
+    for (Eigen::Index t = 0; t < w.cols(); ++t) row[t] *= f;
   }
 }
 
