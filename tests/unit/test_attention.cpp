@@ -373,6 +373,19 @@ TEST(Registry, ScoreFormOperationsAreSoftmaxsBitForBit) {
                                 static_cast<std::size_t>(w1.size()) * sizeof(float)),
                     0)
               << what;
+          // rows_float_factored(): its exponentials times each row's factor are those weights.
+          MatF e;
+          std::vector<float> factor;
+          f->rows_float_factored(qf, kf, scale, e, factor);
+          ASSERT_EQ(factor.size(), static_cast<std::size_t>(n)) << what;
+          MatF w3(n, n);
+          for (int i = 0; i < n; ++i) {
+            for (int j = 0; j < n; ++j) w3(i, j) = e(i, j) * factor[static_cast<std::size_t>(i)];
+          }
+          EXPECT_EQ(std::memcmp(w1.data(), w3.data(),
+                                static_cast<std::size_t>(w1.size()) * sizeof(float)),
+                    0)
+              << what << " (factored)";
         }
         // head_outputs(): W V of every row, bit for bit the engine's attention_outputs.
         const MatD v = test::random_matrix(n, 3, seed + 3);

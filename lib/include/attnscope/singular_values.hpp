@@ -6,13 +6,14 @@
 // so that its largest entry is in [1/2, 1) (exact: no overflow or underflow of the squares that
 // matter), reduced to upper bidiagonal form B by Householder reflections from the left and the
 // right (LAPACK's dgebrd, unblocked; a matrix with more than 5/3 as many rows as columns is first
-// reduced to the R of its Householder QR, which costs fewer operations), and B's singular values come from the dqds algorithm on
-// its squares (Fernando and Parlett; LAPACK's dlasq, with a simpler shift), or, where dqds
-// declines (a zero on B's diagonal, no convergence), as the non-negative eigenvalues of B's
-// Golub-Kahan tridiagonal (Eigen's tridiagonal QR). The reduction is backward stable: every
-// value is within a small multiple of n eps sigma_max of the exact one, as BDCSVD's and LAPACK's
-// are (absolute accuracy; small singular values are not accurate relative to themselves). Reductions are either one chain in index order or lane_sum's
-// fixed lanes; updates are elementwise. tests/unit/test_singular_values.cpp holds it against
+// reduced to the R of its Householder QR, which costs fewer operations), and B's singular values
+// come from the dqds algorithm on its squares (Fernando and Parlett; LAPACK's dlasq, with a
+// simpler shift), or, where dqds declines (a zero on B's diagonal, no convergence), as the
+// non-negative eigenvalues of B's Golub-Kahan tridiagonal (Eigen's tridiagonal QR). The reduction
+// is backward stable: every value is within a small multiple of n eps sigma_max of the exact
+// one, as BDCSVD's and LAPACK's are (absolute accuracy; small singular values are not accurate
+// relative to themselves). Reductions are either one chain in index order or lane_sum's fixed
+// lanes; updates are elementwise. tests/unit/test_singular_values.cpp holds it against
 // Eigen's one-sided Jacobi SVD.
 #pragma once
 
