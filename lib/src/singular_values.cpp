@@ -35,6 +35,14 @@ Reflection reflect(double alpha, double ss, double* x, Index stride, Index len) 
   return {beta, (beta - alpha) / beta};
 }
 
+/// The reflection of step k from the left: column k's rows k..m-1 mapped to (beta, 0), v's tail
+/// stored in the column below the diagonal (|x|^2 summed in row order).
+Reflection reflect_column(double* p, Index m, Index n, Index k) {
+  double ss = 0.0;
+  for (Index i = k + 1; i < m; ++i) ss += p[i * n + k] * p[i * n + k];
+  return reflect(p[k * n + k], ss, p + (k + 1) * n + k, n, m - k - 1);
+}
+
 /// The left reflection of step k (v in column k below the diagonal, v_k = 1) on row k: w_j = tau
 /// (a_kj + sum_{i>k} v_i a_ij) for the columns j > k (w[j - k - 1], each sum in row order), and
 /// a_kj -= w_j. The caller applies a_ij -= v_i w_j to the rows below.
@@ -72,9 +80,7 @@ MatD householder_r(double* p, Index m, Index n) {
   MatD r = MatD::Zero(n, n);
   std::vector<double> w(static_cast<std::size_t>(n));
   for (Index k = 0; k < n; ++k) {
-    double ss = 0.0;
-    for (Index i = k + 1; i < m; ++i) ss += p[i * n + k] * p[i * n + k];
-    const Reflection left = reflect(p[k * n + k], ss, p + (k + 1) * n + k, n, m - k - 1);
+    const Reflection left = reflect_column(p, m, n, k);
     r(k, k) = left.beta;
     if (k + 1 >= n) break;
     const Index c = k + 1, len = n - c;
@@ -230,8 +236,9 @@ Scaled scaled_copy(const MatD& x, bool ones) {
   const auto scale = [&](double v) { return factor_ok ? v * factor : std::ldexp(v, -exponent); };
   const Index m = out.m, n = out.n;
   out.a.resize(static_cast<std::size_t>(m * n));
+  const Index from_x = ones ? n - 1 : n;  // the columns that come from x
   for (Index i = 0; i < m; ++i) {
-    for (Index j = 0; j < x.cols() && j < n; ++j) {
+    for (Index j = 0; j < from_x; ++j) {
       out.a[static_cast<std::size_t>(i * n + j)] = scale(transposed ? x(j, i) : x(i, j));
     }
     if (ones) out.a[static_cast<std::size_t>(i * n + n - 1)] = scale(1.0);
@@ -254,9 +261,7 @@ std::vector<double> bidiagonal_values(std::vector<double>& a, Index m, Index n) 
   // (after its left update), so both updates of a row are made in one pass while it is in cache:
   // the same operations, in the same order, as two passes.
   for (Index k = 0; k < n; ++k) {
-    double ss = 0.0;
-    for (Index i = k + 1; i < m; ++i) ss += p[i * n + k] * p[i * n + k];
-    const Reflection left = reflect(p[k * n + k], ss, p + (k + 1) * n + k, n, m - k - 1);
+    const Reflection left = reflect_column(p, m, n, k);
     d[static_cast<std::size_t>(k)] = left.beta;
     if (k + 1 >= n) break;
     const Index c = k + 1, len = n - c;
@@ -265,7 +270,7 @@ std::vector<double> bidiagonal_values(std::vector<double>& a, Index m, Index n) 
     if (apply_left) left_products(p, m, n, k, left.tau, wp);
     // From the right: row k's columns k+1..n-1; u's tail stored in the row right of e_k.
     double* u = p + k * n + c;
-    ss = 0.0;
+    double ss = 0.0;
     for (Index j = 1; j < len; ++j) ss += u[j] * u[j];
     const Reflection right = reflect(u[0], ss, u + 1, 1, len - 1);
     e[static_cast<std::size_t>(k)] = right.beta;

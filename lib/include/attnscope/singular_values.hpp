@@ -13,8 +13,8 @@
 // is backward stable: every value is within a small multiple of n eps sigma_max of the exact
 // one, as BDCSVD's and LAPACK's are (absolute accuracy; small singular values are not accurate
 // relative to themselves). Reductions are either one chain in index order or 8 fixed lanes
-// combined as a fixed tree; updates are elementwise. tests/unit/test_singular_values.cpp holds it against
-// Eigen's one-sided Jacobi SVD.
+// combined as a fixed tree; updates are elementwise. tests/unit/test_singular_values.cpp holds it
+// against Eigen's one-sided Jacobi SVD.
 #pragma once
 
 #include "attnscope/layout.hpp"
