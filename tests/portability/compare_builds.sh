@@ -112,7 +112,10 @@ def clean(x):
     if isinstance(x, list):
         return [clean(v) for v in x]
     if isinstance(x, str):
-        return x.replace(a_root, "<root>").replace(b_root, "<root>")
+        # The longer root first: one label's directory may begin with the other's name.
+        for root in sorted((a_root, b_root), key=len, reverse=True):
+            x = x.replace(root, "<root>")
+        return x
     return x
 bad = 0
 for d, _, files in os.walk(a_root):
