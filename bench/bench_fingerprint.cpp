@@ -1,8 +1,10 @@
-// The input fingerprint of --resume and merge: the whole-file SHA-256 it used before (one thread)
-// against the SHA-256 tree of 64 MiB chunks (run/include/attnscope/run/sha256.hpp) on 1, 2 and all
-// threads, on one file read from the page cache. The file is ATTNSCOPE_BENCH_FILE, or else 1 GiB
+// The input fingerprint of --resume and merge: the whole-file SHA-256 it used first (one thread),
+// the SHA-256 tree of 64 MiB chunks it used next and the XXH3-128 tree it uses now
+// (run/include/attnscope/run/hash_tree.hpp), the trees on 1, 2 and all threads, on one file read
+// from the page cache. The file is ATTNSCOPE_BENCH_FILE, or else 1 GiB
 // of random bytes written to $TMPDIR (or /tmp) first and removed at the end. Wall time; bytes/s.
-// Before timing, every thread count must give the one-thread tree.
+// Before timing, every thread count must give the one-thread tree of each hash.
+#include "attnscope/run/hash_tree.hpp"
 #include "attnscope/run/sha256.hpp"
 
 #include <benchmark/benchmark.h>
@@ -54,17 +56,17 @@ const BenchFile& file() {
   return f;
 }
 
-void check_trees() {
-  static bool done = false;
-  if (done) return;
-  const std::string one = attnscope::run::sha256_tree_file(file().path, 1);
+using attnscope::run::TreeHash;
+
+void check_trees(TreeHash hash) {
+  const std::string one = attnscope::run::hash_tree_file(file().path, hash, 1);
   for (int t : {2, 3, omp_get_max_threads()}) {
-    if (attnscope::run::sha256_tree_file(file().path, t) != one) {
-      std::fprintf(stderr, "bench_fingerprint: %d threads give another tree than one\n", t);
+    if (attnscope::run::hash_tree_file(file().path, hash, t) != one) {
+      std::fprintf(stderr, "bench_fingerprint: %d threads give another %s than one\n", t,
+                   attnscope::run::tree_hash_key(hash));
       std::exit(1);
     }
   }
-  done = true;
 }
 
 void BM_Sha256Whole(benchmark::State& state) {
@@ -74,16 +76,23 @@ void BM_Sha256Whole(benchmark::State& state) {
 }
 BENCHMARK(BM_Sha256Whole)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-void BM_Sha256Tree(benchmark::State& state) {
-  check_trees();
+void tree(benchmark::State& state, TreeHash hash) {
+  static bool checked[2] = {false, false};
+  if (!checked[static_cast<int>(hash)]) {
+    check_trees(hash);
+    checked[static_cast<int>(hash)] = true;
+  }
   const int threads = state.range(0) > 0 ? static_cast<int>(state.range(0)) : omp_get_max_threads();
   std::uintmax_t bytes = 0;
-  for (auto _ : state) benchmark::DoNotOptimize(attnscope::run::sha256_tree_file(file().path, threads, &bytes));
+  for (auto _ : state) benchmark::DoNotOptimize(attnscope::run::hash_tree_file(file().path, hash, threads, &bytes));
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
   state.counters["threads"] = threads;
 }
+void BM_Sha256Tree(benchmark::State& state) { tree(state, TreeHash::sha256); }
+void BM_Xxh3Tree(benchmark::State& state) { tree(state, TreeHash::xxh3_128); }
 // 0: all of omp_get_max_threads() (OMP_NUM_THREADS, or the cores).
 BENCHMARK(BM_Sha256Tree)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Xxh3Tree)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

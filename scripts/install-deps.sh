@@ -5,7 +5,8 @@ set -euo pipefail
 what=${1:-all}
 build_pkgs=(cmake ninja-build g++ make libeigen3-dev libhdf5-dev hdf5-tools
             libboost-program-options-dev libgtest-dev libgmock-dev libbenchmark-dev
-            nlohmann-json3-dev time libopenmpi-dev openmpi-bin libssl-dev pybind11-dev python3-dev)
+            nlohmann-json3-dev time libopenmpi-dev openmpi-bin libssl-dev libxxhash-dev pkgconf
+            pybind11-dev python3-dev)
 python_pkgs=(python3 python3-numpy python3-h5py python3-torch python3-torchvision python3-pytest
              python3-matplotlib python3-nbclient python3-nbconvert python3-nbformat python3-ipykernel
              libopenblas0-openmp dataset-fashion-mnist)

@@ -1,6 +1,7 @@
 // The journal of image runs: records come back exactly (doubles bit for bit), a torn tail is
 // dropped, corruption is named, a different run's journal is refused, and one writer at a time.
 #include "attnscope/run/journal.hpp"
+#include "attnscope/run/hash_tree.hpp"
 
 #include "attnscope/error.hpp"
 #include "scratch_dir.hpp"
@@ -122,7 +123,7 @@ TEST_F(JournalTest, AJournalOfAnotherRunIsRefusedOnResumeAndReplacedWithout) {
 }
 
 // A changed input is named as such; a journal whose inputs were fingerprinted another way (an
-// older attnscope's plain SHA-256) is refused as that, not as a changed file.
+// older attnscope's plain SHA-256 or SHA-256 tree) is refused as that, not as a changed file.
 TEST_F(JournalTest, AnInputFingerprintedAnotherWayIsNotCalledAChangedFile) {
   const auto header = [](const char* key, const char* sum) {
     return json{{"run", {{"fingerprint", {{"dumps", json::array({{{"bytes", 10}, {key, sum}}})}}}}}};
@@ -144,6 +145,13 @@ TEST_F(JournalTest, AnInputFingerprintedAnotherWayIsNotCalledAChangedFile) {
   const std::string changed = refusal(header("sha256", "bb"));
   EXPECT_NE(changed.find("an input file (dump or weights) is not the one it was written for"), std::string::npos)
       << changed;
+  // The SHA-256 tree of the attnscope before the XXH3-128 tree of today's.
+  using attnscope::run::tree_hash_key;
+  using attnscope::run::TreeHash;
+  { JournalWriter w(p, header(tree_hash_key(TreeHash::sha256), "aa"), false, [](json&&) {}); }
+  const std::string tree = refusal(header(tree_hash_key(TreeHash::xxh3_128), "aa"));
+  EXPECT_NE(tree.find("written by an attnscope that fingerprinted its inputs another way"), std::string::npos)
+      << tree;
 }
 
 TEST_F(JournalTest, CorruptionInsideIsNamedWithItsOffset) {

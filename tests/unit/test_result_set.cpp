@@ -1,6 +1,7 @@
 // Result sets (run/include/attnscope/run/result_set.hpp): staging, publishing with a manifest written last, write errors
 // reported with the system's reason, stale staging folders, and the SHA-256 of the manifest.
 #include "scratch_dir.hpp"
+#include "attnscope/run/hash_tree.hpp"
 #include "attnscope/run/result_set.hpp"
 #include "attnscope/run/sha256.hpp"
 
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -103,22 +105,29 @@ TEST(Sha256, FeedingInPiecesGivesTheSameDigest) {
   EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
-using Sha256TreeTest = attnscope::test::ScratchDirTest;
+using HashTreeTest = attnscope::test::ScratchDirTest;
 
-// The input fingerprint's tree (sha256_tree_file): a file of two whole 64 MiB chunks and a short
-// one, hashed by 1, 2, 3 and 8 threads, gives the SHA-256 of its chunks' digests taken one after
-// the other here; the small cases against values from Python's hashlib
-// (hashlib.sha256(hashlib.sha256(b"abc").digest()).hexdigest(), and of b"" for the empty file).
-TEST_F(Sha256TreeTest, ChunksHashedByAnyNumberOfThreadsGiveTheDigestOfTheirDigests) {
+// The input fingerprint's tree (hash_tree_file), with each hash: a file of two whole 64 MiB chunks
+// and a short one, hashed by 1, 2, 3 and 8 threads, gives the hash of its chunks' digests taken
+// one after the other here; the small cases against values from Python's hashlib and xxhash
+// (python3-xxhash): hashlib.sha256(hashlib.sha256(b"abc").digest()).hexdigest(),
+// xxhash.xxh3_128(xxhash.xxh3_128(b"abc").digest()).hexdigest(), and each of b"" for the empty
+// file.
+TEST_F(HashTreeTest, ChunksHashedByAnyNumberOfThreadsGiveTheHashOfTheirDigests) {
+  using attnscope::run::hash_tree_file;
+  using attnscope::run::TreeHash;
   const fs::path small = dir_ / "abc", empty = dir_ / "empty", big = dir_ / "big";
   std::ofstream(small, std::ios::binary) << "abc";
   std::ofstream(empty, std::ios::binary).close();
   std::uintmax_t bytes = 99;
-  EXPECT_EQ(attnscope::run::sha256_tree_file(small, 4, &bytes),
+  EXPECT_EQ(hash_tree_file(small, TreeHash::sha256, 4, &bytes),
             "4f8b42c22dd3729b519ba6f68d2da7cc5b2d606d05daed5ad5128cc03e6c6358");
   EXPECT_EQ(bytes, 3U);
-  EXPECT_EQ(attnscope::run::sha256_tree_file(empty, 2, &bytes),
+  EXPECT_EQ(hash_tree_file(small, TreeHash::xxh3_128, 4, &bytes), "f758394eebabb2bb51ee911f78f31836");
+  EXPECT_EQ(hash_tree_file(empty, TreeHash::sha256, 2, &bytes),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(bytes, 0U);
+  EXPECT_EQ(hash_tree_file(empty, TreeHash::xxh3_128, 2, &bytes), "99aa06d3014798d86001c324468d497f");
   EXPECT_EQ(bytes, 0U);
 
   const std::uintmax_t chunk = attnscope::run::kTreeChunkBytes;
@@ -129,30 +138,45 @@ TEST_F(Sha256TreeTest, ChunksHashedByAnyNumberOfThreadsGiveTheDigestOfTheirDiges
     std::memcpy(&data[i], &r, 8);
   }
   std::ofstream(big, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  // The SHA-256 tree from Sha256 objects; the XXH3-128 tree from libxxhash's one-shot calls, the
+  // digests in canonical order.
   Sha256 top;
+  std::string xxh_digests;
   for (std::uintmax_t at = 0; at < data.size(); at += chunk) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uintmax_t>(chunk, data.size() - at));
     Sha256 piece;
-    piece.update(data.data() + at, static_cast<std::size_t>(std::min<std::uintmax_t>(chunk, data.size() - at)));
+    piece.update(data.data() + at, n);
     const auto d = piece.digest();
     top.update(d.data(), d.size());
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data.data() + at, n));
+    xxh_digests.append(reinterpret_cast<const char*>(c.digest), sizeof(c.digest));
   }
-  const std::string want = top.hex_digest();
+  const std::string want_sha = top.hex_digest();
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(xxh_digests.data(), xxh_digests.size()));
+  const std::string want_xxh = attnscope::run::to_hex(c.digest, sizeof(c.digest));
   for (int threads : {1, 2, 3, 8}) {
-    EXPECT_EQ(attnscope::run::sha256_tree_file(big, threads, &bytes), want) << threads << " threads";
+    EXPECT_EQ(hash_tree_file(big, TreeHash::sha256, threads, &bytes), want_sha) << threads << " threads";
+    EXPECT_EQ(bytes, data.size());
+    EXPECT_EQ(hash_tree_file(big, TreeHash::xxh3_128, threads, &bytes), want_xxh) << threads << " threads";
     EXPECT_EQ(bytes, data.size());
   }
-  // One bit flipped in the middle chunk changes the tree.
+  // One bit flipped in the middle chunk changes both trees.
   data[chunk + chunk / 2] ^= 1;
   std::ofstream(big, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
-  EXPECT_NE(attnscope::run::sha256_tree_file(big, 2, &bytes), want);
+  EXPECT_NE(hash_tree_file(big, TreeHash::sha256, 2, &bytes), want_sha);
+  EXPECT_NE(hash_tree_file(big, TreeHash::xxh3_128, 2, &bytes), want_xxh);
 }
 
-TEST_F(Sha256TreeTest, AMissingFileIsAnErrorNamingIt) {
-  try {
-    attnscope::run::sha256_tree_file(dir_ / "absent.h5", 2);
-    FAIL() << "no error";
-  } catch (const attnscope::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("absent.h5: cannot read"), std::string::npos) << e.what();
+TEST_F(HashTreeTest, AMissingFileIsAnErrorNamingIt) {
+  for (const auto hash : {attnscope::run::TreeHash::sha256, attnscope::run::TreeHash::xxh3_128}) {
+    try {
+      attnscope::run::hash_tree_file(dir_ / "absent.h5", hash, 2);
+      FAIL() << "no error";
+    } catch (const attnscope::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("absent.h5: cannot read"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -39,7 +39,7 @@ struct RunControl {
 };
 
 /// What identifies the inputs of a run for --resume and merge: each input file's size and the
-/// SHA-256 tree of all its bytes (sha256_tree_file: 64 MiB chunks hashed by the run's threads at
+/// XXH3-128 tree of all its bytes (hash_tree_file: 64 MiB chunks hashed by the run's threads at
 /// once), so a moved or copied file still matches, one changed anywhere does not.
 nlohmann::json dump_fingerprint(const std::vector<std::string>& files);
 

@@ -29,18 +29,11 @@ class Sha256 {
   evp_md_ctx_st* ctx_;
 };
 
+/// `n` bytes as 2n lowercase hex digits, first byte first.
+std::string to_hex(const unsigned char* bytes, std::size_t n);
+
 /// The SHA-256 of a whole file as hex, and its size in bytes; throws attnscope::Error naming the
 /// file when it cannot be read.
 std::string sha256_file(const std::filesystem::path& path, std::uintmax_t* bytes = nullptr);
-
-/// The chunk size of sha256_tree_file: 64 MiB.
-inline constexpr std::uintmax_t kTreeChunkBytes = std::uintmax_t{1} << 26;
-
-/// The SHA-256 of the 32-byte SHA-256 digests of the file's consecutive kTreeChunkBytes chunks
-/// (the last one shorter), concatenated in order (of nothing for an empty file), as hex; its size
-/// in bytes. The chunks are hashed by up to `threads` threads at once; the value depends on the
-/// bytes alone. In Python: hashlib.sha256(b"".join(hashlib.sha256(c).digest() for c in chunks)).
-/// Throws attnscope::Error naming the file when it cannot be read or changes size while read.
-std::string sha256_tree_file(const std::filesystem::path& path, int threads, std::uintmax_t* bytes = nullptr);
 
 }  // namespace attnscope::run
