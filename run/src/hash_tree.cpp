@@ -13,7 +13,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 #include <memory>

@@ -180,6 +180,25 @@ TEST_F(HashTreeTest, AMissingFileIsAnErrorNamingIt) {
   }
 }
 
+// A file that ends before the size it had when opened (truncated while hashed) is an error naming
+// it, not the hash of what was there. sysfs attributes do that every time: they report 4096 bytes
+// and hold a few, so the path of a file cut short is taken deterministically.
+TEST_F(HashTreeTest, AFileShorterThanWhenOpenedIsAnErrorNamingIt) {
+  const fs::path attr = "/sys/devices/system/cpu/online";
+  std::error_code ec;
+  if (fs::file_size(attr, ec) != 4096 || ec) GTEST_SKIP() << attr << " is not a 4096-byte sysfs attribute here";
+  for (const auto hash : {attnscope::run::TreeHash::sha256, attnscope::run::TreeHash::xxh3_128}) {
+    try {
+      attnscope::run::hash_tree_file(attr, hash, 2);
+      FAIL() << "no error";
+    } catch (const attnscope::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(attr.string() + ": became shorter while it was read (4096 bytes when opened"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST_F(ResultSetTest, PublishesEveryFileAndAManifestListingThem) {
   publish({{"a.csv", "x,y\n1,2\n"}, {"b.csv", "z\n"}}, 1);
   EXPECT_EQ(entries(dir_), (std::set<std::string>{"a.csv", "b.csv", "x.json"}))
