@@ -30,22 +30,11 @@ void check_window(const TokenGrid& grid, int window, Eigen::Index tokens) {
   }
 }
 
-/// visit(j) for each token j of the window of token i, in window()'s order, building no list.
-/// Returns the window's cells.
-template <typename Visit>
-int for_each_in_window(const TokenGrid& grid, int i, int window, Visit visit) {
-  const TokenGrid::WindowSpan span = grid.window_span(i, window);
-  for (int r = span.row_lo; r <= span.row_hi; ++r) {
-    for (int c = span.col_lo; c <= span.col_hi; ++c) visit(grid.token(r, c));
-  }
-  return span.cells();
-}
-
 /// sum of entry(j) over the window of token i, in window()'s order.
 template <typename Entry>
 double window_sum(const TokenGrid& grid, int i, int window, Entry entry) {
   double s = 0.0;
-  for_each_in_window(grid, i, window, [&](int j) { s += entry(j); });
+  grid.for_each_in_window(i, window, [&](int j) { s += entry(j); });
   return s;
 }
 
@@ -84,7 +73,7 @@ std::vector<double> low_rank_mass(const ExactRows& rows, const TokenGrid& grid, 
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
     if (rows.degenerate(i)) continue;
     cols.setZero();
-    const int cells = for_each_in_window(grid, i, window, [&](int j) { cols += lr.m.col(j); });
+    const int cells = grid.for_each_in_window(i, window, [&](int j) { cols += lr.m.col(j); });
     mass[static_cast<std::size_t>(i)] = lr.z.row(i).dot(cols) + lr.offset * static_cast<double>(cells);
   }
   return mass;

@@ -34,12 +34,9 @@ TokenGrid::WindowSpan TokenGrid::window_span(int token, int k) const {
 }
 
 std::vector<int> TokenGrid::window(int token, int k) const {
-  const WindowSpan span = window_span(token, k);
   std::vector<int> out;
-  out.reserve(static_cast<std::size_t>(span.cells()));
-  for (int r = span.row_lo; r <= span.row_hi; ++r) {
-    for (int c = span.col_lo; c <= span.col_hi; ++c) out.push_back(this->token(r, c));
-  }
+  out.reserve(static_cast<std::size_t>(window_size(token, k)));
+  for_each_in_window(token, k, [&](int j) { out.push_back(j); });
   return out;
 }
 

@@ -54,6 +54,16 @@ struct TokenGrid {
   /// The cells of the k x k window centred on `token` (k odd), clipped at the borders: window()'s
   /// tokens are token(r, c) for r, then c, in these ranges, for loops that build no list.
   [[nodiscard]] WindowSpan window_span(int token, int k) const;
+  /// visit(j) for each token j of window(token, k), in that order, building no list; returns the
+  /// window's cells.
+  template <typename Visit>
+  int for_each_in_window(int token, int k, Visit&& visit) const {
+    const WindowSpan span = window_span(token, k);
+    for (int r = span.row_lo; r <= span.row_hi; ++r) {
+      for (int c = span.col_lo; c <= span.col_hi; ++c) visit(this->token(r, c));
+    }
+    return span.cells();
+  }
   /// Grid tokens of the k x k window centred on `token` (k odd), the token itself included,
   /// clipped at the borders, in token order. Empty for a prefix token.
   [[nodiscard]] std::vector<int> window(int token, int k) const;
