@@ -4,6 +4,7 @@
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/dump.hpp"
+#include "attnscope/dump_local_kernel.hpp"
 #include "attnscope/error.hpp"
 #include "attnscope/family.hpp"
 #include "attnscope/variant.hpp"
@@ -102,6 +103,22 @@ void print_schema(const DumpReader& r, std::ostream& os) {
   }
 }
 
+/// The local terms' kernels (/layers/L/local_kernel, local_bias) of the layers that hold one on
+/// the query grid, as `locality --fold-local` reads them: the first image of each file, or with
+/// every_image each image (shapes, padding, finite values; InputError naming the first fault).
+void check_local_kernels(const DumpSchema& s, bool every_image) {
+  for (int l = 0; l < s.attrs.num_layers; ++l) {
+    const LayerGeometry geo = s.geometry(l);
+    if (geo.reduced()) continue;  // keys from a reduced grid: no kernel maps them (local_fold)
+    for (std::size_t f = 0; f < s.files.size() && f < s.file_images.size(); ++f) {
+      if (has_local_kernel(s.files[f], l)) {
+        for (long i = 0; i < (every_image ? s.file_images[f] : 1L); ++i)
+          (void)read_local_kernel(s.files[f], l, i, geo);
+      }
+    }
+  }
+}
+
 /// Reads every value of the dump (each read checks finiteness and throws at the first NaN/Inf),
 /// images streamed by the analyses' loop with the model's own tensors.
 void check_values(DumpReader& r) {
@@ -118,6 +135,7 @@ void check_values(DumpReader& r) {
     for (int i = 0; i < s.num_images; ++i)
       for (int h = 0; h < s.geometry(l).num_heads; ++h) (void)r.read_local(i, l, h);
   }
+  check_local_kernels(s, true);
   (void)r.read_logits();
   (void)r.read_images(nullptr);
 }
@@ -176,10 +194,15 @@ int run_info(const std::vector<std::string>& args) {
     return 0;
   }
   if (file.empty()) throw UsageError("the option '--file' is required but missing");
+  if (values) (void)apply_threads(0);  // OMP_NUM_THREADS checked as by every image run
   DumpReader reader(file);
   if (reader.schema().num_images == 0) {
     throw InputError(file, "/layers/0/q", "at least one image", "no images");
   }
+  // What every analysis checks before its first image: the family data the layers' own
+  // families need, and the local terms' kernels.
+  analyses::check_family_data(reader.schema());
+  check_local_kernels(reader.schema(), false);
   // The whole description is built first: a failure half-way prints nothing on stdout.
   std::ostringstream text;
   print_schema(reader, text);

@@ -104,6 +104,7 @@ int run_maps_cmd(const std::vector<std::string>& args) {
   const std::map<int, std::string> own_names = own_variant_names(schema, sel.own_variants, sel.layers);
   const std::vector<int> tokens = analyses::parse_tokens(f.tokens, grid);
   const std::filesystem::path dir = ensure_out_dir(f.common.out);
+  run::check_result_path(dir / "maps.h5");  // an HDF5 result: it could be the dump itself
 
   RunMetadata meta("maps");
   meta.inputs() = {{"dump", f.common.dump}};

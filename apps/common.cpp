@@ -5,6 +5,7 @@
 
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/notes.hpp"
 #include "attnscope/text.hpp"
 
 #include <omp.h>
@@ -176,9 +177,9 @@ std::vector<Variant> resolve_variants(const CommonOptions& o, const DumpSchema& 
   }
   for (const Variant& v : out) {
     if (v.rows_sum_to_one()) continue;
-    std::cerr << "attnscope: note: " << v.name()
-              << ": attention rows need not sum to 1; every result uses them as computed, never "
-                 "renormalised\n";
+    hold_note("attnscope: note: " + v.name() +
+              ": attention rows need not sum to 1; every result uses them as computed, never "
+              "renormalised");
   }
   return out;
 }
@@ -203,7 +204,7 @@ ResolvedDevice apply_device(const std::string& command, const CommonOptions& o, 
   const Device requested = parse_device(o.device);
   ResolvedDevice r = resolve_device(requested, command, has_cuda_path);
   if (requested == Device::Auto && r.used == Device::Cuda) {
-    std::cerr << "attnscope " << command << ": using " << r.description << "\n";
+    hold_note("attnscope " + command + ": using " + r.description);
   }
   return r;
 }
@@ -450,10 +451,21 @@ std::string stdout_failure() {
 int run_guarded(const std::string& command, const std::function<int()>& body) {
   try {
     const int rc = body();
-    const std::string lost = stdout_failure();
-    if (lost.empty()) return rc;
+    std::string lost = stdout_failure();
+    if (lost.empty()) {
+      if (rc == 0) release_notes();
+      drop_notes();
+      return rc;
+    }
+    drop_notes();
+    // The summary is lost: the run failed, so its result sets are withdrawn (their files stay).
+    for (const std::filesystem::path& manifest : run::published_manifests()) {
+      if (::unlink(manifest.c_str()) == 0) lost += "; withdrew the result set " + manifest.string();
+    }
+    run::published_manifests().clear();
     return report(command, lost, rc == 0 ? kExitInput : rc);
   } catch (...) {
+    drop_notes();
     const ExitStatus s = exit_status(std::current_exception());
     return s.message.empty() ? s.code : report(command, s.message, s.code);
   }

@@ -7,6 +7,7 @@
 #include <hdf5.h>
 
 #include "attnscope/dump.hpp"
+#include "attnscope/notes.hpp"
 
 #include <iostream>
 
@@ -86,7 +87,7 @@ int main(int argc, char** argv) {
   command_line().assign(argv, argv + argc);
   std::vector<std::string> args(argv + 2, argv + argc);
   attnscope::set_dump_warning_handler(
-      [&name](const std::string& m) { std::cerr << "attnscope " << name << ": warning: " << m << "\n"; });
+      [&name](const std::string& m) { attnscope::hold_note("attnscope " + name + ": warning: " + m); });
   const int rc = run_guarded(it->second.name, [&] { return it->second.run(args); });
   if (mpi::size() > 1) quiet_interrupts();
   mpi::finalize();

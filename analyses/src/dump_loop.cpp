@@ -6,6 +6,7 @@
 
 #include "attnscope/dump_family_params.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/notes.hpp"
 #include "attnscope/parallel.hpp"
 #include "attnscope/text.hpp"
 
@@ -130,16 +131,6 @@ std::vector<LayerFamilyData> read_layer_family_data(const DumpSchema& s,
   return out;
 }
 
-/// The file holding dump image `image` and the image's index in it.
-std::pair<const std::string*, long> image_file(const DumpSchema& s, int image) {
-  long first = 0;
-  for (std::size_t f = 0; f < s.files.size() && f < s.file_images.size(); ++f) {
-    if (image < first + s.file_images[f]) return {&s.files[f], image - first};
-    first += s.file_images[f];
-  }
-  return {&s.path, image};
-}
-
 /// Binds each selected head's family parameters of one image (the layers' and the image's agents).
 void read_family_params(const DumpSchema& s, const Selection& sel,
                         const std::vector<LayerFamilyData>& data, int image, ImageBuffer& buf) {
@@ -151,7 +142,7 @@ void read_family_params(const DumpSchema& s, const Selection& sel,
     const LayerGeometry g = s.geometry(sel.layers[slot]);
     std::vector<MatD> agents;
     if (layer.agents) {
-      const auto [file, index] = image_file(s, image);
+      const auto [file, index] = s.image_file(image);
       agents = read_layer_agents(*file, sel.layers[slot], index, g.num_heads, g.head_dim);
     }
     for (int h = 0; h < g.num_heads; ++h) {
@@ -253,6 +244,12 @@ void compute_image(const ImageBuffer& buf, const Selection& sel,
 }
 
 }  // namespace
+
+void check_family_data(const DumpSchema& schema) {
+  std::vector<int> every(static_cast<std::size_t>(schema.attrs.num_layers));
+  for (int l = 0; l < schema.attrs.num_layers; ++l) every[static_cast<std::size_t>(l)] = l;
+  (void)read_layer_family_data(schema, every);
+}
 
 Selection resolve(const DumpSchema& schema, Selection sel) {
   fill_or_check(sel.images, schema.num_images, "image");
@@ -567,6 +564,7 @@ void for_each_head(DumpReader& reader, const Selection& resolved,
     compute_image(*b, resolved, fn);
     const int image = b->qkv.image;
     queue.give_back(b);
+    release_notes();  // the run goes ahead: the notes held until now are worth reading
     if (on_image) on_image(image);
     return 1;
   });
@@ -626,6 +624,7 @@ void for_each_head_pipelined(DumpReader& reader, const Selection& resolved, std:
         std::exception_ptr failed_here;
         held.unlock();
         try {
+          release_notes();
           on_image(a.buffer->qkv.image, a.lane);
         } catch (...) {
           failed_here = std::current_exception();
@@ -745,7 +744,8 @@ void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::si
     for (ImageBuffer* b : taken) {
       const int image = b->qkv.image;
       queue.give_back(b);
-      if (on_image) on_image(image);
+      release_notes();  // the run goes ahead: the notes held until now are worth reading
+    if (on_image) on_image(image);
     }
     return taken.size();
   });

@@ -135,22 +135,8 @@ std::vector<double> folded_local_mass_reference(const Variant& v, const MatF& q,
   return mass;
 }
 
-namespace {
-
-/// The file holding dump image `image` (several files read as one dump) and its index there.
-std::pair<std::string, long> file_of(const DumpSchema& schema, int image) {
-  long first = 0;
-  for (std::size_t f = 0; f < schema.files.size() && f < schema.file_images.size(); ++f) {
-    if (image < first + schema.file_images[f]) return {schema.files[f], image - first};
-    first += schema.file_images[f];
-  }
-  return {schema.files.empty() ? schema.path : schema.files.front(), image};
-}
-
-}  // namespace
-
 void require_local_kernels(const DumpSchema& schema, const std::vector<int>& layers) {
-  const std::string file = file_of(schema, 0).first;
+  const std::string& file = *schema.image_file(0).first;
   std::string with_kernel;
   for (int l = 0; l < schema.attrs.num_layers; ++l) {
     if (has_local_kernel(file, l) && !schema.geometry(l).reduced())
@@ -181,9 +167,9 @@ FoldedLocality folded_locality(DumpReader& reader, const Selection& resolved,
   // Every selected image's kernels, read here, on this thread (the loop's heads run in parallel).
   std::map<std::pair<int, int>, LocalKernel> kernels;  // (image, layer)
   for (int image : resolved.images) {
-    const auto [file, index] = file_of(schema, image);
+    const auto [file, index] = schema.image_file(image);
     for (int layer : resolved.layers)
-      kernels[{image, layer}] = read_local_kernel(file, layer, index, schema.geometry(layer));
+      kernels[{image, layer}] = read_local_kernel(*file, layer, index, schema.geometry(layer));
   }
   const std::size_t nh = resolved.heads.size();
   std::vector<int> layer_slot(static_cast<std::size_t>(schema.attrs.num_layers), -1);

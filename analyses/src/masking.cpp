@@ -17,11 +17,11 @@ std::string MaskSpec::name() const {
   return std::string(kind == Kind::Local ? "local:" : "random:") + std::to_string(size);
 }
 
-std::vector<MaskSpec> parse_mask_specs(std::string_view specs) {
+std::vector<MaskSpec> parse_mask_specs(std::string_view specs, std::string_view flag) {
   std::vector<MaskSpec> out;
   for (const std::string_view item : split_list(specs)) {
     const auto bad = [&](const std::string& why) {
-      throw UsageError("--mask '" + std::string(item) + "': " + why +
+      throw UsageError(std::string(flag) + " '" + std::string(item) + "': " + why +
                        " (expected local:K with K odd >= 1, or random:N with N >= 0)");
     };
     const auto colon = item.find(':');

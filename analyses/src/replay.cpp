@@ -522,7 +522,7 @@ std::vector<Intervention> parse_interventions(std::string_view list, const VitMo
         throw UsageError("--intervention '" + item + "': " + e.what());
       }
     } else if (item.rfind("local:", 0) == 0 || item.rfind("random:", 0) == 0) {
-      iv.mask = parse_mask_specs(item).front();
+      iv.mask = parse_mask_specs(item, "--intervention").front();
     } else {
       throw UsageError("--intervention '" + item + "': expected none, local:K, random:N, f1, f2, l2norm or family=SPEC");
     }

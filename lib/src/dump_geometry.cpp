@@ -86,6 +86,30 @@ void read_positions(hid_t file_id, const GroupReader& r, LayerGeometry& geo,
     geo.positions[i] = static_cast<int>(row);
     geo.positions[i + 1] = static_cast<int>(col);
   }
+  // The windows cut the grid into pieces: every cell in exactly one window, once.
+  const long long cells = static_cast<long long>(geo.grid.height) * geo.grid.width;
+  if (static_cast<long long>(W * T) != cells) {
+    throw InputError(path, pos_name,
+                     "windows that cover the " + std::to_string(geo.grid.height) + "x" +
+                         std::to_string(geo.grid.width) + " grid once (windows x window tokens = " +
+                         std::to_string(cells) + ")",
+                     std::to_string(W) + " windows of " + std::to_string(T) + " tokens");
+  }
+  std::vector<int> seen(static_cast<std::size_t>(cells), -1);
+  for (std::size_t i = 0; i < pos.size(); i += 2) {
+    const std::size_t cell = static_cast<std::size_t>(pos[i] * geo.grid.width + pos[i + 1]);
+    const auto token = static_cast<int>(i / 2);
+    if (seen[cell] >= 0) {
+      const auto at = [T](int k) {
+        return "window " + std::to_string(k / static_cast<int>(T)) + ", token " +
+               std::to_string(k % static_cast<int>(T));
+      };
+      throw InputError(path, pos_name, "each cell of the grid once",
+                       "cell (" + std::to_string(pos[i]) + ", " + std::to_string(pos[i + 1]) +
+                           ") at " + at(seen[cell]) + " and at " + at(token));
+    }
+    seen[cell] = token;
+  }
 }
 
 /// CSwin's second stripe shape: second_heads_from, second_window_height/width and

@@ -4,6 +4,7 @@
 
 #include "attnscope/error.hpp"
 #include "attnscope/half.hpp"
+#include "attnscope/input_files.hpp"
 #include "attnscope/variant.hpp"
 
 #include <fcntl.h>
@@ -91,6 +92,7 @@ h5::Handle open_read_only(const std::string& path) {
     throw InputError(path, "", "a readable HDF5 file",
                      "a damaged or truncated file (" + (stack.empty() ? "" : stack.back()) + ")");
   }
+  note_input_file(path);
   return f;
 }
 
@@ -1100,6 +1102,15 @@ int DumpSchema::max_heads() const {
 void set_dump_warning_handler(std::function<void(const std::string&)> handler) {
   std::lock_guard<std::mutex> lock(warning_mutex);
   warning_handler() = std::move(handler);
+}
+
+std::pair<const std::string*, long> DumpSchema::image_file(int image) const {
+  long first = 0;
+  for (std::size_t f = 0; f < files.size() && f < file_images.size(); ++f) {
+    if (image < first + file_images[f]) return {&files[f], image - first};
+    first += file_images[f];
+  }
+  return {files.empty() ? &path : &files.front(), image};
 }
 
 int DumpSchema::model_layer(int layer) const {

@@ -154,6 +154,14 @@ void SynthOptions::validate() const {
   need(2 * pairs <= tokens(), std::to_string(pairs) + " planted pairs need " +
                                   std::to_string(2 * pairs) + " distinct tokens, there are " +
                                   std::to_string(tokens()));
+  // Each image's block of a layer is one HDF5 chunk [1, heads, tokens, head_dim], and HDF5's
+  // chunks hold less than 4 GiB.
+  const long double block = static_cast<long double>(heads) * static_cast<long double>(tokens()) *
+                            head_dim * (dtype == DType::F16 ? 2 : 4);
+  need(block < 4294967296.0L,
+       "--heads x tokens x --head-dim: one image's block of a layer would take " +
+           std::to_string(static_cast<unsigned long long>(block)) +
+           " bytes, more than an HDF5 chunk holds (under 4 GiB)");
   // The reader's own checks: synth never writes a dump that attnscope would refuse to read.
   try {
     dump_detail::validate_attributes(attributes(), "synth");

@@ -192,6 +192,14 @@ ImageRowReader::ImageRowReader(const std::string& path) : impl_(std::make_unique
   if (dims.size() != 4 || dims[0] == 0) {
     throw InputError(path, "/images", "a dataset [images, C, H, W] with at least one image", shape_text(dims));
   }
+  {
+    const h5::Handle t = h5::type(H5Dget_type(m.images.get()));
+    const std::size_t bytes = H5Tget_size(t.get());
+    if (H5Tget_class(t.get()) != H5T_FLOAT || (bytes != 4 && bytes != 2)) {
+      throw InputError(path, "/images", "float32 or float16 images (the model's normalised input)",
+                       h5::describe_type(t.get()));
+    }
+  }
   m.n = static_cast<int>(dims[0]);
   m.shape = {static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])};
   if (h5::exists(r, "labels")) {

@@ -79,6 +79,13 @@ def _edited(src, dst, edit):
     (lambda f: f["layers/1/token_positions"].__setitem__((0, 0, 0), 14), "token_positions"),
     (lambda f: f["layers/0"].attrs.__setitem__("window_height", 6), "/layers/0/token_positions"),
     (lambda f: f["layers/2"].attrs.__setitem__("key_grid_height", 3), "key_grid"),
+    # Windows must cut the grid into pieces: a cell twice, or windows that leave cells out.
+    (lambda f: f["layers/0/token_positions"].__setitem__((0, 1), f["layers/0/token_positions"][0, 0]),
+     "/layers/0/token_positions: expected each cell of the grid once, found cell (0, 0) at window 0, "
+     "token 0 and at window 0, token 1"),
+    (lambda f: f["layers/2"].attrs.__setitem__("grid_height", 8),
+     "/layers/2/token_positions: expected windows that cover the 8x7 grid once (windows x window "
+     "tokens = 56), found 1 windows of 49 tokens"),
 ])
 def test_bad_geometry_is_one_line_naming_the_place(attnscope_bin, dumps, tmp_path, edit, says):
     bad = _edited(dumps["swin"], str(tmp_path / "bad.h5"), edit)

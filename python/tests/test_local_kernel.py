@@ -238,6 +238,38 @@ def test_fold_local_names_a_damaged_kernel(tmp_path, attnscope_bin, fault, expec
     assert not (tmp_path / "o" / "locality.csv").exists(), "refused before the run, not after"
 
 
+def test_info_checks_the_kernels_as_fold_local_reads_them(tmp_path, attnscope_bin):
+    """info validates the first image's kernel of each layer (its shape, padding, values), and
+    with --check-values every image's; a NaN in image 2's kernel is seen only then, by both."""
+    import subprocess
+
+    def run(*args):  # info takes no --threads
+        if args[0] != "info":
+            return _run(attnscope_bin, *args)
+        return subprocess.run([attnscope_bin, *map(str, args)], capture_output=True, text=True,
+                              timeout=300)
+
+    path = tmp_path / "d.h5"
+    _dump(CASES["inline_deit"][0], 28, path)
+    assert run("info", "--check-values", path).returncode == 0
+    with h5py.File(path, "r+") as f:
+        k = f["layers/0/local_kernel"]
+        assert k.ndim == 5 and k.shape[0] == 4  # per image
+        k[2, 0, 0, 0, 0] = np.nan
+    assert run("info", path).returncode == 0
+    for args in (("info", "--check-values", path),
+                 ("locality", "--dump", path, "--out", tmp_path / "o", "--fold-local")):
+        r = run(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert "/layers/0/local_kernel: expected finite values" in lines[0], r.stderr
+    with h5py.File(path, "r+") as f:
+        f["layers/0/local_kernel"].attrs["padding_height"] = 0
+    r = run("info", path)
+    assert r.returncode == 1 and "/layers/0/local_kernel" in r.stderr and "padding" in r.stderr, r.stderr
+    assert r.stdout == "", "nothing printed for an invalid dump"
+
+
 def test_fold_local_reads_each_files_kernels_and_merges_shards(tmp_path, attnscope_bin):
     """Per-image kernels of a dump written as two files, and a run split into --shard 0/2 and 1/2
     then merged, give locality_folded.csv byte for byte as one file and one run."""

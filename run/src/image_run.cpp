@@ -8,6 +8,7 @@
 #include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/notes.hpp"
 
 #include <fcntl.h>
 #include <omp.h>
@@ -295,8 +296,8 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
   }
   settle(ep);
   if (m.journal->discarded_previous()) {
-    std::cerr << "attnscope " << command << ": note: started over; the interrupted run's journal "
-              << m.journal->path().string() << " was discarded (--resume continues one)\n";
+    hold_note("attnscope " + command + ": note: started over; the interrupted run's journal " +
+              m.journal->path().string() + " was discarded (--resume continues one)");
   }
   if (control.resume && m.recorded == 0 && mpi::root()) {
     // Journals of this command written with another number of ranks or another shard are not
@@ -309,11 +310,10 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
     }
     if (!others.empty()) {
       std::sort(others.begin(), others.end());
-      std::cerr << "attnscope " << command << ": note: --resume found no journal of this run's "
-                << "layout (" << name << ".journal) but " << others.front()
-                << (others.size() > 1 ? " and others" : "")
-                << ", written with another number of ranks or shards; starting from the first "
-                   "image (rerun with that layout to continue it)\n";
+      hold_note("attnscope " + command + ": note: --resume found no journal of this run's layout (" +
+                name + ".journal) but " + others.front() + (others.size() > 1 ? " and others" : "") +
+                ", written with another number of ranks or shards; starting from the first image "
+                "(rerun with that layout to continue it)");
     }
   }
   pending_.assign(selection.begin() + static_cast<std::ptrdiff_t>(m.rank_block.begin + m.recorded),

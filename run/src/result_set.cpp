@@ -4,6 +4,7 @@
 #include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/input_files.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -164,11 +165,27 @@ namespace {
 
 /// A published name may replace only a regular file (or nothing): never a device, a FIFO, a
 /// socket, a folder or a symbolic link (run as root, `synth --out /dev/null` replaced the
-/// system's /dev/null with a dump).
+/// system's /dev/null with a dump), and never a file the run reads (input_files.hpp).
 void check_replaceable(const fs::path& p) {
   struct stat st{};
   if (::lstat(p.c_str(), &st) != 0) return;  // nothing there (or nothing we may see): a new file
-  if (S_ISREG(st.st_mode)) return;
+  if (S_ISREG(st.st_mode) && is_input_file(p)) {
+    throw InputError(p.string(), "", "a results path that is not an input of the run (choose another --out)",
+                     "this run's input file, which its results would replace");
+  }
+  if (S_ISREG(st.st_mode)) {
+    // A writer's lock (HDF5 takes an exclusive flock while a file is open for writing): the
+    // writer would go on writing a file no longer in the folder, and its data would be lost.
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return;
+    const bool locked = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);
+    if (locked) {
+      throw InputError(p.string(), "", "a file no other process is writing",
+                       "a file locked by another process (a writer still has it open)");
+    }
+    return;
+  }
   const char* kind = S_ISCHR(st.st_mode)    ? "a character device"
                      : S_ISBLK(st.st_mode)  ? "a block device"
                      : S_ISFIFO(st.st_mode) ? "a FIFO"
@@ -180,6 +197,8 @@ void check_replaceable(const fs::path& p) {
 }
 
 }  // namespace
+
+void check_result_path(const fs::path& path) { check_replaceable(path); }
 
 ResultSet::ResultSet(fs::path dir, std::string manifest)
     : dir_(std::move(dir)), manifest_(std::move(manifest)) {

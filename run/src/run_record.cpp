@@ -40,6 +40,11 @@ std::vector<std::string>& command_line() {
   return args;
 }
 
+std::vector<std::filesystem::path>& published_manifests() {
+  static std::vector<std::filesystem::path> manifests;
+  return manifests;
+}
+
 RunMetadata::RunMetadata(std::string command) : start_(std::chrono::steady_clock::now()) {
   j_["command"] = std::move(command);
   j_["version"] = ATTNSCOPE_VERSION;
@@ -69,7 +74,9 @@ std::filesystem::path RunMetadata::publish(ResultSet& set) {
                                    {"heads_read_by", s.computing_threads_read ? "computing threads" : "reader thread"}};
   }
   j_["threads"] = omp_get_max_threads();
-  return set.publish(j_);
+  const std::filesystem::path manifest = set.publish(j_);
+  published_manifests().push_back(manifest);
+  return manifest;
 }
 
 }  // namespace attnscope::run

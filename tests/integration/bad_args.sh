@@ -33,11 +33,12 @@ expect_exit 1 "$WORK/no/such/dir/x.h5" "$ATTNSCOPE" synth --out "$WORK/no/such/d
 echo "not a folder" >"$WORK/plain"
 expect_exit 1 "$WORK/plain/x.h5" "$ATTNSCOPE" synth --out "$WORK/plain/x.h5"
 
-# Failures after the output was started leave nothing either: a layer too large for one HDF5 chunk
-# (fails while creating datasets), and running out of memory (caught, reported, exit 1).
+# A layer too large for one HDF5 chunk is refused with the options (it failed with HDF5's words
+# while creating the datasets); a failure after the output was started, running out of memory,
+# leaves nothing either (caught, reported, exit 1).
 big="$WORK/big.h5"
-expect_exit 1 "chunk size must be < 4GB" "$ATTNSCOPE" synth --out "$big" --grid-height 3000 \
-  --grid-width 3000 --head-dim 64 --images 1 --layers 1 --heads 2
+expect_exit 2 "--heads x tokens x --head-dim: one image's block of a layer would take 4608000512 bytes" \
+  "$ATTNSCOPE" synth --out "$big" --grid-height 3000 --grid-width 3000 --head-dim 64 --images 1 --layers 1 --heads 2
 expect_no_file "$big" "$big.json"
 ( ulimit -v 800000
   expect_exit 1 "attnscope synth: out of memory" "$ATTNSCOPE" synth --out "$big" \

@@ -50,6 +50,13 @@ check_stdout "$WORK/full" "$A" spikiness --synthetic --synth-images 1 --out "$WO
 check_stdout "$WORK/full" "$A" verify --trials 2
 check_stdout "$WORK/full" "$A" replay --model "$m" --dump "$sd" --images 0 --out "$WORK/c5"
 check_stdout "$WORK/full" "$A" synth --out "$WORK/d3.h5" --images 1
+# A run whose summary was lost failed: its result set is withdrawn (its files stay, no manifest).
+for s in c1/census c2/confusion c3/locality c4/spikiness c5/replay; do expect_no_file "$WORK/$s.json"; done
+expect_no_file "$WORK/d3.h5.json"
+expect_grep "withdrew the result set $WORK/d3.h5.json" "$WORK/err.txt"   # said (synth's, the last)
+# Negative control: the same run with a working standard output publishes its set.
+expect_ok "$A" census --dump "$WORK/d.h5" --out "$WORK/c1"
+[ -f "$WORK/c1/census.json" ] || { echo "FAIL: census.json not published"; exit 1; }
 check_stdout "$WORK/full" "$A" --version
 check_stdout "$WORK/full" "$A" info --families
 T="$WORK/tmpfs"

@@ -4,6 +4,7 @@
 #include "attnscope/analyses/confusion.hpp"
 #include "attnscope/analyses/dump_loop.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/notes.hpp"
 #include "attnscope/synth.hpp"
 #include "scratch_dir.hpp"
 
@@ -636,6 +637,37 @@ TEST(ByteSize, ParsesSuffixesAndRefusesGarbage) {
   EXPECT_EQ(byte_size_text(512u << 20), "512 MiB");
   EXPECT_EQ(byte_size_text(1536u << 20), "1.5 GiB");
   EXPECT_EQ(byte_size_text(100), "100 bytes");
+}
+
+// Notes (notes.hpp) wait until the run goes ahead: held notes are printed, in order and once,
+// when the first image is done, before it is handed on (a run refused before that prints its
+// error alone); dropped notes never appear.
+TEST_F(DumpLoop, HeldNotesArePrintedOnceTheFirstImageIsDone) {
+  DumpReader reader(path_);
+  Selection sel;
+  sel.images = {0, 1};
+  const Selection r = resolve(reader.schema(), sel);
+  attnscope::hold_note("attnscope test: note: first");
+  attnscope::hold_note("attnscope test: note: second");
+  std::vector<std::string> at_image;
+  testing::internal::CaptureStderr();
+  for_each_head(
+      reader, r, [](const HeadView&) {},
+      [&](int) {
+        std::string got = testing::internal::GetCapturedStderr();
+        at_image.push_back(got);
+        testing::internal::CaptureStderr();
+      });
+  const std::string after = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(at_image.size(), 2u);
+  EXPECT_EQ(at_image[0], "attnscope test: note: first\nattnscope test: note: second\n");
+  EXPECT_EQ(at_image[1], "");
+  EXPECT_EQ(after, "");
+  attnscope::hold_note("attnscope test: note: dropped");
+  attnscope::drop_notes();
+  testing::internal::CaptureStderr();
+  attnscope::release_notes();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
 
 }  // namespace

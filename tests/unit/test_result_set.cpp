@@ -6,8 +6,12 @@
 #include "attnscope/run/sha256.hpp"
 
 #include "attnscope/error.hpp"
+#include "attnscope/input_files.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -309,4 +313,53 @@ TEST_F(ResultSetTest, ErrorsNameTheResultsFolderNotTheStagingFolder) {
   } catch (const attnscope::UsageError& e) {
     EXPECT_EQ(std::string(e.what()), "bad " + (dir_ / "d.h5").string());
   }
+}
+
+// A result never replaces an input of the run (input_files.hpp), under its own name or another
+// (a hard link), nor a file another process holds open for writing; other files are replaced.
+TEST_F(ResultSetTest, NeverReplacesAnInputOrAFileAWriterHolds) {
+  std::ofstream(dir_ / "in.h5") << "the dump\n";
+  std::ofstream(dir_ / "other.h5") << "not read\n";
+  fs::create_hard_link(dir_ / "in.h5", dir_ / "link.h5");
+  attnscope::note_input_file(dir_ / "in.h5");
+  EXPECT_TRUE(attnscope::is_input_file(dir_ / "link.h5"));
+  EXPECT_FALSE(attnscope::is_input_file(dir_ / "other.h5"));
+  for (const char* name : {"in.h5", "link.h5"}) {
+    try {
+      attnscope::run::check_result_path(dir_ / name);
+      ADD_FAILURE() << name << " was not refused";
+    } catch (const attnscope::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("not an input of the run"), std::string::npos) << e.what();
+    }
+    ResultSet set(dir_, "x.json");
+    EXPECT_THROW((void)set.stage(name), attnscope::InputError) << name;
+  }
+  EXPECT_EQ(slurp(dir_ / "in.h5"), "the dump\n");
+  publish({{"other.h5", "a result\n"}}, 1);  // the negative control: replaced
+  EXPECT_EQ(slurp(dir_ / "other.h5"), "a result\n");
+
+  // A writer's exclusive lock, taken by a child process that holds it until told to stop.
+  std::ofstream(dir_ / "held.h5") << "being written\n";
+  int ready[2], stop[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(stop), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int fd = ::open((dir_ / "held.h5").c_str(), O_RDWR);
+    const bool locked = fd >= 0 && ::flock(fd, LOCK_EX) == 0;
+    char c = locked ? 'y' : 'n';
+    (void)!::write(ready[1], &c, 1);
+    (void)!::read(stop[0], &c, 1);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  EXPECT_THROW(attnscope::run::check_result_path(dir_ / "held.h5"), attnscope::InputError);
+  (void)!::write(stop[1], &c, 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_NO_THROW(attnscope::run::check_result_path(dir_ / "held.h5"));  // the writer is gone
+  for (int fd : {ready[0], ready[1], stop[0], stop[1]}) ::close(fd);
 }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attnscope {
@@ -67,6 +68,9 @@ struct DumpSchema {
   /// One line each: what the reader noticed and ignored (also sent to the warning handler).
   std::vector<std::string> warnings;
 
+  /// The file holding dump image `image` (several files read as one dump) and the image's index
+  /// in it (the first file's, or path's, for an image past the last).
+  [[nodiscard]] std::pair<const std::string*, long> image_file(int image) const;
   /// The model's index of dump layer `layer` (the identity without source_layers).
   [[nodiscard]] int model_layer(int layer) const;
   /// The dump layer holding model layer `model_layer_index`, or -1 when the dump lacks it.

@@ -84,7 +84,10 @@ class AttentionFamily {
   [[nodiscard]] virtual bool rows_sum_to_one(const Variant& v) const;
   /// Whether weights depend on token positions (not only on the queries and keys as sets).
   [[nodiscard]] virtual bool position_dependent() const { return false; }
-  /// Whether weights can be negative (the weight census walks these families by default).
+  /// Whether weights can be negative whatever the feature map (the weight census walks these
+  /// families by default). False for linear attention, whose weights are non-negative with its
+  /// non-negative maps; with a signed map (linear:identity, linear:leaky_relu) they can be
+  /// negative, and the census counts them when the variant is named with --variant.
   [[nodiscard]] virtual bool weights_can_be_negative() const { return false; }
   /// The laws a magnitude sweep checks: in feature space for kernel families (f_q scaled), in
   /// query space for softmax.

@@ -160,6 +160,11 @@ inline double head_scale(const HeadView& hv, double dump_scale) {
 /// (UsageError naming the bad one).
 Selection resolve(const DumpSchema& schema, Selection sel);
 
+/// Reads every layer's family parameters as the loop does before its first image: InputError
+/// naming the first one a layer's own family needs and the dump lacks (`info` checks with it
+/// what every analysis would refuse).
+void check_family_data(const DumpSchema& schema);
+
 /// Calls fn for every selected (image, layer, head), heads of an image in parallel (fn must be
 /// thread-safe), images in order. A reader thread fills a bounded queue of reused image buffers
 /// (plan_loop_memory) while the current image is computed. on_image(image) runs on the calling

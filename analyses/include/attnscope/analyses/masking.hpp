@@ -46,8 +46,9 @@ struct MaskSpec {
 };
 
 /// Comma-separated "local:K" (K odd, >= 1) and "random:N" (N >= 0) items. Throws UsageError
-/// naming the bad item; a mask named twice is refused.
-[[nodiscard]] std::vector<MaskSpec> parse_mask_specs(std::string_view specs);
+/// naming `flag` and the bad item; a mask named twice is refused.
+[[nodiscard]] std::vector<MaskSpec> parse_mask_specs(std::string_view specs,
+                                                     std::string_view flag = "--mask");
 
 /// The default list: the windows and random counts of InLine Table 2.
 inline constexpr std::string_view kDefaultMasks = "local:3,local:5,local:7,random:9,random:25,random:49";

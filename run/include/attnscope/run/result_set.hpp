@@ -87,6 +87,13 @@ class ResultFile {
   std::unique_ptr<std::ostream> os_;
 };
 
+/// Throws InputError naming `path` when a result published there would replace something it must
+/// not: a special file or a link, a file this run reads (input_files.hpp), or a file another
+/// process holds open for writing. ResultSet checks every name when staging and publishing; a
+/// command calls this first for a result whose name may be an input's (`maps.h5`), so that it is
+/// refused before anything is computed.
+void check_result_path(const std::filesystem::path& path);
+
 /// The environment variable of the publishing test hook (see result_set.cpp).
 inline constexpr const char* kPublishHookEnv = "ATTNSCOPE_TEST_PUBLISH_HOOK";
 

@@ -31,6 +31,11 @@ std::filesystem::path ensure_out_dir(const std::string& dir);
 /// sys.argv); recorded in every run's metadata.
 std::vector<std::string>& command_line();
 
+/// The manifests this process has published (RunMetadata::publish), in order: a command whose
+/// summary is then lost (standard output full or closed) withdraws them, so that a failed run
+/// leaves no result set looking complete.
+std::vector<std::filesystem::path>& published_manifests();
+
 /// Run metadata, published as the manifest of the run's result set (<out>/<command>.json, or
 /// FILE.h5.json for synth): command, the full command line, attnscope version, inputs,
 /// parameters, start time, elapsed seconds, threads, anything added under "results", and the
