@@ -159,7 +159,7 @@ int run_confusion_cmd(const std::vector<std::string>& args) {
   const po::options_description desc = confusion_options(f);
   po::variables_map vm;
   if (!parse_args("confusion", "--dump FILE [options]", desc, args, vm)) return 0;
-  if (!(f.opt.eps >= 0.0) || !(f.opt.query_eps >= 0.0)) throw UsageError("--eps and --query-eps must be >= 0");
+  analyses::check_confusion_options(f.opt, "--eps", "--query-eps");
   f.opt.exclude = analyses::parse_token_filter(f.exclude_tokens);
   const int threads = apply_threads(f.common.threads);
   const ResolvedDevice device =  // --reference is the CPU's plain double loops

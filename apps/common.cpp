@@ -455,14 +455,18 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
     if (lost.empty()) {
       if (rc == 0) release_notes();
       drop_notes();
+      run::remove_journals();
       return rc;
     }
     drop_notes();
-    // The summary is lost: the run failed, so its result sets are withdrawn (their files stay).
+    // The summary is lost: the run failed, so its result sets are withdrawn (their files stay)
+    // and its journals kept: --resume publishes the set again without computing.
     for (const std::filesystem::path& manifest : run::published_manifests()) {
       if (::unlink(manifest.c_str()) == 0) lost += "; withdrew the result set " + manifest.string();
     }
     run::published_manifests().clear();
+    if (!run::journals_to_remove().empty()) lost += " (its journal is kept for --resume)";
+    run::journals_to_remove().clear();
     return report(command, lost, rc == 0 ? kExitInput : rc);
   } catch (...) {
     drop_notes();

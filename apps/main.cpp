@@ -9,6 +9,7 @@
 #include "attnscope/dump.hpp"
 #include "attnscope/notes.hpp"
 
+#include <csignal>
 #include <iostream>
 
 namespace attnscope::app {
@@ -68,6 +69,9 @@ int main(int argc, char** argv) {
     std::cerr << "attnscope: unknown command '" << name << "' (see attnscope --help)\n";
     return 2;
   }
+  // A closed pipe on standard output is a write error the command reports (exit 1, its set
+  // withdrawn, its journal kept), not a silent death by SIGPIPE with the set left complete.
+  std::signal(SIGPIPE, SIG_IGN);
   // Signals are blocked before MPI starts its threads, which inherit the mask.
   install_interrupt_cleanup(it->second.name);
   try {

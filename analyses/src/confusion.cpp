@@ -10,11 +10,25 @@
 #include <cmath>
 #include <deque>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace attnscope::analyses {
+
+void check_confusion_options(const ConfusionOptions& opt, const std::string& eps_name,
+                             const std::string& query_eps_name) {
+  for (const auto& [name, x] : {std::pair<const std::string&, double>{eps_name, opt.eps},
+                                {query_eps_name, opt.query_eps}}) {
+    if (!(x >= 0.0) || !std::isfinite(x)) {
+      std::ostringstream found;
+      found << x;
+      throw UsageError(name + ": expected a finite radius >= 0, found " + found.str());
+    }
+  }
+}
+
 
 namespace detail {
 

@@ -25,11 +25,20 @@ RowStats row_stats(const VecD& w, int topk) {
     if (w[j] == 0.0) ++s.zeros;
     if (w[j] > 0.0) positive_sum += w[j];
   }
+  // Weights whose sum overflows (two of 1e308) are summed relative to the largest: p is the same
+  // ratio, and the sum finite.
+  const double unit = std::isfinite(positive_sum) ? 1.0 : s.max_weight;
+  if (unit != 1.0) {
+    positive_sum = 0.0;
+    for (Eigen::Index j = 0; j < n; ++j) {
+      if (w[j] > 0.0) positive_sum += w[j] / unit;
+    }
+  }
   if (positive_sum > 0.0) {
     double h = 0.0;
     for (Eigen::Index j = 0; j < n; ++j) {
       if (w[j] <= 0.0) continue;
-      const double p = w[j] / positive_sum;
+      const double p = w[j] / unit / positive_sum;
       if (p > 0.0) h -= p * portable::log(p);
     }
     s.entropy = std::max(h, 0.0);

@@ -37,6 +37,8 @@ def _array(x, name: str):
         if x.device.type != "cpu":
             raise TypeError(f"{name}: expected a CPU tensor, got one on {x.device} (use .cpu())")
         dtype = str(x.dtype).replace("torch.", "")
+        if name == "mask" and dtype == "bool":
+            return x.detach().numpy()
         if dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{name}: expected float16, float32 or float64 values, got {dtype}")
         return x.detach().numpy()

@@ -64,6 +64,11 @@ def analyze(model, loader, analyses=DEFAULT_ANALYSES, *, out: str = "results/ana
             raise ValueError(f"analyses: expected some of {', '.join(ANALYSES)}, got '{name}'")
     if not analyses:
         raise ValueError("analyses: expected at least one analysis")
+    if max_images is not None and (isinstance(max_images, bool) or not isinstance(max_images, int)
+                                   or max_images < 1):
+        raise ValueError(f"max_images: expected a positive number of images or None, got {max_images!r}")
+    if not out:
+        raise ValueError("out: expected a results folder, got an empty path")
     np_dtype = dumper._dtype(dtype)
     style, sites, keep, attrs = dumper.model_setup(model, layers, model_name, attention_family,
                                                    feature_map, convention, grid, prefix_tokens,

@@ -64,8 +64,10 @@ Scalar scalar_of(const std::vector<std::pair<const char*, pyb::handle>>& arrays)
 template <typename T>
 Heads<T>::Heads(pyb::handle obj, const char* name) : name_(name) {
   dtype_of(name, obj);
-  array_ = pyb::array_t<T, pyb::array::c_style | pyb::array::forcecast>::ensure(obj);
-  if (!array_) throw pyb::error_already_set();
+  // The constructor keeps Python's error (a MemoryError for a copy too large) where ensure()
+  // clears it.
+  array_ = pyb::array_t<T, pyb::array::c_style | pyb::array::forcecast>(
+      pyb::reinterpret_borrow<pyb::object>(obj));
   const pyb::ssize_t rank = array_.ndim();
   if (rank != 2 && rank != 4) {
     throw UsageError(std::string(name) +
@@ -145,18 +147,40 @@ double scale_or_default(const pyb::object& scale, Eigen::Index dim) {
   return s;
 }
 
-TokenGrid grid_of(const std::vector<int>& grid, Eigen::Index tokens) {
+TokenGrid grid_shape(const std::vector<int>& grid) {
   if (grid.size() != 3) {
     throw UsageError("grid: expected (prefix_tokens, height, width), got " +
                      std::to_string(grid.size()) + " numbers");
   }
   const TokenGrid g{grid[0], grid[1], grid[2]};
-  if (g.prefix < 0 || g.height < 1 || g.width < 1 || g.tokens() != tokens) {
+  // In 64 bits: height * width of two large ints wraps in int (65536 x 65536 gave 0 tokens).
+  const long long tokens = static_cast<long long>(g.prefix) + static_cast<long long>(g.height) * g.width;
+  if (g.prefix < 0 || g.height < 1 || g.width < 1 || tokens >= (1LL << 30)) {
+    throw UsageError("grid: expected prefix_tokens >= 0, height and width >= 1 and under 2^30 "
+                     "tokens in all, got (" + std::to_string(g.prefix) + ", " +
+                     std::to_string(g.height) + ", " + std::to_string(g.width) + ")");
+  }
+  return g;
+}
+
+TokenGrid grid_of(const std::vector<int>& grid, Eigen::Index tokens) {
+  const TokenGrid g = grid_shape(grid);
+  if (g.tokens() != tokens) {
     throw UsageError("grid: (" + std::to_string(g.prefix) + ", " + std::to_string(g.height) + ", " +
                      std::to_string(g.width) + ") does not hold the " + str(tokens) +
                      " tokens of the heads (prefix + height * width)");
   }
   return g;
+}
+
+void require_known_options(const std::string& what, const pyb::dict& options,
+                           const std::vector<std::string>& known) {
+  for (const auto& [key, value] : options) {
+    const std::string k = pyb::str(key);
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      throw UsageError(what + ": unknown option '" + k + "'");
+    }
+  }
 }
 
 template class Heads<float>;

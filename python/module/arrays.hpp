@@ -14,6 +14,7 @@
 
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace attnscope::python {
@@ -92,7 +93,32 @@ void for_each_index(Eigen::Index n, Fn&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-/// The grid of a (prefix, height, width) triple; UsageError unless it holds `tokens` tokens.
+/// The grid of a (prefix, height, width) triple: prefix >= 0, height and width >= 1, under 2^30
+/// tokens in all (UsageError otherwise).
+TokenGrid grid_shape(const std::vector<int>& grid);
+
+/// grid_shape's grid; UsageError unless it holds `tokens` tokens.
 TokenGrid grid_of(const std::vector<int>& grid, Eigen::Index tokens);
+
+/// options[key] as a T, or `fallback` where the dict lacks it; a value of another type is a
+/// TypeError naming the key (pybind11's own says only that a cast failed).
+template <typename T>
+T option(const pyb::dict& options, const char* key, T fallback) {
+  if (!options.contains(key)) return fallback;
+  const pyb::object value = options[key];
+  try {
+    return value.cast<T>();
+  } catch (const pyb::cast_error&) {
+    throw pyb::type_error(std::string(key) + ": expected " +
+                          (std::is_same_v<T, bool> ? "True or False"
+                           : std::is_integral_v<T> ? "an integer"
+                                                   : "a number") +
+                          ", got " + std::string(pyb::str(pyb::repr(value))));
+  }
+}
+
+/// UsageError naming the first key of `options` that `known` lacks (`what`: the analysis).
+void require_known_options(const std::string& what, const pyb::dict& options,
+                           const std::vector<std::string>& known);
 
 }  // namespace attnscope::python

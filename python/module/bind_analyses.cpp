@@ -16,9 +16,14 @@
 #include "attnscope/analyses/maps.hpp"
 #include "attnscope/error.hpp"
 
+#include <cmath>
+#include <limits>
+
 namespace attnscope::python {
 
 namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 using analyses::HeadView;
 using analyses::Selection;
@@ -82,6 +87,7 @@ pyb::dict confusion(pyb::handle q_obj, pyb::handle k_obj, const std::string& spe
   analyses::ConfusionOptions opt;
   opt.eps = eps;
   opt.query_eps = query_eps;
+  analyses::check_confusion_options(opt);
   std::vector<analyses::HeadConfusion> out(static_cast<std::size_t>(q.count()));
   for_each_index(q.count(), [&](Eigen::Index i) {
     const FloatHead h(q, k, i);
@@ -119,6 +125,7 @@ pyb::array_t<std::int64_t> confused_pairs(pyb::handle q_obj, pyb::handle k_obj,
   analyses::ConfusionOptions opt;
   opt.eps = eps;
   opt.query_eps = query_eps;
+  analyses::check_confusion_options(opt);
   std::vector<std::pair<int, int>> pairs;
   for_each_index(1, [&](Eigen::Index) {
     const FloatHead h(q, k, 0);
@@ -172,11 +179,14 @@ pyb::dict locality(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec
   std::vector<std::int64_t> count, dead;
   std::vector<double> mean, stddev, min, max;
   for (const auto& h : r.per_head[0]) {
+    // A head without a measured query has no statistics: NaN, never a 0 or an infinity that
+    // reads as a value.
+    const auto measured = [&h](double x) { return h.mass.count > 0 ? x : kNaN; };
     count.push_back(h.mass.count);
-    mean.push_back(h.mass.mean);
-    stddev.push_back(h.mass.stddev());
-    min.push_back(h.mass.min);
-    max.push_back(h.mass.max);
+    mean.push_back(measured(h.mass.mean));
+    stddev.push_back(measured(h.mass.stddev()));
+    min.push_back(measured(h.mass.min));
+    max.push_back(measured(h.mass.max));
     dead.push_back(h.degenerate_rows);
   }
   pyb::dict d;
@@ -198,6 +208,9 @@ pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
   const Variant v = variant_of(spec, convention);
   const Heads<float> q(q_obj, "q"), k(k_obj, "k");
   require_same_heads(q, k, true);
+  if (!(sum_tolerance >= 0.0) || !std::isfinite(sum_tolerance)) {
+    throw UsageError("sum_tol: expected a finite tolerance >= 0, found " + std::to_string(sum_tolerance));
+  }
   // The census uses no grid: any grid holding the tokens will do.
   const TokenGrid grid{0, 1, static_cast<int>(q.tokens())};
   LiveCensus live(one_layer_setup(v, q, scale_obj, grid), sum_tolerance);
@@ -208,7 +221,11 @@ pyb::dict census(pyb::handle q_obj, pyb::handle k_obj, const std::string& spec,
   d["weights"] = per_head_total(q, c.weights);
   d["negative"] = per_head_total(q, c.negative);
   d["zero"] = per_head_total(q, c.zero);
-  d["most_negative"] = per_head_total(q, c.most_negative);
+  std::vector<double> most_negative = c.most_negative;  // NaN for a head without a weight
+  for (std::size_t i = 0; i < most_negative.size(); ++i) {
+    if (c.weights[i] == 0) most_negative[i] = kNaN;
+  }
+  d["most_negative"] = per_head_total(q, most_negative);
   d["rows_not_summing_to_one"] = per_head_total(q, c.rows_not_summing_to_one);
   d["max_row_sum_error"] = per_head_total(q, c.max_row_sum_error);
   d["degenerate_rows"] = per_head_total(q, c.degenerate_rows);

@@ -16,7 +16,13 @@ namespace {
 /// The mask argument: None, or a [tokens, tokens] bool array shared by every head.
 std::optional<Mask> mask_of(const pyb::object& obj, Eigen::Index tokens) {
   if (obj.is_none()) return std::nullopt;
-  auto a = pyb::array_t<bool, pyb::array::c_style | pyb::array::forcecast>::ensure(obj);
+  // Bool only: a cast of floats or ints would take 0.5, NaN or 2 for "visible".
+  const auto given = pyb::array::ensure(obj);
+  if (!given || given.dtype().kind() != 'b') {
+    throw pyb::type_error("mask: expected a [tokens, tokens] bool array, got " +
+                          (given ? std::string(pyb::str(given.dtype())) : std::string("no array")));
+  }
+  auto a = pyb::array_t<bool, pyb::array::c_style | pyb::array::forcecast>::ensure(given);
   if (!a) throw pyb::type_error("mask: expected a [tokens, tokens] bool array");
   if (a.ndim() != 2 || a.shape(0) != tokens || a.shape(1) != tokens) {
     throw UsageError("mask: expected a [" + std::to_string(tokens) + ", " + std::to_string(tokens) +

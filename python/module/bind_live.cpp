@@ -6,6 +6,7 @@
 
 #include "attnscope/error.hpp"
 
+#include <cmath>
 #include <memory>
 
 namespace attnscope::python {
@@ -27,26 +28,34 @@ std::unique_ptr<LiveAnalysis> make_live(const std::string& analysis, const std::
                                         const pyb::dict& options, const std::string& convention) {
   if (specs.empty()) throw UsageError("variants: expected at least one variant");
   if (model_layers.empty()) throw UsageError("layers: expected at least one layer");
+  if (heads < 1) throw UsageError("heads: expected at least one head, got " + std::to_string(heads));
+  if (!std::isfinite(scale) || scale == 0.0) {
+    throw UsageError("scale: expected a finite non-zero number, got " + std::to_string(scale));
+  }
   LiveSetup setup;
   for (const auto& s : specs) setup.variants.push_back(variant_of(s, convention));
   setup.model_layers = model_layers;
   setup.heads = heads;
   setup.scale = scale;
-  if (grid.size() != 3) throw UsageError("grid: expected (prefix_tokens, height, width)");
-  setup.grid = {grid[0], grid[1], grid[2]};
+  setup.grid = grid_shape(grid);
   if (analysis == "locality") {
-    const int window = options.contains("window") ? options["window"].cast<int>() : 3;
-    return std::make_unique<LiveLocality>(std::move(setup), window, out_dir);
+    require_known_options(analysis, options, {"window"});
+    return std::make_unique<LiveLocality>(std::move(setup), option(options, "window", 3), out_dir);
   }
   if (analysis == "census") {
-    const double tol = options.contains("sum_tol") ? options["sum_tol"].cast<double>()
-                                                   : analyses::kDefaultSumTolerance;
+    require_known_options(analysis, options, {"sum_tol"});
+    const double tol = option(options, "sum_tol", analyses::kDefaultSumTolerance);
+    if (!(tol >= 0.0) || !std::isfinite(tol)) {
+      throw UsageError("sum_tol: expected a finite tolerance >= 0, found " + std::to_string(tol));
+    }
     return std::make_unique<LiveCensus>(std::move(setup), tol, out_dir);
   }
   if (analysis == "confusion") {
+    require_known_options(analysis, options, {"eps", "query_eps"});
     analyses::ConfusionOptions opt;
-    if (options.contains("eps")) opt.eps = options["eps"].cast<double>();
-    if (options.contains("query_eps")) opt.query_eps = options["query_eps"].cast<double>();
+    opt.eps = option(options, "eps", opt.eps);
+    opt.query_eps = option(options, "query_eps", opt.query_eps);
+    analyses::check_confusion_options(opt);
     return std::make_unique<LiveConfusion>(std::move(setup), opt, out_dir);
   }
   if (analysis == "entropy" || analysis == "distance" || analysis == "rank") {
@@ -71,7 +80,12 @@ void bind_live(pyb::module_& m) {
       .def(
           "publish",
           [](LiveAnalysis& a, const std::string& record) {
-            return a.publish(nlohmann::json::parse(record));
+            if (a.images() == 0) {
+              throw UsageError("no images: no batch was added, nothing to publish");
+            }
+            nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
+            if (!j.is_object()) throw UsageError("record: expected a JSON object");
+            return a.publish(std::move(j));
           },
           pyb::arg("record"))
       .def_property_readonly("images", &LiveAnalysis::images)

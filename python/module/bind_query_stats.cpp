@@ -14,6 +14,7 @@
 #include "attnscope/error.hpp"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace attnscope::python {
@@ -24,11 +25,6 @@ using analyses::HeadQueryValues;
 using analyses::HeadView;
 
 using Measure = QueryMeasure;
-
-template <typename T>
-T option(const pyb::dict& options, const char* key, T fallback) {
-  return options.contains(key) ? options[key].cast<T>() : fallback;
-}
 
 }  // namespace
 
@@ -42,12 +38,7 @@ QueryMeasure query_measure(const std::string& name, const pyb::dict& options, Ei
   if (known.empty()) {
     throw UsageError("analysis: expected entropy, distance or rank, got '" + name + "'");
   }
-  for (const auto& [key, value] : options) {
-    const std::string k = pyb::str(key);
-    if (std::find(known.begin(), known.end(), k) == known.end()) {
-      throw UsageError(name + ": unknown option '" + k + "'");
-    }
-  }
+  require_known_options(name, options, known);
   const int bins = option(options, "bins", 32);
   if (bins < 1 || bins > 1000000) {
     throw UsageError("bins: expected 1 to 1000000 bins, found " + std::to_string(bins));
@@ -192,12 +183,14 @@ pyb::dict totals(const std::string& name, pyb::handle q_obj, pyb::handle k_obj, 
     sum.add(img);
   }
   auto stats = [](const analyses::RunningStats& s) {
+    // No value measured: NaN statistics, never a 0 or an infinity that reads as a value.
+    const double nan = std::numeric_limits<double>::quiet_NaN();
     pyb::dict d;
     d["count"] = s.count;
-    d["mean"] = s.mean;
-    d["std"] = s.stddev();
-    d["min"] = s.min;
-    d["max"] = s.max;
+    d["mean"] = s.count > 0 ? s.mean : nan;
+    d["std"] = s.count > 0 ? s.stddev() : nan;
+    d["min"] = s.count > 0 ? s.min : nan;
+    d["max"] = s.count > 0 ? s.max : nan;
     return d;
   };
   pyb::list per_head;
@@ -224,6 +217,10 @@ pyb::dict totals(const std::string& name, pyb::handle q_obj, pyb::handle k_obj, 
 }
 
 pyb::dict row_stats(pyb::handle w_obj, int topk) {
+  if (const auto given = pyb::array::ensure(w_obj); given && given.dtype().kind() != 'f') {
+    throw pyb::type_error("w: expected float16, float32 or float64 weights, got " +
+                          std::string(pyb::str(given.dtype())));
+  }
   const auto w = pyb::array_t<double, pyb::array::c_style | pyb::array::forcecast>::ensure(w_obj);
   if (!w || w.ndim() != 1 || w.size() == 0) {
     throw pyb::type_error("w: expected a non-empty 1-D array of weights (one attention row)");

@@ -138,6 +138,73 @@ def test_bad_inputs_raise_with_messages(attnscope_module):
         at.totals("rank", q, q, "softmax")
 
 
+def test_values_that_would_give_wrong_results_are_refused(attnscope_module, tmp_path):
+    """What once gave numbers without an error: a grid whose height * width wraps in 32 bits,
+    eps below 0 or NaN, a mask of floats (0.5 and NaN read as visible), integer weights in
+    row_stats, an infinite sum_tol; heads without a measured query give NaN statistics, not 0
+    and +-inf; weights that overflow when summed still give their entropy."""
+    at = attnscope_module
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 3, 10, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 10, 4)).astype(np.float32)
+    for grid in [(10, 65536, 65536), (12, 2, 2147483647), (-1, 3, 3)]:
+        with pytest.raises(ValueError, match=r"grid: expected prefix_tokens >= 0, height and width"):
+            at.locality(q, k, "softmax", grid)
+    for eps in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps: expected a finite radius >= 0"):
+            at.confusion(q, k, "linear:relu", eps=eps)
+        with pytest.raises(ValueError, match="query_eps: expected a finite radius >= 0"):
+            at.confused_pairs(q[0, 0], k[0, 0], "linear:relu", query_eps=eps)
+    for mask in (np.full((10, 10), 0.5), np.ones((10, 10), dtype=np.int64)):
+        with pytest.raises(TypeError, match=r"mask: expected a \[tokens, tokens\] bool array, got"):
+            at.weights(q, k, "softmax", mask=mask)
+    # the negative control: bool masks, numpy's and torch's, are taken
+    eye = np.eye(10, dtype=bool) | np.eye(10, k=1, dtype=bool)
+    w_np = at.weights(q, k, "softmax", mask=eye)[0]
+    w_torch = at.weights(torch.from_numpy(q), torch.from_numpy(k), "softmax",
+                         mask=torch.from_numpy(eye))[0].numpy()
+    assert np.array_equal(w_np, w_torch) and np.all(w_np[..., ~eye] == 0)
+    with pytest.raises(TypeError, match="w: expected float16, float32 or float64 weights, got int64"):
+        at.row_stats(np.array([1, 2]))
+    with pytest.raises(ValueError, match="sum_tol: expected a finite tolerance >= 0, found inf"):
+        at.census(q, k, "softmax", sum_tol=float("inf"))
+    dead = np.zeros_like(q[:1, :1])  # every row killed by ReLU: nothing measured
+    loc = at.locality(dead, k[:1, :1], "linear:relu", (1, 3, 3))
+    assert loc["queries"][0] == 0 and all(np.isnan(loc[s][0]) for s in ("mean", "std", "min", "max"))
+    assert np.isnan(at.census(dead, k[:1, :1], "linear:relu")["most_negative"][0])
+    assert at.row_stats(np.array([1e308, 1e308]))["entropy"] == pytest.approx(np.log(2), rel=1e-15)
+    assert at.row_stats(np.array([1.0, 1.0]))["entropy"] == pytest.approx(np.log(2), rel=1e-15)
+
+
+def test_live_analyses_refuse_what_they_cannot_measure(attnscope_module, tmp_path):
+    """The live analyses (attnscope.analyze's) check grid, scale, options and eps as the
+    functions do, and publish nothing without a batch."""
+    from attnscope import _attnscope as core
+    ok = dict(variants=["softmax"], layers=[0], heads=1, grid=[1, 3, 3], scale=0.5,
+              options={}, convention="paper")
+
+    def live(analysis, **changed):
+        args = {**ok, **changed}
+        return core.live(analysis, str(tmp_path / analysis), args["variants"], args["layers"],
+                         args["heads"], args["grid"], args["scale"], args["options"],
+                         args["convention"])
+
+    with pytest.raises(ValueError, match="grid: expected prefix_tokens >= 0"):
+        live("locality", grid=[1, -3, -3])
+    for scale in (float("nan"), 0.0):
+        with pytest.raises(ValueError, match="scale: expected a finite non-zero number"):
+            live("locality", scale=scale)
+    with pytest.raises(ValueError, match="locality: unknown option 'nosuch'"):
+        live("locality", options={"nosuch": 1})
+    with pytest.raises(TypeError, match="window: expected an integer, got 'x'"):
+        live("locality", options={"window": "x"})
+    with pytest.raises(ValueError, match="eps: expected a finite radius >= 0, found nan"):
+        live("confusion", options={"eps": float("nan")})
+    with pytest.raises(ValueError, match="no images: no batch was added"):
+        live("locality").publish("{}")
+    assert not (tmp_path / "locality").exists() or not any((tmp_path / "locality").iterdir())
+
+
 def test_variant_errors_are_the_command_lines(attnscope_module, attnscope_bin, tmp_path):
     """A variant the command refuses is refused by the module with the same message (less the
     flag's name, --variant, where the command names it)."""

@@ -91,6 +91,16 @@ def test_analyze_refuses_bad_arguments(attnscope_module, tmp_path):
                                  out=str(tmp_path))
     with pytest.raises(ValueError, match="bins: expected 1 to 1000000 bins, found 0"):
         attnscope_module.analyze(model, image_loader(2), ["entropy"], bins=0, out=str(tmp_path))
+    for bad in (-3, 0, 1.5):  # -3 once analysed one image (the batch sliced as x[:-3])
+        with pytest.raises(ValueError, match="max_images: expected a positive number of images"):
+            attnscope_module.analyze(model, image_loader(2), ["census"], max_images=bad,
+                                     out=str(tmp_path))
+    with pytest.raises(ValueError, match="eps: expected a finite radius >= 0, found nan"):
+        attnscope_module.analyze(model, image_loader(2), ["confusion"], eps=float("nan"),
+                                 out=str(tmp_path))
+    with pytest.raises(ValueError, match="out: expected a results folder"):
+        attnscope_module.analyze(model, image_loader(2), ["census"], out="")
+    assert not list(tmp_path.iterdir()), "a refused call wrote something"
     assert not model.training  # tiny_vit is in eval mode, and analyze restored it
 
 

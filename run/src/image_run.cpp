@@ -456,7 +456,7 @@ bool ImageRun::finish(const ApplyFn& apply, const std::function<void()>& publish
     mpi::send_bytes(0, {});  // the end of this rank's records, sent whatever happened
   }
   settle(ep, [&m](int code) { m.keep_journal_after_failure(code); });
-  m.journal->remove();
+  m.journal->remove_when_reported();
   return mpi::root() && !m.shard_mode;
 }
 

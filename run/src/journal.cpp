@@ -160,7 +160,12 @@ JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool r
     : path_(std::move(path)) {
   std::error_code ec;
   fs::create_directories(path_.parent_path(), ec);
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (ec) fail(path_.parent_path(), "cannot create the folder of the run's journal", ec.value());
+  // The journal is attnscope's own file: never written through a link onto another file.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0 && errno == ELOOP) {
+    throw InputError(path_.string(), "", "a journal of attnscope's own (a regular file)", "a symbolic link");
+  }
   if (fd_ < 0) fail(path_, "cannot open the journal", errno);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -173,6 +178,12 @@ JournalWriter::JournalWriter(fs::path path, const nlohmann::json& header, bool r
   }
   struct stat st{};
   if (::fstat(fd_, &st) != 0) fail(path_, "cannot stat the journal", errno);
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd_);
+    fd_ = -1;
+    throw InputError(path_.string(), "", "a journal of attnscope's own (a regular file of one name)",
+                     S_ISREG(st.st_mode) ? "a file with other names (hard links)" : "a special file");
+  }
   std::uint64_t keep = 0;
   if (st.st_size > 0) {
     bool first = true;
@@ -248,6 +259,27 @@ void JournalWriter::remove() {
   fd_ = -1;
   std::error_code ec;
   fs::remove(path_.parent_path(), ec);  // the partial-runs folder, when nothing else is in it
+}
+
+void JournalWriter::remove_when_reported() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  fd_ = -1;
+  journals_to_remove().push_back(path_);
+}
+
+std::vector<fs::path>& journals_to_remove() {
+  static std::vector<fs::path> paths;
+  return paths;
+}
+
+void remove_journals() {
+  for (const fs::path& p : journals_to_remove()) {
+    ::unlink(p.c_str());
+    std::error_code ec;
+    fs::remove(p.parent_path(), ec);  // the partial-runs folder, when nothing else is in it
+  }
+  journals_to_remove().clear();
 }
 
 void read_journal(const fs::path& path, const std::function<void(const nlohmann::json&)>& header,

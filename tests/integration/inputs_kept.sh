@@ -91,3 +91,31 @@ expect_exit 2 "--intervention 'local:0': K must be odd" \
 expect_exit 2 "--heads x tokens x --head-dim: one image's block of a layer would take" \
   "$A" synth --out "$WORK/huge.h5" --head-dim 100000000
 expect_no_file "$WORK/huge.h5"
+
+# A summary lost to a closed pipe: exit 1 (not a silent SIGPIPE), the set withdrawn, the journal
+# kept; --resume then publishes the set of a plain run without computing again.
+expect_ok "$A" entropy --dump "$WORK/d.h5" --out "$WORK/plain"
+set +o pipefail
+"$A" entropy --dump "$WORK/d.h5" --out "$WORK/piped" 2>"$WORK/err.txt" | true
+rc=${PIPESTATUS[0]}
+set -o pipefail
+[ "$rc" -eq 1 ] || { echo "FAIL: a closed pipe: exit $rc"; cat "$WORK/err.txt"; exit 1; }
+expect_grep "standard output: cannot write: Broken pipe; withdrew the result set $WORK/piped/entropy.json \(its journal is kept for --resume\)" "$WORK/err.txt"
+expect_no_file "$WORK/piped/entropy.json"
+[ -f "$WORK/piped/.attnscope-partial/entropy.journal" ] || { echo "FAIL: the journal was not kept"; exit 1; }
+expect_ok "$A" entropy --dump "$WORK/d.h5" --out "$WORK/piped" --resume
+cmp "$WORK/plain/entropy.csv" "$WORK/piped/entropy.csv" || { echo "FAIL: resumed set differs"; exit 1; }
+expect_no_file "$WORK/piped/.attnscope-partial/entropy.journal"
+
+# The journal is attnscope's own file: never written through a link onto another file.
+mkdir -p "$WORK/j1/.attnscope-partial" "$WORK/j2/.attnscope-partial" "$WORK/j3"
+echo "short" >"$WORK/victim.txt"
+ln -s "$WORK/victim.txt" "$WORK/j1/.attnscope-partial/entropy.journal"
+expect_exit 1 "entropy.journal: expected a journal of attnscope's own (a regular file), found a symbolic link" \
+  "$A" entropy --dump "$WORK/d.h5" --out "$WORK/j1"
+ln "$WORK/victim.txt" "$WORK/j2/.attnscope-partial/entropy.journal"
+expect_exit 1 "found a file with other names (hard links)" "$A" entropy --dump "$WORK/d.h5" --out "$WORK/j2"
+[ "$(cat "$WORK/victim.txt")" = short ] || { echo "FAIL: the linked file was written"; exit 1; }
+echo "a file" >"$WORK/j3/.attnscope-partial"   # where the journals' folder belongs
+expect_exit 1 "j3/.attnscope-partial: cannot create the folder of the run's journal" \
+  "$A" entropy --dump "$WORK/d.h5" --out "$WORK/j3"

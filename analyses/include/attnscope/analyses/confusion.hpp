@@ -103,6 +103,11 @@ struct ConfusionOptions {
   TokenFilter exclude;
 };
 
+/// UsageError unless eps and query_eps are finite and >= 0 (`eps_name`, `query_eps_name`: how
+/// the caller calls them, `--eps` on the command line, `eps` in Python).
+void check_confusion_options(const ConfusionOptions& opt, const std::string& eps_name = "eps",
+                             const std::string& query_eps_name = "query_eps");
+
 struct HeadConfusion {
   std::int64_t pairs = 0;             ///< confused pairs i < j
   int degenerate_rows = 0;            ///< rows excluded from pairs

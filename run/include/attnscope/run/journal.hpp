@@ -51,6 +51,10 @@ class JournalWriter {
   void sync();
   /// Closes and deletes the journal (the run's results are published).
   void remove();
+  /// Closes the journal and leaves its deletion to the command, once the summary of the
+  /// published set has reached standard output (journals_to_remove): a run whose summary is
+  /// lost fails, withdraws its set and keeps its journal for --resume.
+  void remove_when_reported();
   const std::filesystem::path& path() const { return path_; }
   /// Whether an interrupted run's journal was found and discarded (no --resume).
   bool discarded_previous() const { return discarded_; }
@@ -63,6 +67,12 @@ class JournalWriter {
 
 /// Reads a complete journal: the header to `header`, every record to `fn`. A torn tail is an
 /// error here (a journal handed on must be complete).
+/// The journals of published runs, deleted by the command once its output is written
+/// (remove_journals), kept when the run fails after all.
+std::vector<std::filesystem::path>& journals_to_remove();
+/// Deletes the journals of journals_to_remove() (and their folders where nothing else is left).
+void remove_journals();
+
 void read_journal(const std::filesystem::path& path,
                   const std::function<void(const nlohmann::json& header)>& header,
                   const std::function<void(nlohmann::json&&)>& fn);
