@@ -302,11 +302,22 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
   if (control.resume && m.recorded == 0 && mpi::root()) {
     // Journals of this command written with another number of ranks or another shard are not
     // this run's: say so rather than start over silently.
+    // The other ranks' journals of this layout are this run's own (rank 0's may hold nothing
+    // while another rank's holds records: more ranks than images, or a rank that started first).
+    const std::string rank_stem = mpi::size() > 1 ? name.substr(0, name.find(".rank-") + 6) : "";
+    const std::string rank_tail = "-of-" + std::to_string(mpi::size()) + ".journal";
+    const auto this_layout = [&](const std::string& n) {
+      return mpi::size() > 1 && n.rfind(rank_stem, 0) == 0 && n.size() > rank_tail.size() &&
+             n.compare(n.size() - rank_tail.size(), rank_tail.size(), rank_tail) == 0 &&
+             n.find_first_not_of("0123456789", rank_stem.size()) == n.size() - rank_tail.size();
+    };
     std::vector<std::string> others;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(out_dir / kPartialDir, ec)) {
       const std::string n = e.path().filename().string();
-      if (n.rfind(command + ".", 0) == 0 && e.path() != m.journal->path()) others.push_back(n);
+      if (n.rfind(command + ".", 0) == 0 && e.path() != m.journal->path() && !this_layout(n)) {
+        others.push_back(n);
+      }
     }
     if (!others.empty()) {
       std::sort(others.begin(), others.end());

@@ -119,3 +119,13 @@ for f in confusion_per_image.csv confusion_per_head.csv confusion_histogram.csv;
 done
 # The other layout's journals stay (it may still be continued with 2 ranks).
 [ -f "$WORK/lay/.attnscope-partial/confusion.rank-1-of-2.journal" ] || { echo "FAIL: removed"; exit 1; }
+# The other ranks' journals of the run's own layout are not another layout's: 4 ranks on 2
+# images with --resume say nothing (rank 0's journal may be empty while rank 1's holds records).
+expect_ok "$A" synth --out "$WORK/two.h5" --images 2 --layers 1 --heads 1 --grid-height 2 --grid-width 2
+rc=0
+image_runs_mpirun -n 4 "$A" entropy --dump "$WORK/two.h5" --threads 1 --out "$WORK/four" --resume \
+  >/dev/null 2>"$WORK/err.txt" || rc=$?
+[ "$rc" -eq 0 ] || { echo "FAIL: 4 ranks on 2 images exited $rc"; cat "$WORK/err.txt"; exit 1; }
+if grep -q "no journal of this run's layout" "$WORK/err.txt"; then
+  echo "FAIL: the run's own ranks' journals called another layout's:"; cat "$WORK/err.txt"; exit 1
+fi
