@@ -30,6 +30,7 @@ void hold_note(std::string line) {
 void release_notes() {
   Held& h = held();
   const std::lock_guard<std::mutex> lock(h.mutex);
+  if (h.lines.empty()) return;  // the common case: once per image of every run
   for (const std::string& line : h.lines) std::cerr << line << "\n";
   std::cerr << std::flush;
   h.lines.clear();

@@ -252,13 +252,21 @@ void JournalWriter::sync() {
   if (fd_ >= 0 && ::fsync(fd_) != 0 && errno != EINVAL) fail(path_, "cannot sync the journal", errno);
 }
 
+namespace {
+
+void delete_journal(const fs::path& path) {
+  ::unlink(path.c_str());
+  std::error_code ec;
+  fs::remove(path.parent_path(), ec);  // the partial-runs folder, when nothing else is in it
+}
+
+}  // namespace
+
 void JournalWriter::remove() {
   if (fd_ < 0) return;
-  ::unlink(path_.c_str());
+  delete_journal(path_);
   ::close(fd_);
   fd_ = -1;
-  std::error_code ec;
-  fs::remove(path_.parent_path(), ec);  // the partial-runs folder, when nothing else is in it
 }
 
 void JournalWriter::remove_when_reported() {
@@ -274,11 +282,7 @@ std::vector<fs::path>& journals_to_remove() {
 }
 
 void remove_journals() {
-  for (const fs::path& p : journals_to_remove()) {
-    ::unlink(p.c_str());
-    std::error_code ec;
-    fs::remove(p.parent_path(), ec);  // the partial-runs folder, when nothing else is in it
-  }
+  for (const fs::path& p : journals_to_remove()) delete_journal(p);
   journals_to_remove().clear();
 }
 
