@@ -453,8 +453,7 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
     const int rc = body();
     std::string lost = stdout_failure();
     if (lost.empty()) {
-      if (rc == 0) release_notes();
-      drop_notes();
+      rc == 0 ? release_notes() : drop_notes();
       run::remove_journals();
       return rc;
     }

@@ -29,7 +29,6 @@ void check_confusion_options(const ConfusionOptions& opt, const std::string& eps
   }
 }
 
-
 namespace detail {
 
 void PairJudge::reset(int queries, int keys, const MatF& q_raw, const ConfusionOptions& opt,

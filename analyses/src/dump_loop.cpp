@@ -745,7 +745,7 @@ void for_each_image_batch(DumpReader& reader, const Selection& resolved, std::si
       const int image = b->qkv.image;
       queue.give_back(b);
       release_notes();  // the run goes ahead: the notes held until now are worth reading
-    if (on_image) on_image(image);
+      if (on_image) on_image(image);
     }
     return taken.size();
   });

@@ -11,6 +11,7 @@
 #include "attnscope/analyses/head_error.hpp"
 #include "attnscope/error.hpp"
 
+#include <cmath>
 #include <filesystem>
 
 namespace attnscope::python {
@@ -155,9 +156,23 @@ std::string LiveLocality::publish(nlohmann::json record) {
   return set.publish(std::move(record)).string();
 }
 
+namespace {
+
+/// sum_tol as the census takes it, finite and >= 0, named as Python names it (the collector's
+/// own check names the command's flag).
+double checked_sum_tolerance(double tol) {
+  if (!(tol >= 0.0) || !std::isfinite(tol)) {
+    throw UsageError("sum_tol: expected a finite tolerance >= 0, found " + std::to_string(tol));
+  }
+  return tol;
+}
+
+}  // namespace
+
 LiveCensus::LiveCensus(LiveSetup setup, double sum_tolerance, std::string out_dir)
     : setup_(std::move(setup)),
-      collector_(setup_.variants, selection_of(setup_), setup_.scale, sum_tolerance) {
+      collector_(setup_.variants, selection_of(setup_), setup_.scale,
+                 checked_sum_tolerance(sum_tolerance)) {
   out_dir_ = std::move(out_dir);
 }
 

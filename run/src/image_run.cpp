@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <set>
 
 namespace attnscope::run {
 namespace {
@@ -269,13 +270,17 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
     return;  // nothing to compute
   }
 
-  std::string name = command;
+  // The journal of this process: the command's, the shard's and the rank's (of this layout).
+  std::string layout = command;
   if (m.shard_mode) {
-    name += ".shard-" + std::to_string(m.shard) + "-of-" + std::to_string(m.shards);
+    layout += ".shard-" + std::to_string(m.shard) + "-of-" + std::to_string(m.shards);
   }
-  if (mpi::size() > 1) {
-    name += ".rank-" + std::to_string(mpi::rank()) + "-of-" + std::to_string(mpi::size());
-  }
+  const auto rank_name = [&layout](int rank) {
+    return mpi::size() > 1
+               ? layout + ".rank-" + std::to_string(rank) + "-of-" + std::to_string(mpi::size())
+               : layout;
+  };
+  const std::string name = rank_name(mpi::rank());
   json header = {{"run", m.run},
                  {"args", m.args},
                  {"shard", {m.shard, m.shards}},
@@ -302,22 +307,15 @@ ImageRun::ImageRun(const RunControl& control, const std::string& command,
   if (control.resume && m.recorded == 0 && mpi::root()) {
     // Journals of this command written with another number of ranks or another shard are not
     // this run's: say so rather than start over silently.
-    // The other ranks' journals of this layout are this run's own (rank 0's may hold nothing
-    // while another rank's holds records: more ranks than images, or a rank that started first).
-    const std::string rank_stem = mpi::size() > 1 ? name.substr(0, name.find(".rank-") + 6) : "";
-    const std::string rank_tail = "-of-" + std::to_string(mpi::size()) + ".journal";
-    const auto this_layout = [&](const std::string& n) {
-      return mpi::size() > 1 && n.rfind(rank_stem, 0) == 0 && n.size() > rank_tail.size() &&
-             n.compare(n.size() - rank_tail.size(), rank_tail.size(), rank_tail) == 0 &&
-             n.find_first_not_of("0123456789", rank_stem.size()) == n.size() - rank_tail.size();
-    };
+    // Every rank's journal of this layout is this run's own (rank 0's may hold nothing while
+    // another rank's holds records: more ranks than images, or a rank that started first).
+    std::set<std::string> own;
+    for (int r = 0; r < mpi::size(); ++r) own.insert(rank_name(r) + ".journal");
     std::vector<std::string> others;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(out_dir / kPartialDir, ec)) {
       const std::string n = e.path().filename().string();
-      if (n.rfind(command + ".", 0) == 0 && e.path() != m.journal->path() && !this_layout(n)) {
-        others.push_back(n);
-      }
+      if (n.rfind(command + ".", 0) == 0 && own.count(n) == 0) others.push_back(n);
     }
     if (!others.empty()) {
       std::sort(others.begin(), others.end());
