@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -75,15 +76,18 @@ DistanceRows float_distance(const detail::FloatSoftmaxRows& ws, const PatchGeome
   out.distance.assign(n, kNaN);
   out.grid_mass.assign(n, kNaN);
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
-    const int ri = grid.row(i), ci = grid.col(i);
-    for (int r = 0; r < grid.height; ++r) {
-      const double* from = g.centred_row(std::abs(r - ri), ci);
-      std::copy(from, from + grid.width,
-                dist.begin() + static_cast<std::ptrdiff_t>(r) * grid.width);
+    const double* dd = g.cell_row(i - grid.prefix);
+    if (dd == nullptr) {  // a large grid: the query's row of distances assembled from the table
+      const int ri = grid.row(i), ci = grid.col(i);
+      for (int r = 0; r < grid.height; ++r) {
+        const double* from = g.centred_row(std::abs(r - ri), ci);
+        std::copy(from, from + grid.width,
+                  dist.begin() + static_cast<std::ptrdiff_t>(r) * grid.width);
+      }
+      dd = dist.data();
     }
     const Eigen::Index row = i - grid.prefix;
     const float* e = ws.e.row(row).data() + grid.prefix;
-    const double* dd = dist.data();
     const double weighted = portable::dot_widened(e, dd, cells);  // lane_sum's order
     const double mass = portable::sum_widened(e, cells);
     const double total = ws.sum[static_cast<std::size_t>(row)];
@@ -123,6 +127,17 @@ PatchGeometry::PatchGeometry(const TokenGrid& grid, double patch_height, double 
     for (int u = 0; u < span; ++u)
       centred_[static_cast<std::size_t>(dr) * static_cast<std::size_t>(span) +
                static_cast<std::size_t>(u)] = distance(dr, std::abs(u - (grid.width - 1)));
+  }
+  const std::int64_t cells = static_cast<std::int64_t>(grid.height) * grid.width;
+  if (cells > 0 && cells <= kCellTableCells) {
+    cells_.resize(static_cast<std::size_t>(cells * cells));
+    double* at = cells_.data();
+    for (int ri = 0; ri < grid.height; ++ri)
+      for (int ci = 0; ci < grid.width; ++ci)
+        for (int r = 0; r < grid.height; ++r, at += grid.width) {
+          const double* from = centred_row(std::abs(r - ri), ci);
+          std::copy(from, from + grid.width, at);
+        }
   }
 }
 

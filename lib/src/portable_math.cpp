@@ -480,9 +480,12 @@ void block(const T* ap, const T* p, Eigen::Index ldp, T* c, Eigen::Index ldc, Ei
   using S = Simd<T>;
   constexpr Eigen::Index W = S::W;
   typename S::V acc[R][2];
+#pragma GCC unroll 16
   for (Eigen::Index r = 0; r < R; ++r) acc[r][0] = acc[r][1] = S::zero();
   for (Eigen::Index t = 0; t < k; ++t) {
     const typename S::V b0 = S::load(p + t * ldp), b1 = S::load(p + t * ldp + W);
+    // Unrolled so that the accumulators stay in registers (as in packed_tile).
+#pragma GCC unroll 16
     for (Eigen::Index r = 0; r < R; ++r) {
       const typename S::V a = S::set1(ap[t * R + r]);
       acc[r][0] = S::fma(a, b0, acc[r][0]);
@@ -637,20 +640,29 @@ template <typename T, Eigen::Index R, Eigen::Index V, typename Out>
 void packed_tile(const T* ap, Eigen::Index lda, const T* panel, const Out& out, Eigen::Index k, Eigen::Index cols) {
   using S = Simd<T>;
   constexpr Eigen::Index W = S::W;
+  // The tile's loops are unrolled on request (the pragmas): GCC's own heuristics left some of the
+  // AVX2 tile's accumulators in memory, a load and a store around their fused steps.
   typename S::V acc[R][V];
+#pragma GCC unroll 16
   for (Eigen::Index r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::zero();
   for (Eigen::Index t = 0; t < k; ++t) {
     typename S::V b[V];
+#pragma GCC unroll 4
     for (Eigen::Index v = 0; v < V; ++v) b[v] = S::load(panel + (t * V + v) * W);
+#pragma GCC unroll 16
     for (Eigen::Index r = 0; r < R; ++r) {
       const typename S::V x = S::set1(ap[r * lda + t]);
+#pragma GCC unroll 4
       for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::fma(x, b[v], acc[r][v]);
     }
   }
   if constexpr (std::is_same_v<Out, StoreTile<T>>) {
     if (cols == V * W) {
+#pragma GCC unroll 16
       for (Eigen::Index r = 0; r < R; ++r)
+#pragma GCC unroll 4
         for (Eigen::Index v = 0; v < V; ++v) S::store(out.c + r * out.ldc + v * W, acc[r][v]);
       return;
     }
@@ -715,6 +727,73 @@ void packed_product(const T* a, Eigen::Index lda, const PackedMatrix<T>& b, cons
 
 }  // namespace
 
+namespace {
+
+/// The scalar part of transpose: rows [r0, r1) x columns [c0, c1) of in.
+template <typename Out>
+void transpose_plain(const float* in, Eigen::Index ldi, Eigen::Index r0, Eigen::Index r1, Eigen::Index c0,
+                     Eigen::Index c1, Out* out, Eigen::Index ldo) {
+  for (Eigen::Index r = r0; r < r1; ++r)
+    for (Eigen::Index c = c0; c < c1; ++c) out[c * ldo + r] = static_cast<Out>(in[r * ldi + c]);
+}
+
+template <typename Out>
+void transpose_any(const float* in, Eigen::Index ldi, Eigen::Index rows, Eigen::Index cols, Out* out,
+                   Eigen::Index ldo) {
+  Eigen::Index r8 = 0, c8 = 0;
+#if defined(__AVX2__)
+  // 8 x 8 blocks in registers: pairs of rows interleaved, then pairs of pairs, then the 128-bit
+  // halves exchanged, so that vector t holds the block's column t (shuffles: no arithmetic).
+  r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+  for (Eigen::Index r0 = 0; r0 < r8; r0 += 8) {
+    for (Eigen::Index c0 = 0; c0 < c8; c0 += 8) {
+      const float* b = in + r0 * ldi + c0;
+      __m256 a[8], t[8], s[8];
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(b + i * ldi);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m256 lo = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);  // column i
+        const __m256 hi = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);  // column i + 4
+        Out* o_lo = out + (c0 + i) * ldo + r0;
+        Out* o_hi = out + (c0 + i + 4) * ldo + r0;
+        if constexpr (std::is_same_v<Out, float>) {
+          _mm256_storeu_ps(o_lo, lo);
+          _mm256_storeu_ps(o_hi, hi);
+        } else {
+          _mm256_storeu_pd(o_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
+          _mm256_storeu_pd(o_lo + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)));
+          _mm256_storeu_pd(o_hi, _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+          _mm256_storeu_pd(o_hi + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
+        }
+      }
+    }
+  }
+#endif
+  transpose_plain(in, ldi, 0, r8, c8, cols, out, ldo);     // the columns past the last block
+  transpose_plain(in, ldi, r8, rows, 0, cols, out, ldo);   // the rows past the last block
+}
+
+}  // namespace
+
+void transpose(const float* in, Eigen::Index ldi, Eigen::Index rows, Eigen::Index cols, float* out,
+               Eigen::Index ldo) {
+  transpose_any(in, ldi, rows, cols, out, ldo);
+}
+
+void transpose(const float* in, Eigen::Index ldi, Eigen::Index rows, Eigen::Index cols, double* out,
+               Eigen::Index ldo) {
+  transpose_any(in, ldi, rows, cols, out, ldo);
+}
+
 template <typename T>
 Eigen::Index PackedMatrix<T>::panel_width() {
   return kPackedVectors * Simd<T>::W;
@@ -732,6 +811,13 @@ void PackedMatrix<T>::pack(const T* b, Eigen::Index b_row, Eigen::Index b_col, E
   for (Eigen::Index j0 = 0; j0 < n; j0 += J) {
     T* panel = data_.data() + j0 * k;
     const Eigen::Index cols = std::min(J, n - j0), width = panel_vectors<T>(j0, n) * Simd<T>::W;
+    if constexpr (std::is_same_v<T, float>) {
+      if (b_row == 1) {  // B a transpose (the keys of K^T): the panel is a block of it, transposed
+        transpose(b + j0 * b_col, b_col, cols, k, panel, width);
+        for (Eigen::Index t = 0; t < k; ++t) std::fill(panel + t * width + cols, panel + (t + 1) * width, T(0));
+        continue;
+      }
+    }
     for (Eigen::Index t = 0; t < k; ++t) {
       for (Eigen::Index jj = 0; jj < cols; ++jj) panel[t * width + jj] = b[t * b_row + (j0 + jj) * b_col];
       for (Eigen::Index jj = cols; jj < width; ++jj) panel[t * width + jj] = T(0);  // the last panel's padding

@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace attnscope::analyses {
 namespace {
@@ -48,7 +50,11 @@ const TokenGrid kGrids[] = {{1, 14, 14}, {0, 7, 9}, {1, 1, 1}, {0, 1, 1}};
 
 TEST(DiagnosticsFloat, DistanceWithinMeasuredToleranceOfReference) {
   const Variant v = parse_variant("softmax");
-  for (const TokenGrid& g : kGrids) {
+  // The grids above and one of more than PatchGeometry::kCellTableCells cells (the query's
+  // distances assembled row by row instead of read from the cell table).
+  std::vector<TokenGrid> grids(std::begin(kGrids), std::end(kGrids));
+  grids.push_back({0, 25, 24});
+  for (const TokenGrid& g : grids) {
     for (int d : {1, 60, 64}) {
       const Head h = head(g, d, 40 + static_cast<std::uint64_t>(d), 1.0);
       const std::string what = config(g, d, 1.0);

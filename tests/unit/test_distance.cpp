@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 
@@ -257,6 +258,23 @@ TEST(PatchGeometry, TableAndMaximum) {
   EXPECT_EQ(PatchGeometry(TokenGrid{1, 1, 1}, 5.0, 5.0).max_distance(), 0.0);
   EXPECT_THROW(PatchGeometry(TokenGrid{1, 2, 2}, 0.0, 1.0), UsageError);
   EXPECT_THROW(PatchGeometry(TokenGrid{1, 2, 2}, std::nan(""), 1.0), UsageError);
+}
+
+TEST(PatchGeometry, CellRowsAreTheTableInGridOrder) {
+  const TokenGrid g{1, 7, 9};
+  const PatchGeometry geo(g, 16.0, 10.0);
+  const int cells = g.height * g.width;
+  for (int a = 0; a < cells; ++a) {
+    const double* row = geo.cell_row(a);
+    ASSERT_NE(row, nullptr);
+    for (int b = 0; b < cells; ++b) {
+      ASSERT_EQ(row[b], geo.distance(std::abs(a / g.width - b / g.width), std::abs(a % g.width - b % g.width)))
+          << "cells " << a << ", " << b;
+    }
+  }
+  // Above the table's size there is none: float_distance assembles the rows instead.
+  EXPECT_EQ(PatchGeometry(TokenGrid{0, 25, 24}, 16.0, 16.0).cell_row(0), nullptr);
+  EXPECT_NE(PatchGeometry(TokenGrid{0, 24, 24}, 16.0, 16.0).cell_row(575), nullptr);
 }
 
 TEST(Distance, WrongGridIsAUsageError) {

@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace attnscope {
@@ -463,6 +464,42 @@ TEST(PortableMath, ProductsAreTheDocumentedOrderBitForBit) {
   check_products<float>(1e18);   // huge: products near float's range
   check_products<double>(1e-160);  // tiny: products underflow into subnormals
   check_products<double>(1e150);
+}
+
+/// transpose into float and double: every value moved bit for bit (NaN payloads, signed zeros,
+/// subnormals, infinities), nothing written outside the transposed rectangle.
+template <typename Out>
+void check_transpose(const std::vector<float>& pool) {
+  using Bits = std::conditional_t<sizeof(Out) == 4, std::uint32_t, std::uint64_t>;
+  const Out sentinel = static_cast<Out>(-12345.0F);
+  for (Eigen::Index rows : {1, 3, 7, 8, 9, 16, 17, 64, 197})
+    for (Eigen::Index cols : {1, 5, 8, 15, 16, 24, 64}) {
+      const Eigen::Index ldi = cols + 3, ldo = rows + 2;
+      std::vector<float> in(static_cast<std::size_t>(rows * ldi));
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = pool[(i * 7919) % pool.size()];
+      std::vector<Out> out(static_cast<std::size_t>(cols * ldo), sentinel);
+      portable::transpose(in.data(), ldi, rows, cols, out.data(), ldo);
+      for (Eigen::Index c = 0; c < cols; ++c) {
+        for (Eigen::Index r = 0; r < rows; ++r) {
+          const Out want = static_cast<Out>(in[static_cast<std::size_t>(r * ldi + c)]);
+          ASSERT_EQ(std::bit_cast<Bits>(out[static_cast<std::size_t>(c * ldo + r)]), std::bit_cast<Bits>(want))
+              << rows << " x " << cols << " at " << r << ", " << c;
+        }
+        for (Eigen::Index r = rows; r < ldo; ++r) {
+          ASSERT_EQ(out[static_cast<std::size_t>(c * ldo + r)], sentinel) << "wrote past row " << rows;
+        }
+      }
+    }
+}
+
+TEST(PortableMath, TransposesMoveEveryValueUnchanged) {
+  std::vector<float> pool = {0.0F, -0.0F, 1.0F, -2.5F, 0x1p-140F, -0x1p-149F, HUGE_VALF, -HUGE_VALF,
+                             std::bit_cast<float>(0x7fc01234U), std::numeric_limits<float>::max()};
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal(0.0F, 3.0F);
+  for (int i = 0; i < 997; ++i) pool.push_back(normal(gen));
+  check_transpose<float>(pool);
+  check_transpose<double>(pool);
 }
 
 TEST(PortableMath, EigenWrappersCheckLayouts) {

@@ -166,6 +166,15 @@ void product_nt(const A& a, const B& b, C&& c) {
              a.cols());
 }
 
+/// out (cols x rows, row stride ldo) = in^T, in rows x cols (row stride ldi): out[c ldo + r] =
+/// in[r ldi + c], widened to double in the second form (exact). Moves values only (NaN payloads,
+/// signed zeros and subnormals included), in 8 x 8 register blocks where the build has AVX2.
+/// out must not overlap in.
+void transpose(const float* in, Eigen::Index ldi, Eigen::Index rows, Eigen::Index cols, float* out,
+               Eigen::Index ldo);
+void transpose(const float* in, Eigen::Index ldi, Eigen::Index rows, Eigen::Index cols, double* out,
+               Eigen::Index ldo);
+
 /// B (k x n) packed once for many products C = A B (a dense layer's weights, reused for every
 /// image): column panels of the product kernel's width (which depends on the build's vector
 /// width), each k x width and contiguous, zero columns past n. Packing moves values only, so

@@ -121,16 +121,7 @@ void softmax_exact_row(const double* qi, const double* k, int n, int d, double s
 void transpose_keys(const MatF& k, MatD& kt) {
   const Eigen::Index n = k.rows(), d = k.cols();
   kt.resize(d, n);
-  // Eight keys at a time: each t then writes one cache line of kt (a key at a time wrote d lines
-  // n doubles apart, and cost more than the exact rows themselves).
-  constexpr Eigen::Index kBlock = 8;
-  for (Eigen::Index j0 = 0; j0 < n; j0 += kBlock) {
-    const Eigen::Index nb = std::min(kBlock, n - j0);
-    for (Eigen::Index t = 0; t < d; ++t) {
-      double* out = kt.row(t).data() + j0;
-      for (Eigen::Index jj = 0; jj < nb; ++jj) out[jj] = static_cast<double>(k(j0 + jj, t));
-    }
-  }
+  portable::transpose(k.data(), d, n, d, kt.data(), n);
 }
 
 void softmax_exact_row_t(const double* qi, const double* kt, int n, int d, double scale, double* out) {

@@ -65,6 +65,16 @@ class PatchGeometry {
            static_cast<std::size_t>(dr) * static_cast<std::size_t>(2 * grid_.width - 1) +
            static_cast<std::size_t>(grid_.width - 1 - ci);
   }
+  /// Grids of at most this many cells (24 x 24: 384-pixel images in 16-pixel patches) also keep
+  /// every cell's distances to every cell (cell_row): at most 2.7 MB.
+  static constexpr int kCellTableCells = 576;
+  /// The distances from grid cell `cell` (row-major, < cells) to every grid cell in row-major
+  /// order, the values of centred_row laid end to end; nullptr on grids above kCellTableCells.
+  [[nodiscard]] const double* cell_row(int cell) const {
+    if (cells_.empty()) return nullptr;
+    const auto count = static_cast<std::size_t>(grid_.height) * static_cast<std::size_t>(grid_.width);
+    return cells_.data() + static_cast<std::size_t>(cell) * count;
+  }
   /// The largest distance on the grid (opposite corners; 0 for a single cell).
   [[nodiscard]] double max_distance() const;
 
@@ -73,6 +83,7 @@ class PatchGeometry {
   double ph_ = 1.0, pw_ = 1.0;
   std::vector<double> table_;    // [dr][dc]
   std::vector<double> centred_;  // [dr][dc + width - 1], dc in (-width, width)
+  std::vector<double> cells_;    // [cell][cell], grids of at most kCellTableCells cells
 };
 
 /// What uniform rows give: the mean over grid queries of sum_{j on grid} dist(i, j) / N, or / G
