@@ -114,7 +114,9 @@ print('%.2f / %.2f / %.2f | %.2f | %.1fx | %.1fx' % (m['median'], m['min'], m['m
   done
 done
 for n in swin_fast swin_fast1 swin_ref swin_soft; do
-  echo "| N=3136 $(grep -o '"variants": \[[^]]*\]' "$OUT/$n/confusion.json" | tr -d '"' | sed 's/variants: //') ($n) | attnscope | $(ms "$OUT/$n/confusion.json" "['$j']") | - | $(wall "$n") | $(( $(cat "$OUT/$n.rss") / 1024 )) |"
+  variants=$("$PYTHON" -c "import json, sys; print(', '.join(json.load(open(sys.argv[1]))['parameters']['variants']))" \
+    "$OUT/$n/confusion.json")
+  echo "| N=3136 $variants ($n) | attnscope | $(ms "$OUT/$n/confusion.json" "['$j']") | - | $(wall "$n") | $(( $(cat "$OUT/$n.rss") / 1024 )) |"
 done
 echo
 echo "Counts: $(cat "$OUT/conf_agree.txt")"

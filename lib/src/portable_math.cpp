@@ -480,12 +480,9 @@ void block(const T* ap, const T* p, Eigen::Index ldp, T* c, Eigen::Index ldc, Ei
   using S = Simd<T>;
   constexpr Eigen::Index W = S::W;
   typename S::V acc[R][2];
-#pragma GCC unroll 16
   for (Eigen::Index r = 0; r < R; ++r) acc[r][0] = acc[r][1] = S::zero();
   for (Eigen::Index t = 0; t < k; ++t) {
     const typename S::V b0 = S::load(p + t * ldp), b1 = S::load(p + t * ldp + W);
-    // Unrolled so that the accumulators stay in registers (as in packed_tile).
-#pragma GCC unroll 16
     for (Eigen::Index r = 0; r < R; ++r) {
       const typename S::V a = S::set1(ap[t * R + r]);
       acc[r][0] = S::fma(a, b0, acc[r][0]);
@@ -640,29 +637,20 @@ template <typename T, Eigen::Index R, Eigen::Index V, typename Out>
 void packed_tile(const T* ap, Eigen::Index lda, const T* panel, const Out& out, Eigen::Index k, Eigen::Index cols) {
   using S = Simd<T>;
   constexpr Eigen::Index W = S::W;
-  // The tile's loops are unrolled on request (the pragmas): GCC's own heuristics left some of the
-  // AVX2 tile's accumulators in memory, a load and a store around their fused steps.
   typename S::V acc[R][V];
-#pragma GCC unroll 16
   for (Eigen::Index r = 0; r < R; ++r)
-#pragma GCC unroll 4
     for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::zero();
   for (Eigen::Index t = 0; t < k; ++t) {
     typename S::V b[V];
-#pragma GCC unroll 4
     for (Eigen::Index v = 0; v < V; ++v) b[v] = S::load(panel + (t * V + v) * W);
-#pragma GCC unroll 16
     for (Eigen::Index r = 0; r < R; ++r) {
       const typename S::V x = S::set1(ap[r * lda + t]);
-#pragma GCC unroll 4
       for (Eigen::Index v = 0; v < V; ++v) acc[r][v] = S::fma(x, b[v], acc[r][v]);
     }
   }
   if constexpr (std::is_same_v<Out, StoreTile<T>>) {
     if (cols == V * W) {
-#pragma GCC unroll 16
       for (Eigen::Index r = 0; r < R; ++r)
-#pragma GCC unroll 4
         for (Eigen::Index v = 0; v < V; ++v) S::store(out.c + r * out.ldc + v * W, acc[r][v]);
       return;
     }
@@ -778,8 +766,8 @@ void transpose_any(const float* in, Eigen::Index ldi, Eigen::Index rows, Eigen::
     }
   }
 #endif
-  transpose_plain(in, ldi, 0, r8, c8, cols, out, ldo);     // the columns past the last block
-  transpose_plain(in, ldi, r8, rows, 0, cols, out, ldo);   // the rows past the last block
+  transpose_plain(in, ldi, 0, r8, c8, cols, out, ldo);  // the columns past the last block
+  transpose_plain(in, ldi, r8, rows, 0, cols, out, ldo);  // the rows past the last block
 }
 
 }  // namespace
@@ -814,7 +802,9 @@ void PackedMatrix<T>::pack(const T* b, Eigen::Index b_row, Eigen::Index b_col, E
     if constexpr (std::is_same_v<T, float>) {
       if (b_row == 1) {  // B a transpose (the keys of K^T): the panel is a block of it, transposed
         transpose(b + j0 * b_col, b_col, cols, k, panel, width);
-        for (Eigen::Index t = 0; t < k; ++t) std::fill(panel + t * width + cols, panel + (t + 1) * width, T(0));
+        for (Eigen::Index t = 0; t < k; ++t) {
+          std::fill(panel + t * width + cols, panel + (t + 1) * width, T(0));  // the padding
+        }
         continue;
       }
     }

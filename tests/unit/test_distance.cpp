@@ -268,7 +268,8 @@ TEST(PatchGeometry, CellRowsAreTheTableInGridOrder) {
     const double* row = geo.cell_row(a);
     ASSERT_NE(row, nullptr);
     for (int b = 0; b < cells; ++b) {
-      ASSERT_EQ(row[b], geo.distance(std::abs(a / g.width - b / g.width), std::abs(a % g.width - b % g.width)))
+      ASSERT_EQ(row[b], geo.distance(std::abs(a / g.width - b / g.width),
+                                     std::abs(a % g.width - b % g.width)))
           << "cells " << a << ", " << b;
     }
   }

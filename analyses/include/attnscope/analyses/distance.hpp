@@ -72,7 +72,8 @@ class PatchGeometry {
   /// order, the values of centred_row laid end to end; nullptr on grids above kCellTableCells.
   [[nodiscard]] const double* cell_row(int cell) const {
     if (cells_.empty()) return nullptr;
-    const auto count = static_cast<std::size_t>(grid_.height) * static_cast<std::size_t>(grid_.width);
+    const auto count =
+        static_cast<std::size_t>(grid_.height) * static_cast<std::size_t>(grid_.width);
     return cells_.data() + static_cast<std::size_t>(cell) * count;
   }
   /// The largest distance on the grid (opposite corners; 0 for a single cell).
