@@ -10,7 +10,9 @@
 # Usage: BEFORE=/path/to/old/attnscope bench/compare_builds.sh
 #        (env: AFTER=build/apps/attnscope DATA=build/bench-data ROUNDS=5 CORES=0,1 IMAGES=256
 #         RESULT_TOL=0: counts always exactly; other numbers exactly, or within this relative
-#         tolerance for a change that moves them in their last digits)
+#         tolerance for a change that moves them in their last digits; TORCH=1: each round also
+#         runs bench/torch_baseline.py on the DeiT-T cases after the two builds, and a second
+#         table gives every round's ms per image and whole run of the three, and the ratios)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${BEFORE:?set BEFORE to the attnscope binary to compare against}"
@@ -23,6 +25,8 @@ IMAGES=${IMAGES:-256}
 OUT=$DATA/compare
 mkdir -p "$DATA" "$OUT"
 export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE
+TORCH=${TORCH:-0}
+[ "$TORCH" = 1 ] && . bench/torch_blas.sh
 
 deit="$DATA/compare-deit.h5" swin="$DATA/compare-swin.h5"
 [ -f "$deit" ] || "$AFTER" synth --out "$deit" --images "$IMAGES" --compression 0 --seed 1 --layers 12 \
@@ -49,6 +53,12 @@ for round in $(seq "$ROUNDS"); do
       taskset -c "$CORES" "$bin" "$analysis" --dump "$dump" --out "$OUT/$name-$build-$round" \
         --threads 2 $args >/dev/null
     done
+    if [ "$TORCH" = 1 ] && [ "$dump" = "$deit" ]; then  # the PyTorch script, timed as a process
+      start=$(date +%s.%N)
+      taskset -c "$CORES" env "$TORCH_ENV" "$PYTHON" bench/torch_baseline.py --dump "$dump" --task "$analysis" \
+        --threads 2 --images "$IMAGES" >"$OUT/$name-torch-$round.out"
+      echo "$start $(date +%s.%N)" | awk '{ printf "%.2f", $2 - $1 }' >"$OUT/$name-torch-$round.wall"
+    fi
   done
 done
 
@@ -89,4 +99,25 @@ for c in cases:
           f"{med['after'][0] / med['before'][0]:.3f} | {('yes' if tol == 0.0 else f'within {tol:g}') if same else 'NO'} |")
     if not same:
         sys.exit(f"{name}: the two builds' results differ")
+PY
+
+[ "$TORCH" = 1 ] || exit 0
+"$PYTHON" - "$OUT" "$ROUNDS" "${cases[@]:0:2}" <<'PY'
+import json, sys
+out, rounds, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+print()
+print("| case | round | before: ms/image median / mean | after | PyTorch | after's ratio, medians / means "
+      "| whole run, s: before / after / PyTorch |")
+print("|---|---|---|---|---|---|---|")
+for c in cases:
+    name, analysis = c.split("|")[:2]
+    for r in range(1, rounds + 1):
+        rec = {b: json.load(open(f"{out}/{name}-{b}-{r}/{analysis}.json")) for b in ("before", "after")}
+        ms = {b: rec[b]["results"]["ms_per_image"] for b in rec}
+        ms["torch"] = json.load(open(f"{out}/{name}-torch-{r}.out"))["ms_per_image"]
+        wall = open(f"{out}/{name}-torch-{r}.wall").read().strip()
+        cell = lambda m: "%.2f / %.2f" % (m["median"], m["mean"])
+        print(f"| {name} | {r} | {cell(ms['before'])} | {cell(ms['after'])} | {cell(ms['torch'])} | "
+              f"{ms['torch']['median'] / ms['after']['median']:.1f}x / {ms['torch']['mean'] / ms['after']['mean']:.1f}x | "
+              f"{rec['before']['elapsed_s']:.2f} / {rec['after']['elapsed_s']:.2f} / {wall} |")
 PY
