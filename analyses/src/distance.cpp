@@ -77,13 +77,8 @@ DistanceRows float_distance(const detail::FloatSoftmaxRows& ws, const PatchGeome
   out.grid_mass.assign(n, kNaN);
   for (int i = grid.prefix; i < grid.tokens(); ++i) {
     const double* dd = g.cell_row(i - grid.prefix);
-    if (dd == nullptr) {  // a large grid: the query's row of distances assembled from the table
-      const int ri = grid.row(i), ci = grid.col(i);
-      for (int r = 0; r < grid.height; ++r) {
-        const double* from = g.centred_row(std::abs(r - ri), ci);
-        std::copy(from, from + grid.width,
-                  dist.begin() + static_cast<std::ptrdiff_t>(r) * grid.width);
-      }
+    if (dd == nullptr) {  // a grid above the cell table's size: the query's row assembled
+      g.cell_distances(i - grid.prefix, dist.data());
       dd = dist.data();
     }
     const Eigen::Index row = i - grid.prefix;
@@ -131,13 +126,17 @@ PatchGeometry::PatchGeometry(const TokenGrid& grid, double patch_height, double 
   const std::int64_t cells = static_cast<std::int64_t>(grid.height) * grid.width;
   if (cells > 0 && cells <= kCellTableCells) {
     cells_.resize(static_cast<std::size_t>(cells * cells));
-    double* at = cells_.data();
-    for (int ri = 0; ri < grid.height; ++ri)
-      for (int ci = 0; ci < grid.width; ++ci)
-        for (int r = 0; r < grid.height; ++r, at += grid.width) {
-          const double* from = centred_row(std::abs(r - ri), ci);
-          std::copy(from, from + grid.width, at);
-        }
+    for (int c = 0; c < cells; ++c) {
+      cell_distances(c, cells_.data() + static_cast<std::ptrdiff_t>(c) * cells);
+    }
+  }
+}
+
+void PatchGeometry::cell_distances(int cell, double* out) const {
+  const int ri = cell / grid_.width, ci = cell % grid_.width;
+  for (int r = 0; r < grid_.height; ++r) {
+    const double* from = centred_row(std::abs(r - ri), ci);
+    std::copy(from, from + grid_.width, out + static_cast<std::ptrdiff_t>(r) * grid_.width);
   }
 }
 

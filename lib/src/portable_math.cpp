@@ -799,17 +799,15 @@ void PackedMatrix<T>::pack(const T* b, Eigen::Index b_row, Eigen::Index b_col, E
   for (Eigen::Index j0 = 0; j0 < n; j0 += J) {
     T* panel = data_.data() + j0 * k;
     const Eigen::Index cols = std::min(J, n - j0), width = panel_vectors<T>(j0, n) * Simd<T>::W;
+    bool transposed = false;
     if constexpr (std::is_same_v<T, float>) {
-      if (b_row == 1) {  // B a transpose (the keys of K^T): the panel is a block of it, transposed
-        transpose(b + j0 * b_col, b_col, cols, k, panel, width);
-        for (Eigen::Index t = 0; t < k; ++t) {
-          std::fill(panel + t * width + cols, panel + (t + 1) * width, T(0));  // the padding
-        }
-        continue;
-      }
+      transposed = b_row == 1;  // B a transpose (the keys of K^T): the panel is a block of it, transposed
+      if (transposed) transpose(b + j0 * b_col, b_col, cols, k, panel, width);
     }
     for (Eigen::Index t = 0; t < k; ++t) {
-      for (Eigen::Index jj = 0; jj < cols; ++jj) panel[t * width + jj] = b[t * b_row + (j0 + jj) * b_col];
+      if (!transposed) {
+        for (Eigen::Index jj = 0; jj < cols; ++jj) panel[t * width + jj] = b[t * b_row + (j0 + jj) * b_col];
+      }
       for (Eigen::Index jj = cols; jj < width; ++jj) panel[t * width + jj] = T(0);  // the last panel's padding
     }
   }

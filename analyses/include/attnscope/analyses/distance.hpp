@@ -76,6 +76,9 @@ class PatchGeometry {
         static_cast<std::size_t>(grid_.height) * static_cast<std::size_t>(grid_.width);
     return cells_.data() + static_cast<std::size_t>(cell) * count;
   }
+  /// The distances from grid cell `cell` (row-major) to every grid cell, in row-major order, into
+  /// out (height x width entries): what cell_row holds, for grids of any size.
+  void cell_distances(int cell, double* out) const;
   /// The largest distance on the grid (opposite corners; 0 for a single cell).
   [[nodiscard]] double max_distance() const;
 
