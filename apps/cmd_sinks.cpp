@@ -4,6 +4,7 @@
 #include "common.hpp"
 #include "diagnostic_options.hpp"
 #include "attnscope/run/image_run.hpp"
+#include "attnscope/run/record_arrays.hpp"
 #include "selection_flags.hpp"
 
 #include "attnscope/analyses/sinks.hpp"
@@ -43,21 +44,21 @@ po::options_description sinks_options(SinksFlags& f) {
 nlohmann::json to_record(const analyses::SinksImage& img) {
   nlohmann::json heads = nlohmann::json::array();
   for (const auto& slots : img.heads) {
-    std::vector<std::vector<double>> received;
+    nlohmann::json received = nlohmann::json::array();
     std::vector<std::vector<int>> sinks;
     std::vector<int> valid, degenerate;
     for (const auto& h : slots) {
-      received.push_back(h.received);
+      received.push_back(run::packed_array(h.received));
       sinks.push_back(h.sink_keys);
       valid.push_back(h.valid_rows);
       degenerate.push_back(h.degenerate);
     }
-    heads.push_back({{"received", received}, {"sink_keys", sinks}, {"valid_rows", valid}, {"degenerate", degenerate}});
+    heads.push_back({{"received", std::move(received)}, {"sink_keys", sinks}, {"valid_rows", valid}, {"degenerate", degenerate}});
   }
   nlohmann::json norms = nlohmann::json::array();
   for (const auto& n : img.norms) {
-    std::vector<int> high(n.high.begin(), n.high.end());
-    norms.push_back({{"ratio", n.ratio}, {"high", high}, {"median", n.median}});
+    const std::vector<std::int64_t> high(n.high.begin(), n.high.end());
+    norms.push_back({{"ratio", run::packed_array(n.ratio)}, {"high", run::packed_array(high)}, {"median", n.median}});
   }
   return {{"heads", heads}, {"norms", norms}};
 }
@@ -65,13 +66,14 @@ nlohmann::json to_record(const analyses::SinksImage& img) {
 analyses::SinksImage from_record(int image, const nlohmann::json& r, const analyses::Selection& sel) {
   analyses::SinksImage img;
   img.image = image;
+  const std::string what = "sinks: image " + std::to_string(image);
   for (const auto& v : r.at("heads")) {
-    const auto received = v.at("received").get<std::vector<std::vector<double>>>();
+    const auto received = run::unpacked_double_rows(v.at("received"), what);
     const auto sinks = v.at("sink_keys").get<std::vector<std::vector<int>>>();
     const auto valid = v.at("valid_rows").get<std::vector<int>>();
     const auto degenerate = v.at("degenerate").get<std::vector<int>>();
     if (sinks.size() != received.size() || valid.size() != received.size() || degenerate.size() != received.size()) {
-      throw Error("sinks: image " + std::to_string(image) + ": a malformed record");
+      throw Error(what + ": a malformed record");
     }
     std::vector<analyses::HeadSinks> slots(received.size());
     for (std::size_t s = 0; s < slots.size(); ++s) {
@@ -86,8 +88,8 @@ analyses::SinksImage from_record(int image, const nlohmann::json& r, const analy
   for (const auto& n : r.at("norms")) {
     analyses::LayerNorms ln;
     ln.layer = ls < sel.layers.size() ? sel.layers[ls] : -1;
-    ln.ratio = n.at("ratio").get<std::vector<double>>();
-    const auto high = n.at("high").get<std::vector<int>>();
+    ln.ratio = run::unpacked_doubles(n.at("ratio"), what);
+    const auto high = run::unpacked_int64s(n.at("high"), what);
     ln.high.assign(high.begin(), high.end());
     ln.median = n.at("median").get<double>();
     img.norms.push_back(std::move(ln));

@@ -1,7 +1,7 @@
 // An image's part of a per-query statistics run (query_stats.hpp) as an image run's record, and
-// back, exactly (records are CBOR: every double comes back bit for bit), and the per-layer
-// image run of the commands. Shared by `distance`, `entropy` and `rank`; their result files are
-// run/query_stats_files.hpp's, shared with the Python module.
+// back, exactly (numeric columns as byte strings, run/record_arrays.hpp: every double comes back
+// bit for bit), and the per-layer image run of the commands. Shared by `distance`, `entropy` and
+// `rank`; their result files are run/query_stats_files.hpp's, shared with the Python module.
 #pragma once
 
 #include "common.hpp"
@@ -39,8 +39,8 @@ inline nlohmann::json query_stats_record(const analyses::QueryStatsLayout& layou
       hist.push_back(c.histogram);
       counters.push_back(c.counters);
     }
-    v["histogram"] = hist;
-    v["counters"] = counters;
+    v["histogram"] = run::packed_rows(hist);
+    v["counters"] = run::packed_rows(counters);
     r.push_back(std::move(v));
   }
   return r;
@@ -63,8 +63,8 @@ inline analyses::QueryStatsImage query_stats_from_record(
           StatsColumns::read(v, layout.quantities[q] + "_", cells.size(), what);
       for (std::size_t s = 0; s < cells.size(); ++s) cells[s].queries[q] = col.at(s);
     }
-    const auto hist = v.at("histogram").get<std::vector<std::vector<std::int64_t>>>();
-    const auto counters = v.at("counters").get<std::vector<std::vector<std::int64_t>>>();
+    const auto hist = run::unpacked_int64_rows(v.at("histogram"), what);
+    const auto counters = run::unpacked_int64_rows(v.at("counters"), what);
     if (hist.size() != cells.size() || counters.size() != cells.size())
       throw Error(what + ": a malformed record");
     for (std::size_t s = 0; s < cells.size(); ++s) {

@@ -1,10 +1,11 @@
-// RunningStats of many cells in an image run's record, one column (array) per field, exact
-// (records are stored as CBOR, so every double comes back bit for bit; an empty cell's infinite
-// min and max included).
+// RunningStats of many cells in an image run's record, one column per field, exact (each column
+// a byte string of its values, run/record_arrays.hpp: every double comes back bit for bit, an
+// empty cell's infinite min and max included).
 #pragma once
 
 #include "attnscope/analyses/locality.hpp"
 #include "attnscope/error.hpp"
+#include "attnscope/run/record_arrays.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -26,11 +27,11 @@ class StatsColumns {
 
   /// Adds the columns to `record` as PREFIX + queries, mean, m2, min, max.
   void write(nlohmann::json& record, const std::string& prefix) const {
-    record[prefix + "queries"] = count_;
-    record[prefix + "mean"] = mean_;
-    record[prefix + "m2"] = m2_;
-    record[prefix + "min"] = min_;
-    record[prefix + "max"] = max_;
+    record[prefix + "queries"] = run::packed_array(count_);
+    record[prefix + "mean"] = run::packed_array(mean_);
+    record[prefix + "m2"] = run::packed_array(m2_);
+    record[prefix + "min"] = run::packed_array(min_);
+    record[prefix + "max"] = run::packed_array(max_);
   }
 
   /// Reads the columns written by write(); each must hold n cells (`what` names the record in
@@ -38,11 +39,11 @@ class StatsColumns {
   static StatsColumns read(const nlohmann::json& record, const std::string& prefix, std::size_t n,
                            const std::string& what) {
     StatsColumns c;
-    c.count_ = record.at(prefix + "queries").get<std::vector<std::int64_t>>();
-    c.mean_ = record.at(prefix + "mean").get<std::vector<double>>();
-    c.m2_ = record.at(prefix + "m2").get<std::vector<double>>();
-    c.min_ = record.at(prefix + "min").get<std::vector<double>>();
-    c.max_ = record.at(prefix + "max").get<std::vector<double>>();
+    c.count_ = run::unpacked_int64s(record.at(prefix + "queries"), what);
+    c.mean_ = run::unpacked_doubles(record.at(prefix + "mean"), what);
+    c.m2_ = run::unpacked_doubles(record.at(prefix + "m2"), what);
+    c.min_ = run::unpacked_doubles(record.at(prefix + "min"), what);
+    c.max_ = run::unpacked_doubles(record.at(prefix + "max"), what);
     for (std::size_t size : {c.count_.size(), c.mean_.size(), c.m2_.size(), c.min_.size(),
                              c.max_.size()}) {
       if (size != n) throw Error(what + ": a malformed record");

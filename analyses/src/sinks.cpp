@@ -53,27 +53,54 @@ void check_sink_options(const SinkOptions& opt) {
 
 namespace {
 
+/// Rows g[0], ..., g[G - 1] folded into the column sums and minima: each sum takes the rows' weights
+/// in their order, as one row at a time would (the same bits), with one load and store per column
+/// for the G rows instead of one per row.
+template <int G, class Row>
+void fold_rows(const Row* g, Eigen::Index n, double* sum, double* low) {
+  for (Eigen::Index j = 0; j < n; ++j) {
+    double s = sum[j], m = low[j];
+    for (int r = 0; r < G; ++r) {
+      const double x = g[r](j);
+      s += x;
+      m = std::min(m, x);
+    }
+    sum[j] = s;
+    low[j] = m;
+  }
+}
+
 /// Column sums (over the rows not `dead`) and the sink test on every key's smallest weight, the
-/// weights w_ij = weight(i)[j] (a row at a time). `margin` > 0: false (out unfinished) when a key's
-/// smallest weight is within margin of the threshold, where a weight's error could change the test.
+/// weights w_ij = weight(i)[j] (four rows at a time, fold_rows). `margin` > 0: false (out
+/// unfinished) when a key's smallest weight is within margin of the threshold, where a weight's
+/// error could change the test.
 template <class RowWeights>
 bool column_sinks(Eigen::Index rows, Eigen::Index n, const std::vector<char>* dead,
                   const RowWeights& weight, double threshold, double margin, HeadSinks& out) {
   std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
   std::vector<double> low(static_cast<std::size_t>(n), std::numeric_limits<double>::infinity());
+  std::vector<decltype(weight(Eigen::Index{0}))> group;
+  group.reserve(4);
+  const auto fold = [&] {
+    switch (group.size()) {
+      case 4: fold_rows<4>(group.data(), n, sum.data(), low.data()); break;
+      case 3: fold_rows<3>(group.data(), n, sum.data(), low.data()); break;
+      case 2: fold_rows<2>(group.data(), n, sum.data(), low.data()); break;
+      case 1: fold_rows<1>(group.data(), n, sum.data(), low.data()); break;
+      default: break;
+    }
+    group.clear();
+  };
   for (Eigen::Index i = 0; i < rows; ++i) {
     if (dead != nullptr && (*dead)[static_cast<std::size_t>(i)] != 0) {
       ++out.degenerate;
       continue;
     }
     ++out.valid_rows;
-    const auto row = weight(i);
-    for (Eigen::Index j = 0; j < n; ++j) {
-      const double x = row(j);
-      sum[static_cast<std::size_t>(j)] += x;
-      low[static_cast<std::size_t>(j)] = std::min(low[static_cast<std::size_t>(j)], x);
-    }
+    group.push_back(weight(i));
+    if (group.size() == 4) fold();
   }
+  fold();
   out.received.assign(static_cast<std::size_t>(n), 0.0);
   if (out.valid_rows == 0) return true;
   for (Eigen::Index j = 0; j < n; ++j) {

@@ -5,7 +5,8 @@
 // Format (little-endian): the line "attnscope journal 1\n", then frames. A frame is a 4-byte
 // payload length, a 4-byte FNV-1a checksum of the payload, and the payload: the CBOR encoding of
 // a JSON value. The first frame is the header (what the run is: command, fingerprint, images);
-// each later frame is a record {"image": i, "record": ...}. A kill can leave only the last frame
+// each later frame is a record {"image": i, "record": ...}, whose long numeric arrays are CBOR
+// byte strings of the values (record_arrays.hpp). A kill can leave only the last frame
 // incomplete; readers drop such a tail, and anything else that fails to parse is an error naming
 // the journal and the byte offset.
 #pragma once
