@@ -36,18 +36,10 @@ bool float_softmax_rows(const MatF& q, const MatF& k, double scale, Eigen::Index
   portable::gemm_packed(q.data() + r0 * d, d, ws.keys, ws.e.data(), n, m);
   if (keep_logits) ws.y.resize(m, n);
   const auto s = static_cast<float>(scale);
-  // The rows' maxima (and logits), then their exponentials and sums (exp_floats_sums: each row's
-  // bits exp_floats_sum's, several rows' sums at once).
+  // The rows' maxima (and logits, the arguments of the exponentials), then their exponentials
+  // and sums (softmax_exps: each row's bits exp_floats_sum's, several rows' sums at once).
   ws.top.resize(static_cast<std::size_t>(m));
-  for (Eigen::Index i = 0; i < m; ++i) {
-    const float* row = ws.e.row(i).data();
-    const float top = ws.top[static_cast<std::size_t>(i)] = portable::max_scaled(row, n, s);
-    if (keep_logits) {
-      float* y = ws.y.row(i).data();
-      for (Eigen::Index t = 0; t < n; ++t) y[t] = row[t] * s - top;  // what exp_floats_sums exponentiates
-    }
-  }
-  portable::exp_floats_sums(ws.e.data(), n, m, n, s, ws.top.data(), ws.sum.data());
+  portable::softmax_exps(ws.e.data(), n, m, n, s, ws.top.data(), ws.sum.data(), keep_logits ? ws.y.data() : nullptr, n);
   return true;
 }
 

@@ -167,12 +167,8 @@ bool softmax_head_outputs_float(const double* q, Eigen::Index ldq, Eigen::Index 
   // W V are divided by the sums afterwards: rows x dv divisions instead of rows x n.
   if (static_cast<Eigen::Index>(s.sums.size()) < rows) s.sums.resize(static_cast<std::size_t>(rows));
   if (static_cast<Eigen::Index>(s.tops.size()) < rows) s.tops.resize(static_cast<std::size_t>(rows));
-  for (Eigen::Index i = 0; i < rows; ++i) {
-    const float top = s.tops[static_cast<std::size_t>(i)] = portable::max_scaled(w + i * n, n, sf);
-    if (!std::isfinite(top)) return false;  // a logit beyond float's range
-  }
-  // Each sum >= 1 (exp(0) is a term).
-  portable::exp_floats_sums(w, n, rows, n, sf, s.tops.data(), s.sums.data());
+  // A top that is not finite: a logit beyond float's range. Each sum >= 1 (exp(0) is a term).
+  if (!portable::softmax_exps(w, n, rows, n, sf, s.tops.data(), s.sums.data())) return false;
   s.values.pack(s.v.data(), dv, 1, n, dv);
   if (static_cast<Eigen::Index>(s.zeros.size()) < dv) s.zeros.assign(static_cast<std::size_t>(dv), 0.0);
   detail::count_product(rows, n, dv);

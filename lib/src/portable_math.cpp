@@ -353,20 +353,42 @@ inline float exp_float_nonpositive_inline(float x0) {
 /// two AVX2 ones), so that the loop over whole blocks is straight vector code.
 constexpr Eigen::Index kExpBlock = 16;
 
-/// x[t] = exp_float_inline(x[t] * s - shift) for t < n, n a multiple of kExpBlock; args (n
-/// floats) is scratch. The arguments of a softmax row are at most 0 (shift is the row's largest
-/// product), so the row is computed by exp_float_nonpositive_inline, keeping its arguments, and
-/// again from them by exp_float_inline if any is above 0 or NaN: the same bits either way.
+/// How exp_row knows its arguments: `any` shift (each argument checked, the row computed again by
+/// exp_float_inline when one is above 0 or NaN), or a shift `at_most_max`, at least every
+/// fl(x[t] * s) that is not NaN (max_scaled's), so that every argument is at most 0 or NaN.
+enum class Shift { any, at_most_max };
+
+/// x[t] = exp_float_inline(x[t] * s - shift) for t < n, n a multiple of kExpBlock. With
+/// Shift::any, args (n floats) is scratch: the arguments of a softmax row are at most 0 (shift is
+/// the row's largest product), so the row is computed by exp_float_nonpositive_inline, keeping its
+/// arguments, and again from them by exp_float_inline if any is above 0 or NaN: the same bits
+/// either way. With Shift::at_most_max no argument is above 0, and a NaN argument gives the same
+/// NaN both ways (both forms carry it through the same steps to p, which a power of two, never a
+/// NaN, multiplies: the result is p's NaN), so no check is needed; args, when not null, receives
+/// the arguments (the logits less the row's largest).
+template <Shift K>
 ATTNSCOPE_WIDE_VECTORS inline void exp_row(float* x, Eigen::Index n, float s, float shift, float* args) {
-  std::uint32_t other = 0;  // an integer, not a bool: GCC vectorises its reduction
-  for (Eigen::Index t = 0; t < n; ++t) {
-    const float a = x[t] * s - shift;
-    args[t] = a;
-    other |= a <= 0.0F ? 0U : 1U;
-    x[t] = exp_float_nonpositive_inline(a);
-  }
-  if (other != 0) {
-    for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(args[t]);
+  if constexpr (K == Shift::at_most_max) {
+    if (args != nullptr) {
+      for (Eigen::Index t = 0; t < n; ++t) {
+        const float a = x[t] * s - shift;
+        args[t] = a;
+        x[t] = exp_float_nonpositive_inline(a);
+      }
+    } else {
+      for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_nonpositive_inline(x[t] * s - shift);
+    }
+  } else {
+    std::uint32_t other = 0;  // an integer, not a bool: GCC vectorises its reduction
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const float a = x[t] * s - shift;
+      args[t] = a;
+      other |= a <= 0.0F ? 0U : 1U;
+      x[t] = exp_float_nonpositive_inline(a);
+    }
+    if (other != 0) {
+      for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_inline(args[t]);
+    }
   }
 }
 
@@ -862,15 +884,18 @@ ATTNSCOPE_WIDE_VECTORS float max_scaled(const float* x, Eigen::Index n, float s)
   // fl(x[t] * s) is fma(x[t], s, 0) (an exact product rounded once; a zero's sign aside, which no
   // use of the maximum sees), and the largest value is the same in any order of search: four
   // running maxima (the chain of one would wait on each step), then the lanes halved in a tree.
+  // NaN products are passed over: S::max(a, b) gives b where either is NaN, so the running
+  // maximum goes second and is never a NaN (the other order would drop the maximum so far at a
+  // NaN, and what was left would depend on the vector width).
   using S = Simd<float>;
   constexpr Eigen::Index W = S::W;
   const S::V sv = S::set1(s), zero = S::zero();
   S::V m[4] = {S::set1(-HUGE_VALF), S::set1(-HUGE_VALF), S::set1(-HUGE_VALF), S::set1(-HUGE_VALF)};
   Eigen::Index t = 0;
   for (; t + 4 * W <= n; t += 4 * W) {
-    for (int a = 0; a < 4; ++a) m[a] = S::max(m[a], S::fma(S::load(x + t + a * W), sv, zero));
+    for (int a = 0; a < 4; ++a) m[a] = S::max(S::fma(S::load(x + t + a * W), sv, zero), m[a]);
   }
-  for (; t + W <= n; t += W) m[0] = S::max(m[0], S::fma(S::load(x + t), sv, zero));
+  for (; t + W <= n; t += W) m[0] = S::max(S::fma(S::load(x + t), sv, zero), m[0]);
   float lane[W];
   S::store(lane, S::max(S::max(m[0], m[1]), S::max(m[2], m[3])));
   for (Eigen::Index half = W / 2; half >= 1; half /= 2) {
@@ -1077,8 +1102,13 @@ void distances2_float(const float* x, Eigen::Index ld, Eigen::Index rows, const 
   });
 }
 
-ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s,
-                                            const float* shifts, double* sums) {
+namespace {
+
+/// exp_floats_sums' work, for either kind of shift (exp_row); with Shift::at_most_max, logits
+/// (when not null, row r at logits + r ld_logits) receives each row's arguments.
+template <Shift K>
+ATTNSCOPE_WIDE_VECTORS void exp_rows_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s,
+                                          const float* shifts, double* sums, float* logits, Eigen::Index ld_logits) {
   // Every element is exp_float_inline(x * s - shift) of its own input, whatever the grouping, so
   // the grouping below is free to follow the vectors. A row's last n mod kExpBlock elements would
   // each be a scalar exponential (a DeiT-T row of 197: five of them against twelve vector
@@ -1094,9 +1124,11 @@ ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::In
     for (Eigen::Index r = 0; r < rows; ++r, at += rest) {
       const float* row = x + r * ld + whole;
       for (Eigen::Index t = 0; t < rest; ++t) at[t] = row[t] * s - shifts[r];
+      if (logits != nullptr) std::copy(at, at + rest, logits + r * ld_logits + whole);
     }
-    // x * 1 - 0 is x for every float, so these are the same exponentials of the same arguments.
-    exp_row(tails.data(), padded, 1.0F, 0.0F, args.data());
+    // x * 1 - 0 is x for every float, so these are the same exponentials of the same arguments
+    // (and the padding's 0 is at most 0).
+    exp_row<K>(tails.data(), padded, 1.0F, 0.0F, K == Shift::any ? args.data() : nullptr);
     at = tails.data();
     for (Eigen::Index r = 0; r < rows; ++r, at += rest) std::copy(at, at + rest, x + r * ld + whole);
   }
@@ -1106,9 +1138,28 @@ ATTNSCOPE_WIDE_VECTORS void exp_floats_sums(float* x, Eigen::Index ld, Eigen::In
   // row's order its own, the same bits as sum_widened of the row).
   for (Eigen::Index r0 = 0; r0 < rows; r0 += kRowsAtOnce) {
     const Eigen::Index count = std::min<Eigen::Index>(kRowsAtOnce, rows - r0);
-    for (Eigen::Index r = r0; r < r0 + count; ++r) exp_row(x + r * ld, whole, s, shifts[r], args.data());
+    for (Eigen::Index r = r0; r < r0 + count; ++r) {
+      float* row_args = K == Shift::any ? args.data() : (logits != nullptr ? logits + r * ld_logits : nullptr);
+      exp_row<K>(x + r * ld, whole, s, shifts[r], row_args);
+    }
     lane_sums_of_rows<Term::widened>(x + r0 * ld, ld, x + r0 * ld, ld, count, n, sums + r0);
   }
+}
+
+}  // namespace
+
+void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s, const float* shifts,
+                     double* sums) {
+  exp_rows_sums<Shift::any>(x, ld, rows, n, s, shifts, sums, nullptr, 0);
+}
+
+bool softmax_exps(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s, float* tops, double* sums,
+                  float* logits, Eigen::Index ld_logits) {
+  for (Eigen::Index r = 0; r < rows; ++r) tops[r] = max_scaled(x + r * ld, n, s);
+  exp_rows_sums<Shift::at_most_max>(x, ld, rows, n, s, tops, sums, logits, ld_logits);
+  bool finite = true;
+  for (Eigen::Index r = 0; r < rows; ++r) finite = finite && std::isfinite(tops[r]) && std::isfinite(sums[r]);
+  return finite;
 }
 
 double exp_floats_sum(float* x, Eigen::Index n, float s, float shift) {

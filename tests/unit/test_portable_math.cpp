@@ -11,6 +11,7 @@
 #include <cmath>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -301,6 +302,96 @@ TEST(PortableMath, ExpFloatsSumsAreExpFloatOverTheNonPositiveFloatsAndTheFallbac
         } else {
           EXPECT_EQ(std::bit_cast<std::uint32_t>(out[t]), std::bit_cast<std::uint32_t>(want)) << "exp of " << row[t];
         }
+      }
+    }
+  }
+}
+
+// max_scaled passes over NaN products wherever they stand: the largest of the others, the same
+// on every vector width (it used to drop the running maximum at a NaN); -inf where all are NaN.
+TEST(PortableMath, MaxScaledPassesOverNaNProducts) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937_64 gen(11);
+  std::normal_distribution<float> z(0.0F, 30.0F);
+  for (const Eigen::Index n : {1, 7, 16, 17, 33, 64, 65, 197}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& v : x) v = z(gen);
+    for (Eigen::Index p = 0; p < n; ++p) {
+      for (const Eigen::Index stride : {Eigen::Index{1}, Eigen::Index{5}}) {  // one NaN, or one in every five
+        std::vector<float> y = x;
+        float top = -HUGE_VALF;
+        for (Eigen::Index t = 0; t < n; ++t) {
+          if (t >= p && (t - p) % stride == 0 && (stride > 1 || t == p)) {
+            y[static_cast<std::size_t>(t)] = nan;
+          } else {
+            top = std::max(top, y[static_cast<std::size_t>(t)] * 0.25F);
+          }
+        }
+        EXPECT_EQ(portable::max_scaled(y.data(), n, 0.25F), top) << "n = " << n << ", NaN from " << p << " every " << stride;
+      }
+    }
+    const std::vector<float> all(static_cast<std::size_t>(n), nan);
+    EXPECT_EQ(portable::max_scaled(all.data(), n, 1.0F), -HUGE_VALF) << "n = " << n;
+  }
+}
+
+// softmax_exps: the tops max_scaled's, every entry and sum exp_floats_sums' with those shifts, bit
+// for bit (NaN payloads included), the logits the arguments fl(fl(x s) - top), the entries
+// between rows untouched; true unless a top or a sum is not finite. Random rows of awkward
+// lengths, and rows holding NaN, +-inf, a product that overflows, and nothing but NaN.
+TEST(PortableMath, SoftmaxExpsAreExpFloatsSumsShiftedByTheRowsMaxima) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const auto bits = [](float v) { return std::bit_cast<std::uint32_t>(v); };
+  std::mt19937_64 gen(12);
+  std::normal_distribution<float> z(0.0F, 20.0F);
+  for (const Eigen::Index rows : {1, 2, 3, 4, 5, 9}) {
+    for (const Eigen::Index n : {1, 5, 16, 17, 63, 197, 200}) {
+      for (const int special : {0, 1, 2, 3, 4}) {  // none; a NaN; +inf; an overflowing product; all NaN
+        const Eigen::Index ld = n + 3;
+        const float s = special == 3 ? 4.0F : 0.3F;
+        std::vector<float> x(static_cast<std::size_t>(rows * ld));
+        for (float& v : x) v = z(gen);
+        const Eigen::Index r_special = rows / 2;
+        float* row = x.data() + r_special * ld;
+        if (special == 1) row[n / 2] = nan;
+        if (special == 2) row[n - 1] = inf, row[0] = -inf;
+        if (special == 3) row[n / 3] = 3e38F;  // finite, but its product by 4 is +inf
+        if (special == 4) std::fill(row, row + n, nan);
+        std::vector<float> shifts(static_cast<std::size_t>(rows));
+        bool finite = true;
+        for (Eigen::Index r = 0; r < rows; ++r) {
+          shifts[static_cast<std::size_t>(r)] = portable::max_scaled(x.data() + r * ld, n, s);
+          finite = finite && std::isfinite(shifts[static_cast<std::size_t>(r)]);
+        }
+        std::vector<float> want = x;
+        std::vector<double> want_sums(static_cast<std::size_t>(rows));
+        portable::exp_floats_sums(want.data(), ld, rows, n, s, shifts.data(), want_sums.data());
+        for (const double sum : want_sums) finite = finite && std::isfinite(sum);
+        EXPECT_EQ(finite, special == 0) << "every special row has a top or a sum that is not finite";
+
+        std::vector<float> got = x, tops(static_cast<std::size_t>(rows), -1.0F);
+        std::vector<float> logits(static_cast<std::size_t>(rows * n), -1.0F);
+        std::vector<double> sums(static_cast<std::size_t>(rows), -1.0);
+        const std::string what = std::to_string(rows) + " rows of " + std::to_string(n) + ", case " + std::to_string(special);
+        EXPECT_EQ(portable::softmax_exps(got.data(), ld, rows, n, s, tops.data(), sums.data(), logits.data(), n), finite)
+            << what;
+        for (Eigen::Index r = 0; r < rows; ++r) {
+          const auto ur = static_cast<std::size_t>(r);
+          ASSERT_EQ(bits(tops[ur]), bits(shifts[ur])) << what << ", row " << r;
+          ASSERT_EQ(std::bit_cast<std::uint64_t>(sums[ur]), std::bit_cast<std::uint64_t>(want_sums[ur])) << what << ", row " << r;
+          for (Eigen::Index t = 0; t < ld; ++t) {
+            const auto at = static_cast<std::size_t>(r * ld + t);
+            ASSERT_EQ(bits(got[at]), bits(want[at])) << what << ", row " << r << " entry " << t;
+            if (t < n) {
+              const float arg = x[at] * s - shifts[ur];
+              ASSERT_EQ(bits(logits[static_cast<std::size_t>(r * n + t)]), bits(arg)) << what << ", row " << r << " entry " << t;
+            }
+          }
+        }
+        // And without logits: the same rows.
+        std::vector<float> again = x;
+        portable::softmax_exps(again.data(), ld, rows, n, s, tops.data(), sums.data());
+        EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0) << what;
       }
     }
   }

@@ -71,8 +71,9 @@ struct Exp {
 /// x[t] = exp_float(x[t] - shift) for t < n (the softmax step, vectorised).
 void exp_floats(float* x, Eigen::Index n, float shift = 0.0F);
 
-/// The largest of fl(x[t] * s) for t < n (-inf for n = 0), without writing the products. The
-/// largest value does not depend on the order it is searched in: searched in vector lanes.
+/// The largest of fl(x[t] * s) for t < n that is not NaN (-inf for n = 0 or where every product
+/// is NaN), without writing the products. The largest value does not depend on the order it is
+/// searched in: searched in vector lanes.
 float max_scaled(const float* x, Eigen::Index n, float s);
 
 /// x[t] = exp_float(x[t] * s - shift) for t < n (the product rounded to float first), and the sum
@@ -84,6 +85,15 @@ double exp_floats_sum(float* x, Eigen::Index n, float s, float shift);
 /// sums[r]: the same bits as one call per row, several rows' sums at once.
 void exp_floats_sums(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s, const float* shifts,
                      double* sums);
+
+/// The softmax step of float rows: tops[r] = max_scaled(row r, n, s), then exp_floats_sums of the
+/// rows with those shifts, the same bits, faster: no argument is then above 0, so the fallback
+/// of exp_floats_sums for such arguments is never needed and its check is left out. logits (when
+/// not null, row r at logits + r ld_logits) receives every argument fl(fl(x * s) - tops[r]).
+/// Returns whether every top and every sum is finite: false where a row's products overflow,
+/// or where one is NaN (the overflow of a dot product's partial sums), whose exponential is NaN.
+bool softmax_exps(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, float s, float* tops, double* sums,
+                  float* logits = nullptr, Eigen::Index ld_logits = 0);
 
 /// Sums of float rows widened to double, each in lane_sum's fixed order (lane_sum.hpp: kLanes
 /// lanes, lane l summing the terms t = l mod kLanes in increasing t, then the tail and the lanes

@@ -153,14 +153,13 @@ void softmax_rows_float_factored(Eigen::Ref<const MatF> q, Eigen::Ref<const MatF
   keys.pack(k.data(), 1, k.outerStride(), d, n);  // B = k^T: element (t, j) at k[j * stride + t]
   portable::gemm_packed(q.data(), q.outerStride(), keys, e.data(), n, q.rows());
   const auto s = static_cast<float>(scale);
-  // The rows' maxima, then their exponentials and sums (exp_floats_sums: each row's bits
+  // The rows' maxima, then their exponentials and sums (softmax_exps: each row's bits
   // exp_floats_sum's, several rows' sums at once).
   thread_local std::vector<float> tops;
   thread_local std::vector<double> sums;
   tops.resize(static_cast<std::size_t>(e.rows()));
   sums.resize(static_cast<std::size_t>(e.rows()));
-  for (Eigen::Index i = 0; i < e.rows(); ++i) tops[static_cast<std::size_t>(i)] = portable::max_scaled(e.row(i).data(), n, s);
-  portable::exp_floats_sums(e.data(), n, e.rows(), n, s, tops.data(), sums.data());
+  portable::softmax_exps(e.data(), n, e.rows(), n, s, tops.data(), sums.data());
   // The factor is the sum's rounded reciprocal, not a division per entry (a vector division costs
   // about ten multiplications): within 1.5 u of the quotient, inside the float rows' 16 u budget
   // (confusion_softmax.cpp's margin argument).
