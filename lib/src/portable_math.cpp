@@ -353,6 +353,61 @@ inline float exp_float_nonpositive_inline(float x0) {
 /// two AVX2 ones), so that the loop over whole blocks is straight vector code.
 constexpr Eigen::Index kExpBlock = 16;
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ATTNSCOPE_EXP_ROWS_AVX2 1
+/// exp_float_nonpositive_inline(fl(fl(x s) - shift)) written out for AVX2 + FMA, U registers of
+/// eight at a time with each step taken for all U before the next: every lane goes through the
+/// same operations in the same order as the scalar form (the clamp as max(lo, a), which returns a
+/// for a NaN a as the ternary does; the integer steps of n and 2^n modulo 2^32, as pow2f's), so
+/// the same bits (PortableMath.SoftmaxExpsAreExpFloatsSumsShiftedByTheRowsMaxima compares it with
+/// the checked path, which GCC vectorises from the scalar form, and
+/// PortableMath.SoftmaxExpsAreExpFloatOnEveryKindOfArgument with exp_float one by one). Why: GCC's loop, one register at a time with
+/// the polynomial's constants spilled and the clamp as a compare and a blend, took about 11 cycles
+/// per register on an AVX2 EPYC against 6 for its fused steps on two units; this form takes 6-8%
+/// off the softmax step (docs/benchmarks.md). AVX-512 builds (32 registers) and builds without
+/// AVX2 + FMA keep the compiled scalar form.
+template <int U, bool kKeepArgs>
+inline void exp_registers_avx2(float* x, float* args, __m256 s, __m256 shift) {
+  const __m256 lo = _mm256_set1_ps(kExpFloatLo), round = _mm256_set1_ps(12582912.0F);
+  const __m256i bias = _mm256_set1_epi32(std::bit_cast<std::int32_t>(12582912.0F) - 127);
+  __m256 a[U], c[U], t[U], r[U], keep[U], y[U];
+  for (int u = 0; u < U; ++u) a[u] = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * u), s), shift);
+  if constexpr (kKeepArgs) {
+    for (int u = 0; u < U; ++u) _mm256_storeu_ps(args + 8 * u, a[u]);
+  }
+  for (int u = 0; u < U; ++u) c[u] = _mm256_max_ps(lo, a[u]);
+  for (int u = 0; u < U; ++u) keep[u] = _mm256_cmp_ps(a[u], lo, _CMP_NLT_UQ);  // not below lo, or NaN
+  for (int u = 0; u < U; ++u) t[u] = _mm256_fmadd_ps(c[u], _mm256_set1_ps(1.44269504F), round);
+  for (int u = 0; u < U; ++u) r[u] = _mm256_sub_ps(t[u], round);  // n
+  for (int u = 0; u < U; ++u) c[u] = _mm256_fmadd_ps(r[u], _mm256_set1_ps(-0.693145752F), c[u]);
+  for (int u = 0; u < U; ++u) r[u] = _mm256_fmadd_ps(r[u], _mm256_set1_ps(-1.42860677e-06F), c[u]);
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(_mm256_set1_ps(1.0F / 5040.0F), r[u], _mm256_set1_ps(1.0F / 720.0F));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F / 120.0F));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F / 24.0F));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F / 6.0F));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(0.5F));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F));
+  for (int u = 0; u < U; ++u) {
+    // 2^n: (bits(t) - bits(1.5 2^23) + 127) << 23, as pow2f(n) computes it.
+    const __m256i e = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t[u]), bias), 23);
+    y[u] = _mm256_and_ps(_mm256_mul_ps(y[u], _mm256_castsi256_ps(e)), keep[u]);
+  }
+  for (int u = 0; u < U; ++u) _mm256_storeu_ps(x + 8 * u, y[u]);
+}
+
+/// exp_row<Shift::at_most_max>'s work on AVX2 + FMA (n a multiple of 8): the exponentials in
+/// place, and the arguments into args when kKeepArgs. Four registers at a time, then one: of two
+/// to six measured, four and six were the fastest (docs/benchmarks.md).
+template <bool kKeepArgs>
+inline void exp_row_avx2(float* x, Eigen::Index n, float s, float shift, float* args) {
+  const __m256 vs = _mm256_set1_ps(s), vshift = _mm256_set1_ps(shift);
+  Eigen::Index t = 0;
+  for (; t + 32 <= n; t += 32) exp_registers_avx2<4, kKeepArgs>(x + t, args + (kKeepArgs ? t : 0), vs, vshift);
+  for (; t < n; t += 8) exp_registers_avx2<1, kKeepArgs>(x + t, args + (kKeepArgs ? t : 0), vs, vshift);
+}
+#endif
+
 /// How exp_row knows its arguments: `any` shift (each argument checked, the row computed again by
 /// exp_float_inline when one is above 0 or NaN), or a shift `at_most_max`, at least every
 /// fl(x[t] * s) that is not NaN (max_scaled's), so that every argument is at most 0 or NaN.
@@ -369,6 +424,14 @@ enum class Shift { any, at_most_max };
 template <Shift K>
 ATTNSCOPE_WIDE_VECTORS inline void exp_row(float* x, Eigen::Index n, float s, float shift, float* args) {
   if constexpr (K == Shift::at_most_max) {
+#if defined(ATTNSCOPE_EXP_ROWS_AVX2)
+    if (args != nullptr) {
+      exp_row_avx2<true>(x, n, s, shift, args);
+    } else {
+      exp_row_avx2<false>(x, n, s, shift, nullptr);
+    }
+    return;
+#endif
     if (args != nullptr) {
       for (Eigen::Index t = 0; t < n; ++t) {
         const float a = x[t] * s - shift;

@@ -397,6 +397,51 @@ TEST(PortableMath, SoftmaxExpsAreExpFloatsSumsShiftedByTheRowsMaxima) {
   }
 }
 
+// softmax_exps' exponentials one by one against exp_float itself, over every kind of argument at
+// most 0: a row holding 0 has the top 0 at s = 1, so its arguments are its entries exactly. The
+// arguments: every float from the underflow clamp's neighbours up to 0 on a fine grid, the clamp
+// and its neighbour floats, arguments whose results are subnormal (flushed to 0), -0, the
+// smallest subnormals, the reduction's half-ln2 boundaries, -inf and NaN; in rows whose lengths
+// end on every register count of the vector paths (AVX2 + FMA: four registers at a time, then
+// one; the rest through the rows' gathered tails).
+TEST(PortableMath, SoftmaxExpsAreExpFloatOnEveryKindOfArgument) {
+  const float lo = -87.336544F, nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> args = {-0.0F, 0.0F, -1e-45F, -1e-40F, -1e-30F, -1e-8F, -0.34657359F, -0.34657362F,
+                             -1.0397208F, -std::numeric_limits<float>::infinity(), nan, -87.0F, -87.5F, -88.0F,
+                             -100.0F, -103.0F, -104.0F, -1e30F, -std::numeric_limits<float>::max()};
+  for (int k = -64; k <= 64; ++k) {  // the clamp's 129 neighbours
+    float v = lo;
+    for (int step = 0; step < std::abs(k); ++step) v = std::nextafter(v, k < 0 ? -HUGE_VALF : 0.0F);
+    args.push_back(v);
+  }
+  for (int i = 0; i <= 20000; ++i) args.push_back(-90.0F * static_cast<float>(i) / 20000.0F);
+  const auto bits = [](float v) { return std::bit_cast<std::uint32_t>(v); };
+  for (const Eigen::Index n : {8, 15, 16, 24, 31, 32, 33, 40, 47, 48, 56, 64, 72, 197}) {
+    const Eigen::Index per_row = n - 1, rows = (static_cast<Eigen::Index>(args.size()) + per_row - 1) / per_row;
+    std::vector<float> x(static_cast<std::size_t>(rows * n), -1.0F);
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      x[static_cast<std::size_t>(r * n + (r % n))] = 0.0F;  // the top, moved along the row
+      Eigen::Index t = 0;
+      for (Eigen::Index i = r * per_row; i < std::min<Eigen::Index>((r + 1) * per_row, args.size()); ++i, ++t) {
+        if (t == r % n) ++t;
+        x[static_cast<std::size_t>(r * n + t)] = args[static_cast<std::size_t>(i)];
+      }
+    }
+    std::vector<float> got = x, tops(static_cast<std::size_t>(rows)), logits(x.size());
+    std::vector<double> sums(static_cast<std::size_t>(rows));
+    portable::softmax_exps(got.data(), n, rows, n, 1.0F, tops.data(), sums.data(), logits.data(), n);
+    std::vector<float> again = x;
+    portable::softmax_exps(again.data(), n, rows, n, 1.0F, tops.data(), sums.data());
+    for (std::size_t at = 0; at < x.size(); ++at) {
+      const float arg = x[at] * 1.0F - tops[at / static_cast<std::size_t>(n)];  // the top: +0 or -0
+      ASSERT_EQ(bits(logits[at]), bits(arg)) << "n " << n << ", argument " << x[at];
+      ASSERT_EQ(bits(got[at]), bits(portable::exp_float(arg))) << "n " << n << ", argument " << x[at];
+      ASSERT_EQ(bits(again[at]), bits(got[at])) << "n " << n << ", argument " << x[at];
+    }
+    for (Eigen::Index r = 0; r < rows; ++r) EXPECT_EQ(tops[static_cast<std::size_t>(r)], 0.0F) << "n " << n << ", row " << r;
+  }
+}
+
 /// The documented order, one output at a time: c_ij = fma(a_it, b_jt, c) for t = 0, 1, ...
 template <typename T>
 std::vector<T> reference_nt(const std::vector<T>& a, const std::vector<T>& b, Eigen::Index m, Eigen::Index n,
