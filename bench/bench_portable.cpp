@@ -248,6 +248,17 @@ void BM_ExpFloatsDeit(benchmark::State& state) {
 }
 BENCHMARK(BM_ExpFloatsDeit)->Unit(benchmark::kMicrosecond);
 
+/// The step on kTokens rows of kTokens: checked (max_scaled, then exp_floats_sums) or not (softmax_exps).
+template <bool Checked>
+void softmax_step(std::vector<float>& x, std::vector<float>& tops, std::vector<double>& sums, float s) {
+  if constexpr (Checked) {
+    for (Eigen::Index r = 0; r < kTokens; ++r) tops[static_cast<std::size_t>(r)] = portable::max_scaled(x.data() + r * kTokens, kTokens, s);
+    portable::exp_floats_sums(x.data(), kTokens, kTokens, kTokens, s, tops.data(), sums.data());
+  } else {
+    portable::softmax_exps(x.data(), kTokens, kTokens, kTokens, s, tops.data(), sums.data());
+  }
+}
+
 // The softmax step of one DeiT-T head's float logits (197 rows of 197, scaled by 1/8): the rows'
 // maxima, then the exponentials and their sums. Checked: max_scaled then exp_floats_sums, which
 // checks every argument for its fallback; <false>: softmax_exps, which needs no check (the same
@@ -258,27 +269,14 @@ void BM_SoftmaxStepDeit(benchmark::State& state) {
   std::vector<float> x = x0, tops(kTokens);
   std::vector<double> sums(kTokens);
   const float s = 0.125F;
-  const auto step = [&] {
-    if constexpr (Checked) {
-      for (Eigen::Index r = 0; r < kTokens; ++r) tops[static_cast<std::size_t>(r)] = portable::max_scaled(x.data() + r * kTokens, kTokens, s);
-      portable::exp_floats_sums(x.data(), kTokens, kTokens, kTokens, s, tops.data(), sums.data());
-    } else {
-      portable::softmax_exps(x.data(), kTokens, kTokens, kTokens, s, tops.data(), sums.data());
-    }
-  };
-  step();
+  softmax_step<Checked>(x, tops, sums, s);
   std::vector<float> other = x0, other_tops(kTokens);
   std::vector<double> other_sums(kTokens);
-  if constexpr (Checked) {
-    portable::softmax_exps(other.data(), kTokens, kTokens, kTokens, s, other_tops.data(), other_sums.data());
-  } else {
-    for (Eigen::Index r = 0; r < kTokens; ++r) other_tops[static_cast<std::size_t>(r)] = portable::max_scaled(other.data() + r * kTokens, kTokens, s);
-    portable::exp_floats_sums(other.data(), kTokens, kTokens, kTokens, s, other_tops.data(), other_sums.data());
-  }
+  softmax_step<!Checked>(other, other_tops, other_sums, s);
   if (x != other || sums != other_sums) fail("softmax_exps and max_scaled + exp_floats_sums differ");
   for (auto _ : state) {
     std::copy(x0.begin(), x0.end(), x.begin());
-    step();
+    softmax_step<Checked>(x, tops, sums, s);
     benchmark::DoNotOptimize(x.data());
   }
 }

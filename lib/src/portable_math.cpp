@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -304,22 +305,32 @@ struct ExpFloatParts {
   float p;
   std::int32_t n;
 };
+/// exp_float's constants, one set for its scalar form and its AVX2 form below (the same bits need
+/// the same constants).
+constexpr float kExpRound = 12582912.0F;     // 1.5 * 2^23: t = x / ln2 + it holds n in its low bits
+constexpr float kExpLog2e = 1.44269504F;     // 1 / ln 2
+constexpr float kExpLn2Hi = 0.693145752F;    // ln 2 to 16 bits: n * it is exact
+constexpr float kExpLn2Lo = 1.42860677e-06F;  // the rest of ln 2
+/// e^r's Taylor coefficients 1/7!, 1/6!, ..., 1/1!, 1/0!, highest first (Horner's order).
+constexpr std::array<float, 8> kExpTaylor = {1.0F / 5040.0F, 1.0F / 720.0F, 1.0F / 120.0F, 1.0F / 24.0F,
+                                             1.0F / 6.0F,    0.5F,          1.0F,          1.0F};
 inline ExpFloatParts exp_float_parts(float x) {
-  constexpr float kShiftF = 12582912.0F;  // 1.5 * 2^23
-  const float t = std::fma(x, 1.44269504F, kShiftF);
-  const float n = t - kShiftF;
-  float r = std::fma(n, -0.693145752F, x);  // ln 2 to 16 bits: n * it is exact
-  r = std::fma(n, -1.42860677e-06F, r);     // the rest of ln 2
-  float p = 1.0F / 5040.0F;
-  p = std::fma(p, r, 1.0F / 720.0F);
-  p = std::fma(p, r, 1.0F / 120.0F);
-  p = std::fma(p, r, 1.0F / 24.0F);
-  p = std::fma(p, r, 1.0F / 6.0F);
-  p = std::fma(p, r, 0.5F);
-  p = std::fma(p, r, 1.0F);
-  p = std::fma(p, r, 1.0F);
+  const float t = std::fma(x, kExpLog2e, kExpRound);
+  const float n = t - kExpRound;
+  float r = std::fma(n, -kExpLn2Hi, x);
+  r = std::fma(n, -kExpLn2Lo, r);
+  // Horner's steps written out: a loop over the coefficients, even unrolled, stops GCC from
+  // vectorising the loops this is inlined into.
+  float p = kExpTaylor[0];
+  p = std::fma(p, r, kExpTaylor[1]);
+  p = std::fma(p, r, kExpTaylor[2]);
+  p = std::fma(p, r, kExpTaylor[3]);
+  p = std::fma(p, r, kExpTaylor[4]);
+  p = std::fma(p, r, kExpTaylor[5]);
+  p = std::fma(p, r, kExpTaylor[6]);
+  p = std::fma(p, r, kExpTaylor[7]);
   // n sits in the low bits of t.
-  return {p, static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShiftF))};
+  return {p, static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kExpRound))};
 }
 
 constexpr float kExpFloatLo = -87.336544F;  // ln(2^-126): below, the result would be subnormal: 0
@@ -359,17 +370,17 @@ constexpr Eigen::Index kExpBlock = 16;
 /// eight at a time with each step taken for all U before the next: every lane goes through the
 /// same operations in the same order as the scalar form (the clamp as max(lo, a), which returns a
 /// for a NaN a as the ternary does; the integer steps of n and 2^n modulo 2^32, as pow2f's), so
-/// the same bits (PortableMath.SoftmaxExpsAreExpFloatsSumsShiftedByTheRowsMaxima compares it with
-/// the checked path, which GCC vectorises from the scalar form, and
-/// PortableMath.SoftmaxExpsAreExpFloatOnEveryKindOfArgument with exp_float one by one). Why: GCC's loop, one register at a time with
-/// the polynomial's constants spilled and the clamp as a compare and a blend, took about 11 cycles
-/// per register on an AVX2 EPYC against 6 for its fused steps on two units; this form takes 6-8%
-/// off the softmax step (docs/benchmarks.md). AVX-512 builds (32 registers) and builds without
-/// AVX2 + FMA keep the compiled scalar form.
+/// the same bits with the same constants (PortableMath.SoftmaxExpsAreExpFloatsSumsShiftedByThe-
+/// RowsMaxima compares it with the checked path, which GCC vectorises from the scalar form, and
+/// PortableMath.SoftmaxExpsAreExpFloatOnEveryKindOfArgument with exp_float one by one). Why:
+/// GCC's loop, one register at a time with the polynomial's constants spilled and the clamp as a
+/// compare and a blend, took about 11 cycles per register on an AVX2 EPYC against 6 for its fused
+/// steps on two units; this form takes 6-8% off the softmax step (docs/benchmarks.md). AVX-512
+/// builds (32 registers) and builds without AVX2 + FMA keep the compiled scalar form.
 template <int U, bool kKeepArgs>
 inline void exp_registers_avx2(float* x, float* args, __m256 s, __m256 shift) {
-  const __m256 lo = _mm256_set1_ps(kExpFloatLo), round = _mm256_set1_ps(12582912.0F);
-  const __m256i bias = _mm256_set1_epi32(std::bit_cast<std::int32_t>(12582912.0F) - 127);
+  const __m256 lo = _mm256_set1_ps(kExpFloatLo), round = _mm256_set1_ps(kExpRound);
+  const __m256i bias = _mm256_set1_epi32(std::bit_cast<std::int32_t>(kExpRound) - 127);
   __m256 a[U], c[U], t[U], r[U], keep[U], y[U];
   for (int u = 0; u < U; ++u) a[u] = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * u), s), shift);
   if constexpr (kKeepArgs) {
@@ -377,17 +388,17 @@ inline void exp_registers_avx2(float* x, float* args, __m256 s, __m256 shift) {
   }
   for (int u = 0; u < U; ++u) c[u] = _mm256_max_ps(lo, a[u]);
   for (int u = 0; u < U; ++u) keep[u] = _mm256_cmp_ps(a[u], lo, _CMP_NLT_UQ);  // not below lo, or NaN
-  for (int u = 0; u < U; ++u) t[u] = _mm256_fmadd_ps(c[u], _mm256_set1_ps(1.44269504F), round);
+  for (int u = 0; u < U; ++u) t[u] = _mm256_fmadd_ps(c[u], _mm256_set1_ps(kExpLog2e), round);
   for (int u = 0; u < U; ++u) r[u] = _mm256_sub_ps(t[u], round);  // n
-  for (int u = 0; u < U; ++u) c[u] = _mm256_fmadd_ps(r[u], _mm256_set1_ps(-0.693145752F), c[u]);
-  for (int u = 0; u < U; ++u) r[u] = _mm256_fmadd_ps(r[u], _mm256_set1_ps(-1.42860677e-06F), c[u]);
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(_mm256_set1_ps(1.0F / 5040.0F), r[u], _mm256_set1_ps(1.0F / 720.0F));
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F / 120.0F));
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F / 24.0F));
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F / 6.0F));
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(0.5F));
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F));
-  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(1.0F));
+  for (int u = 0; u < U; ++u) c[u] = _mm256_fmadd_ps(r[u], _mm256_set1_ps(-kExpLn2Hi), c[u]);
+  for (int u = 0; u < U; ++u) r[u] = _mm256_fmadd_ps(r[u], _mm256_set1_ps(-kExpLn2Lo), c[u]);
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(_mm256_set1_ps(kExpTaylor[0]), r[u], _mm256_set1_ps(kExpTaylor[1]));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(kExpTaylor[2]));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(kExpTaylor[3]));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(kExpTaylor[4]));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(kExpTaylor[5]));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(kExpTaylor[6]));
+  for (int u = 0; u < U; ++u) y[u] = _mm256_fmadd_ps(y[u], r[u], _mm256_set1_ps(kExpTaylor[7]));
   for (int u = 0; u < U; ++u) {
     // 2^n: (bits(t) - bits(1.5 2^23) + 127) << 23, as pow2f(n) computes it.
     const __m256i e = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t[u]), bias), 23);
@@ -430,8 +441,7 @@ ATTNSCOPE_WIDE_VECTORS inline void exp_row(float* x, Eigen::Index n, float s, fl
     } else {
       exp_row_avx2<false>(x, n, s, shift, nullptr);
     }
-    return;
-#endif
+#else
     if (args != nullptr) {
       for (Eigen::Index t = 0; t < n; ++t) {
         const float a = x[t] * s - shift;
@@ -441,6 +451,7 @@ ATTNSCOPE_WIDE_VECTORS inline void exp_row(float* x, Eigen::Index n, float s, fl
     } else {
       for (Eigen::Index t = 0; t < n; ++t) x[t] = exp_float_nonpositive_inline(x[t] * s - shift);
     }
+#endif
   } else {
     std::uint32_t other = 0;  // an integer, not a bool: GCC vectorises its reduction
     for (Eigen::Index t = 0; t < n; ++t) {
