@@ -1028,9 +1028,11 @@ inline double term_scalar(const float* x, const Y* y, Eigen::Index t) {
 
 /// R rows' sums over t < n in lane_sum's order (lane_sum.hpp), in T's vector registers: lane l of
 /// row r accumulates acc = step(acc, r, t) for t = l mod kLanes in increasing t (whole vectors of
-/// lanes at a time), then the row's sum starts at 0, takes s = tail(s, r, t) for the t past the last
-/// whole group of kLanes in order, then adds the lanes in order. The rows' final chains of
-/// additions are interleaved; each row's operations are its own, in that order.
+/// lanes at a time); the lanes are combined as lane_sum's tree (lane l takes lane l + h for
+/// h = kLanes / 2, ..., 2, 1: whole vectors while h spans vectors, then within the last one); the
+/// row's sum starts at 0, takes s = tail(s, r, t) for the t past the last whole group of kLanes in
+/// order, and ends as s + lane 0. The rows' steps are interleaved; each row's operations are its
+/// own, in that order, whatever the vector width.
 template <typename T, int R, typename Step, typename Tail>
 inline void lanes_of_rows(Eigen::Index n, Step step, Tail tail, T* out) {
   using S = Simd<T>;
@@ -1047,19 +1049,28 @@ inline void lanes_of_rows(Eigen::Index n, Step step, Tail tail, T* out) {
       for (Eigen::Index v = 0; v < kVectors; ++v) acc[r][v] = step(acc[r][v], r, t + v * W);
     }
   }
-  alignas(64) T lane[R][kLanes];
+  // The tree's levels that span whole vectors: vector v takes vector v + h (lane l takes l + h W).
+  for (Eigen::Index h = kVectors / 2; h >= 1; h /= 2) {
+    for (int r = 0; r < R; ++r) {
+      for (Eigen::Index v = 0; v < h; ++v) acc[r][v] = S::add(acc[r][v], acc[r][v + h]);
+    }
+  }
+  // The levels within the last vector.
+  alignas(64) T lane[R][W];
   T s[R];
   for (int r = 0; r < R; ++r) {
-    for (Eigen::Index v = 0; v < kVectors; ++v) S::store(&lane[r][v * W], acc[r][v]);
+    S::store(lane[r], acc[r][0]);
     s[r] = T(0);
+  }
+  for (Eigen::Index h = W / 2; h >= 1; h /= 2) {
+    for (int r = 0; r < R; ++r) {
+      for (Eigen::Index l = 0; l < h; ++l) lane[r][l] += lane[r][l + h];
+    }
   }
   for (Eigen::Index u = t; u < n; ++u) {
     for (int r = 0; r < R; ++r) s[r] = tail(s[r], r, u);
   }
-  for (int l = 0; l < kLanes; ++l) {
-    for (int r = 0; r < R; ++r) s[r] += lane[r][l];
-  }
-  for (int r = 0; r < R; ++r) out[r] = s[r];
+  for (int r = 0; r < R; ++r) out[r] = s[r] + lane[r][0];
 }
 
 /// kernel(r0, std::integral_constant<int, C>) for groups of C = R rows from r0, then one row at a

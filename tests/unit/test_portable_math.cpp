@@ -22,6 +22,13 @@ namespace attnscope {
 namespace {
 
 /// |got - want| in units of the last place of the double nearest want (long double reference).
+/// lane_sum's tree of its 16 lanes written out: lane l takes lane l + 8, then l + 4, l + 2, l + 1.
+template <typename T>
+T written_tree(const std::array<T, 16>& x) {
+  const auto a = [&x](std::size_t l) { return x[l] + x[l + 8]; };
+  return ((a(0) + a(4)) + (a(2) + a(6))) + ((a(1) + a(5)) + (a(3) + a(7)));
+}
+
 double ulps_double(double got, long double want) {
   const auto w = static_cast<double>(want);
   const double ulp = std::nextafter(std::fabs(w), HUGE_VAL) - std::fabs(w);
@@ -554,7 +561,8 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
           const float diff = a[t] - y[static_cast<std::size_t>(t)];
           want_float += diff * diff;
         }
-        for (const float l : lanes) want_float += l;
+        static_assert(kLanes == 16, "written_tree writes out sixteen lanes");
+        want_float = want_float + written_tree(lanes);
         EXPECT_EQ(float_distances[static_cast<std::size_t>(r)], want_float) << at;
         // The float squares by fused steps: the same order with std::fma, and within gamma_n of
         // the double sum plus the underflow term (confusion's norm bounds rest on it).
@@ -567,7 +575,7 @@ TEST(PortableMath, WidenedSumsAreLaneSumBitForBit) {
         }
         float want_squares = 0.0F;
         for (; t < n; ++t) want_squares = std::fma(a[t], a[t], want_squares);
-        for (const float l : square_lanes) want_squares += l;
+        want_squares = want_squares + written_tree(square_lanes);
         EXPECT_EQ(float_squares[static_cast<std::size_t>(r)], want_squares) << at;
         if (std::isfinite(want_squares)) {
           const double nu = static_cast<double>(n) * 0x1.0p-24;

@@ -1,5 +1,7 @@
-// Sums in double over kLanes independent partial sums (combined at the end): the compiler widens
-// and accumulates whole vectors at a time, where one running sum would serialise every addition.
+// Sums in double over kLanes independent partial sums, combined at the end as a tree (four
+// levels of additions, where adding them one after another was a chain of kLanes): the compiler
+// widens and accumulates whole vectors at a time, where one running sum would serialise every
+// addition. The order is fixed, so the same terms give the same bits on every CPU.
 // The order of a double sum of at most a few thousand terms moves it by far less than the margins
 // of the searches that use it.
 #pragma once
@@ -13,7 +15,18 @@ namespace attnscope {
 
 inline constexpr int kLanes = 16;
 
-/// sum_{t < n} term(t) in double, kLanes partial sums at a time.
+/// Lane l takes lane l + h for h = kLanes / 2, ..., 2, 1; lane 0 then holds the lanes' sum.
+template <typename T>
+T lane_tree(std::array<T, kLanes>& lanes) {
+  for (std::size_t h = kLanes / 2; h >= 1; h /= 2) {
+    for (std::size_t l = 0; l < h; ++l) lanes[l] += lanes[l + h];
+  }
+  return lanes[0];
+}
+
+/// sum_{t < n} term(t) in double: lane l sums the terms t = l mod kLanes of the whole groups of
+/// kLanes in increasing t; the rest, t past the last whole group, is summed from 0 in order; the
+/// result is that rest plus the lanes' tree (lane_tree).
 template <typename Term>
 double lane_sum(Eigen::Index n, Term term) {
   std::array<double, kLanes> acc{};
@@ -23,8 +36,7 @@ double lane_sum(Eigen::Index n, Term term) {
   }
   double s = 0.0;
   for (; t < n; ++t) s += term(t);
-  for (const double a : acc) s += a;
-  return s;
+  return s + lane_tree(acc);
 }
 
 }  // namespace attnscope

@@ -96,8 +96,8 @@ bool softmax_exps(float* x, Eigen::Index ld, Eigen::Index rows, Eigen::Index n, 
                   float* logits = nullptr, Eigen::Index ld_logits = 0);
 
 /// Sums of float rows widened to double, each in lane_sum's fixed order (lane_sum.hpp: kLanes
-/// lanes, lane l summing the terms t = l mod kLanes in increasing t, then the tail and the lanes
-/// added in order) and so the same bits as lane_sum of the same terms, on every CPU; in vector
+/// lanes, lane l summing the terms t = l mod kLanes in increasing t, then the tail summed in order
+/// plus the lanes' fixed tree) and so the same bits as lane_sum of the same terms, on every CPU; in vector
 /// registers, several rows at once where the rows are many (their final additions interleaved).
 /// sum_widened: x[t]; sum_of_squares: x[t]^2; distance2: (x[t] - y[t])^2; the dots: x[t] y[t]
 /// (differences and products each rounded once in double, added without contraction).
