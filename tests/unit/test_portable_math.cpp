@@ -21,7 +21,6 @@
 namespace attnscope {
 namespace {
 
-/// |got - want| in units of the last place of the double nearest want (long double reference).
 /// lane_sum's tree of its 16 lanes written out: lane l takes lane l + 8, then l + 4, l + 2, l + 1.
 template <typename T>
 T written_tree(const std::array<T, 16>& x) {
@@ -29,6 +28,7 @@ T written_tree(const std::array<T, 16>& x) {
   return ((a(0) + a(4)) + (a(2) + a(6))) + ((a(1) + a(5)) + (a(3) + a(7)));
 }
 
+/// |got - want| in units of the last place of the double nearest want (long double reference).
 double ulps_double(double got, long double want) {
   const auto w = static_cast<double>(want);
   const double ulp = std::nextafter(std::fabs(w), HUGE_VAL) - std::fabs(w);
