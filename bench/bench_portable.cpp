@@ -1,7 +1,8 @@
 // The portable kernels (portable_math.hpp) at DeiT-T's head shape: the Q K^T product in float and
 // double, exp over a head's N x N logits, and the softmax float rows they make. The product's
 // rate is the machine bound that docs/benchmarks.md quotes for confusion and locality (every
-// head needs its Q K^T). Each benchmark first checks its result against a plain loop in the
+// head needs its Q K^T); the product with its softmax step is the floor of a head that the
+// side-by-side scripts measure in every run (bench/deit_floor.sh). Each benchmark first checks its result against a plain loop in the
 // documented order (bit for bit) or against std::exp in long double (within 1 ulp), then times.
 #include "attnscope/portable_math.hpp"
 #include "attnscope/softmax.hpp"
@@ -295,6 +296,36 @@ void BM_SoftmaxRowsFloatDeit(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_SoftmaxRowsFloatDeit)->Unit(benchmark::kMicrosecond);
+
+// The floor of a DeiT-T softmax head (bench/deit_floor.sh): the float Q K^T product with the keys
+// already packed, then the softmax step on it in place (the rows' maxima, one exponential per
+// weight, the row sums), nothing else: what a command that computes every weight cannot skip.
+// Checked first: each row's exponentials over their sum are softmax_rows_float's weights.
+void BM_ProductAndStepDeit(benchmark::State& state) {
+  const std::vector<float> qv = gaussian<float>(kTokens * kDim, 4), kv = gaussian<float>(kTokens * kDim, 5);
+  portable::PackedMatrix<float> keys;
+  keys.pack(kv.data(), 1, kDim, kDim, kTokens);  // K^T: entry (t, j) is k_j's t-th
+  std::vector<float> c(static_cast<std::size_t>(kTokens * kTokens)), tops(kTokens);
+  std::vector<double> sums(kTokens);
+  const auto step = [&] {
+    portable::gemm_packed(qv.data(), kDim, keys, c.data(), kTokens, kTokens);
+    return portable::softmax_exps(c.data(), kTokens, kTokens, kTokens, 0.125F, tops.data(), sums.data());
+  };
+  if (!step()) fail("the product and step's rows are not finite");
+  const MatF q = Eigen::Map<const MatF>(qv.data(), kTokens, kDim), k = Eigen::Map<const MatF>(kv.data(), kTokens, kDim);
+  MatF w;
+  softmax_rows_float(q, k, 0.125, w);
+  for (Eigen::Index i = 0; i < kTokens; ++i)
+    for (Eigen::Index j = 0; j < kTokens; ++j) {
+      const double mine = static_cast<double>(c[static_cast<std::size_t>(i * kTokens + j)]) / sums[static_cast<std::size_t>(i)];
+      if (std::fabs(mine - static_cast<double>(w(i, j))) > 1e-6) fail("the product and step differ from softmax_rows_float");
+    }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(step());
+    benchmark::DoNotOptimize(c.data());
+  }
+}
+BENCHMARK(BM_ProductAndStepDeit)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -29,6 +29,7 @@ mkdir -p "$DATA" "$OUT"
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
 export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE
 . bench/torch_blas.sh
+. bench/deit_floor.sh
 pin() { taskset -c "$CORES" "$@"; }
 run() {  # run NAME CMD...: pinned under /usr/bin/time -v; stdout to NAME.out, peak RSS (KiB) to NAME.rss
   local name=$1; shift
@@ -58,6 +59,9 @@ for t in $TASKS; do
       $(args "$t") --images "0-$((REF_IMAGES - 1))" $([ $mode = ref ] && echo --reference)
   done
 done
+
+rm -f "$OUT/medians.txt"
+deit_floor "$OUT/floor.json"  # the machine's floor for a DeiT-T head (bench/deit_floor.sh)
 
 "$PYTHON" - "$OUT" "$REPEATS" "$TASKS" <<'PY'
 import csv, json, statistics, sys
@@ -126,6 +130,9 @@ for t in tasks:
         meds[tool] = statistics.median(m["median"] for m in ms)
         means[tool] = statistics.median(m["mean"] for m in ms)
         table.append((tool, ms, int(open(f"{out}/{t}_{tool}1.rss").read()) // 1024))
+    if t != "rank":  # rank's time is its singular values, not the weights: no floor of products for it
+        with open(f"{out}/medians.txt", "a") as f:
+            f.write(f"{t}:{meds['torch']}:{meds['fast']}\n")
     for tool, ms, rss in table:
         label = "attnscope" if tool == "fast" else "PyTorch"
         spread = " / ".join("%.2f" % m["median"] for m in ms)
@@ -134,6 +141,11 @@ for t in tasks:
               f"{spread} | {mean_spread} | {meds['torch'] / meds[tool]:.2f}x | {means['torch'] / means[tool]:.2f}x | {rss} |")
 PY
 echo
+if [ -s "$OUT/medians.txt" ]; then
+  # shellcheck disable=SC2046  # one argument a line
+  deit_floor_lines "$OUT/floor.json" $(cat "$OUT/medians.txt")
+  echo
+fi
 echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, pinned to cores $CORES, 2 threads each;" \
   "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end;" \
   "attnscope $("$A" --version | head -1 | cut -d' ' -f2) (arch $("$A" --version | sed -n 's/^arch: //p')), torch" \

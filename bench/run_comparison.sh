@@ -26,6 +26,7 @@ mkdir -p "$DATA" "$OUT"
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
 export OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=PASSIVE
 . bench/torch_blas.sh
+. bench/deit_floor.sh
 pin() { taskset -c "$CORES" "$@"; }
 # run NAME CMD...: runs pinned under /usr/bin/time -v; stdout to $OUT/NAME.out, RSS (KiB) to NAME.rss
 run() {
@@ -84,6 +85,9 @@ run swin_soft "$A" confusion --dump "$DATA/swin.h5" --out "$OUT/swin_soft" --var
 run rss64 "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/rss64" --variant softmax --threads 2 --images 0-63
 run rss1024 "$A" confusion --dump "$DATA/deit.h5" --out "$OUT/rss1024" --variant softmax --threads 2
 
+# --- The machine's floor for a DeiT-T head (bench/deit_floor.sh), right after the runs -------------
+deit_floor "$OUT/floor.json"
+
 j=results
 # The machine and what each tool ran on: the ratios below hold for this CPU and these builds.
 echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; ISA:" \
@@ -118,6 +122,11 @@ for n in swin_fast swin_fast1 swin_ref swin_soft; do
     "$OUT/$n/confusion.json")
   echo "| N=3136 $variants ($n) | attnscope | $(ms "$OUT/$n/confusion.json" "['$j']") | - | $(wall "$n") | $(( $(cat "$OUT/$n.rss") / 1024 )) |"
 done
+echo
+median() { "$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))$2['ms_per_image']['median'])" "$1"; }
+deit_floor_lines "$OUT/floor.json" \
+  "confusion:$(median "$OUT/conf_torch.out" ""):$(median "$OUT/conf_fast/confusion.json" "['$j']")" \
+  "locality:$(median "$OUT/loc_torch.out" ""):$(median "$OUT/loc_fast/locality.json" "['$j']")"
 echo
 echo "Counts: $(cat "$OUT/conf_agree.txt")"
 echo "Swin linear:relu image 0 layer 0 head 0: fast $(csvsum "$OUT/swin_fast1/confusion_per_image.csv" linear:relu@paper), reference $(csvsum "$OUT/swin_ref/confusion_per_image.csv" linear:relu@paper)"
