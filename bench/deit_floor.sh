@@ -11,15 +11,20 @@
 # on two threads (18 heads a thread): the products alone, and the products with the steps. A
 # command that computes every weight cannot run below them on this machine, so the PyTorch
 # script's time over a floor is the largest ratio it could reach here. Where bench_portable was
-# not built (ATTNSCOPE_BENCH=OFF), FILE says so and nothing is measured.
+# not built (ATTNSCOPE_BENCH=OFF), FILE says so and nothing is measured; where it fails (one of its
+# checks), deit_floor prints its messages and returns 1.
 deit_floor() {
   local file=$1 bin=$BUILD/bench/bench_portable
   if [ ! -x "$bin" ]; then
     echo "{\"measured\": false, \"why\": \"no $bin (configure with -DATTNSCOPE_BENCH=ON)\"}" >"$file"
     return 0
   fi
-  taskset -c "${CORES%%,*}" "$bin" --benchmark_filter='^BM_GemmPacked<float>/64/197$|^BM_ProductAndStepDeit$' \
-    --benchmark_repetitions=5 --benchmark_format=json >"$file.raw" 2>/dev/null
+  if ! taskset -c "${CORES%%,*}" "$bin" --benchmark_filter='^BM_GemmPacked<float>/64/197$|^BM_ProductAndStepDeit$' \
+    --benchmark_repetitions=5 --benchmark_format=json >"$file.raw" 2>"$file.log"; then
+    echo "deit_floor: $bin failed:" >&2
+    cat "$file.log" >&2
+    return 1
+  fi
   "$PYTHON" - "$file.raw" "$file" "${CORES%%,*}" <<'PY'
 import json, statistics, sys
 raw, out, core = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -37,7 +42,7 @@ floor["products_ms"] = floor["gemm_us"]["median"] * per_image
 floor["floor_ms"] = floor["head_us"]["median"] * per_image
 json.dump(floor, open(out, "w"), indent=1)
 PY
-  rm -f "$file.raw"
+  rm -f "$file.raw" "$file.log"
 }
 
 # deit_floor_lines FLOOR_FILE TASK:TORCH_MS:ATTNSCOPE_MS ...: what the floor means for each task,

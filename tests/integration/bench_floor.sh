@@ -1,7 +1,7 @@
 # bench/deit_floor.sh, the side-by-side scripts' floor of a DeiT-T head: measured with this build's
 # bench_portable it writes positive times and the floors derived from them (36 heads on two
 # threads); its table's ratios are those of the numbers given; without bench_portable it says why
-# and measures nothing. Nothing here compares times with each other: only what the script derives.
+# and measures nothing; a bench_portable that fails its check stops it with the check's message. Nothing here compares times with each other: only what the script derives.
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(dirname "$(dirname "$ATTNSCOPE")")"
 # The first CPU this test may run on (a container's CPU set need not hold CPU 0).
@@ -43,4 +43,13 @@ BUILD="$WORK/nowhere" deit_floor none.json
 deit_floor_lines none.json confusion:18:3.6 >none.txt
 has_line "Floor: no $WORK/nowhere/bench/bench_portable (configure with -DATTNSCOPE_BENCH=ON)." none.txt
 [ "$(wc -l <none.txt)" -eq 1 ] || { echo "FAIL: more than the one line without bench_portable"; cat none.txt; exit 1; }
+# A bench_portable whose check fails: deit_floor passes its message on and returns non-zero.
+mkdir -p failing/bench
+printf '#!/bin/sh\necho "bench_portable: gemm_packed differs from the plain loop" >&2\nexit 1\n' >failing/bench/bench_portable
+chmod +x failing/bench/bench_portable
+rc=0
+BUILD="$WORK/failing" deit_floor failing.json 2>failing.err || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: deit_floor returned 0 with a failing bench_portable"; exit 1; }
+has_line "deit_floor: $WORK/failing/bench/bench_portable failed:" failing.err
+has_line "bench_portable: gemm_packed differs from the plain loop" failing.err
 echo "PASS"
