@@ -2,8 +2,9 @@
 // double, exp over a head's N x N logits, and the softmax float rows they make. The product's
 // rate is the machine bound that docs/benchmarks.md quotes for confusion and locality (every
 // head needs its Q K^T); the product with its softmax step is the floor of a head that the
-// side-by-side scripts measure in every run (bench/deit_floor.sh). Each benchmark first checks its result against a plain loop in the
-// documented order (bit for bit) or against std::exp in long double (within 1 ulp), then times.
+// side-by-side scripts measure in every run (bench/deit_floor.sh). Each benchmark first checks its
+// result against a plain loop in the documented order (bit for bit) or against std::exp in long
+// double (within 1 ulp), then times.
 #include "attnscope/portable_math.hpp"
 #include "attnscope/softmax.hpp"
 #include "attnscope/attention_heads.hpp"

@@ -1055,22 +1055,17 @@ inline void lanes_of_rows(Eigen::Index n, Step step, Tail tail, T* out) {
       for (Eigen::Index v = 0; v < h; ++v) acc[r][v] = S::add(acc[r][v], acc[r][v + h]);
     }
   }
-  // The levels within the last vector.
+  // The levels within the last vector (lane_tree over its W lanes).
   alignas(64) T lane[R][W];
   T s[R];
   for (int r = 0; r < R; ++r) {
     S::store(lane[r], acc[r][0]);
     s[r] = T(0);
   }
-  for (Eigen::Index h = W / 2; h >= 1; h /= 2) {
-    for (int r = 0; r < R; ++r) {
-      for (Eigen::Index l = 0; l < h; ++l) lane[r][l] += lane[r][l + h];
-    }
-  }
   for (Eigen::Index u = t; u < n; ++u) {
     for (int r = 0; r < R; ++r) s[r] = tail(s[r], r, u);
   }
-  for (int r = 0; r < R; ++r) out[r] = s[r] + lane[r][0];
+  for (int r = 0; r < R; ++r) out[r] = s[r] + lane_tree(lane[r], static_cast<std::size_t>(W));
 }
 
 /// kernel(r0, std::integral_constant<int, C>) for groups of C = R rows from r0, then one row at a

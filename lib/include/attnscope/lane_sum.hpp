@@ -15,10 +15,13 @@ namespace attnscope {
 
 inline constexpr int kLanes = 16;
 
-/// Lane l takes lane l + h for h = kLanes / 2, ..., 2, 1; lane 0 then holds the lanes' sum.
+/// The lanes' tree: lane l takes lane l + h for h = width / 2, ..., 2, 1 (width a power of two,
+/// kLanes for the whole tree); lane 0 then holds the lanes' sum. The vector forms
+/// (portable_math.cpp's lanes_of_rows) take the levels that span whole vectors themselves and
+/// then these, over the last vector's lanes: the same additions in the same order.
 template <typename T>
-T lane_tree(std::array<T, kLanes>& lanes) {
-  for (std::size_t h = kLanes / 2; h >= 1; h /= 2) {
+T lane_tree(T* lanes, std::size_t width = kLanes) {
+  for (std::size_t h = width / 2; h >= 1; h /= 2) {
     for (std::size_t l = 0; l < h; ++l) lanes[l] += lanes[l + h];
   }
   return lanes[0];
@@ -36,7 +39,7 @@ double lane_sum(Eigen::Index n, Term term) {
   }
   double s = 0.0;
   for (; t < n; ++t) s += term(t);
-  return s + lane_tree(acc);
+  return s + lane_tree(acc.data());
 }
 
 }  // namespace attnscope
